@@ -1,0 +1,22 @@
+# Development-only settings: warnings and CUDA architectures for zenflow's own tests, examples
+# and benchmarks. Nothing here is exported or installed.
+
+set(ZENFLOW_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures for zenflow's own targets")
+
+add_library(zenflow_dev INTERFACE)
+target_link_libraries(zenflow_dev INTERFACE zenflow::zenflow)
+target_compile_options(zenflow_dev INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations>
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --expt-relaxed-constexpr -Xcudafe=--display_error_number>)
+if(ZENFLOW_ENABLE_CUDA)
+  # fmt 9 under nvcc in C++20 needs this (see docs/DESIGN notes); harmless elsewhere.
+  target_compile_definitions(zenflow_dev INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:FMT_USE_CONSTEXPR=1>)
+endif()
+
+# zenflow_setup_target(<target>): the settings every own target gets.
+function(zenflow_setup_target target)
+  target_link_libraries(${target} PRIVATE zenflow_dev)
+  if(ZENFLOW_ENABLE_CUDA)
+    set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${ZENFLOW_CUDA_ARCHITECTURES}")
+  endif()
+endfunction()

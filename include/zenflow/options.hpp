@@ -1,0 +1,124 @@
+// The ZenFlow options, with DeepSpeed's names and defaults, and their validation.
+//
+// Defaults follow DeepSpeed's `zenflow` config block (topk_ratio 0.1, select_strategy auto,
+// select_interval auto, update_interval auto, full_warm_up_rounds 0) and torch.optim.AdamW
+// (lr 1e-3, betas (0.9, 0.999), eps 1e-8). One deliberate difference: `overlap_step` defaults to
+// true, because the asynchronous CPU update is the point of the method; set it to false for
+// "ZenFlow sync".
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "zenflow/error.hpp"
+
+namespace zenflow {
+
+/// When to re-select the important columns.
+enum class selection_strategy : std::uint8_t {
+  automatic,  ///< "auto": `epoch` when `steps_per_epoch` is set, else `step`.
+  step,       ///< `select_interval` counts optimizer steps.
+  epoch,      ///< `select_interval` counts epochs of `steps_per_epoch` steps.
+};
+
+/// A setting that is either "auto" or a fixed positive count.
+struct interval_option {
+  bool is_auto = true;
+  std::int64_t value = 0;  ///< the fixed count when !is_auto
+
+  static constexpr interval_option automatic() noexcept { return {true, 0}; }
+  static constexpr interval_option fixed(std::int64_t n) noexcept { return {false, n}; }
+  friend constexpr bool operator==(const interval_option&, const interval_option&) = default;
+};
+
+/// Adam / AdamW hyper-parameters (torch.optim.AdamW's names).
+struct adam_options {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool adamw_mode = true;       ///< decoupled weight decay (AdamW); false: L2 added to the gradient
+  bool bias_correction = true;  ///< divide by 1 - beta^t (computed in double each step)
+
+  /// Throws `zenflow::error` naming the field: lr < 0 or not finite, betas outside [0, 1),
+  /// eps <= 0 or not finite, weight_decay < 0 or not finite.
+  void validate() const {
+    expects(std::isfinite(lr) && lr >= 0.0f, "lr", "must be finite and >= 0, got ", lr);
+    expects(beta1 >= 0.0f && beta1 < 1.0f, "beta1", "must be in [0, 1), got ", beta1);
+    expects(beta2 >= 0.0f && beta2 < 1.0f, "beta2", "must be in [0, 1), got ", beta2);
+    expects(std::isfinite(eps) && eps > 0.0f, "eps", "must be finite and > 0, got ", eps);
+    expects(std::isfinite(weight_decay) && weight_decay >= 0.0f, "weight_decay", "must be finite and >= 0, got ",
+            weight_decay);
+  }
+};
+
+/// Every option of the method. Field names follow DeepSpeed's `zenflow` block.
+struct zenflow_options {
+  /// Fraction of each 2-D parameter's columns updated on the GPU: k = max(1, floor(topk_ratio * cols)).
+  float topk_ratio = 0.1f;
+  selection_strategy select_strategy = selection_strategy::automatic;
+  /// How often to re-select (steps, or epochs with the epoch strategy). "auto": every epoch with
+  /// the epoch strategy, every `auto_select_steps` steps with the step strategy.
+  interval_option select_interval = interval_option::automatic();
+  /// How often the CPU updates the unimportant columns. "auto": when the accumulated unimportant
+  /// gradient mass per column reaches the important mass per column, within [1, max_update_interval].
+  interval_option update_interval = interval_option::automatic();
+  /// The first N steps run full synchronous CPU updates of every column.
+  std::int64_t full_warm_up_rounds = 0;
+  /// true: the CPU update of interval i runs while interval i+1 trains and is written back at its
+  /// end at the latest. false: it is applied synchronously at the end of interval i.
+  bool overlap_step = true;
+  /// Steps per epoch; required by the epoch strategy (0 = unknown).
+  std::int64_t steps_per_epoch = 0;
+  /// Step strategy with select_interval "auto": re-select every this many steps.
+  std::int64_t auto_select_steps = 100;
+  /// Upper bound of an "auto" update interval.
+  std::int64_t max_update_interval = 16;
+  /// Clip the global gradient norm (both paths together) to this value; 0 disables clipping.
+  float max_grad_norm = 0.0f;
+  adam_options adam{};
+
+  /// The strategy after resolving "auto".
+  [[nodiscard]] selection_strategy resolved_strategy() const noexcept {
+    if (select_strategy != selection_strategy::automatic) return select_strategy;
+    return steps_per_epoch > 0 ? selection_strategy::epoch : selection_strategy::step;
+  }
+  /// The selection interval in steps after resolving "auto" and the epoch strategy.
+  [[nodiscard]] std::int64_t select_interval_steps() const noexcept {
+    const bool epochs = resolved_strategy() == selection_strategy::epoch;
+    if (select_interval.is_auto) return epochs ? steps_per_epoch : auto_select_steps;
+    return epochs ? select_interval.value * steps_per_epoch : select_interval.value;
+  }
+
+  /// Throws `zenflow::error` naming the first field that is out of range or contradicts another.
+  void validate() const {
+    expects(std::isfinite(topk_ratio) && topk_ratio > 0.0f && topk_ratio <= 1.0f, "topk_ratio",
+            "must be in (0, 1], got ", topk_ratio);
+    expects(select_strategy == selection_strategy::automatic || select_strategy == selection_strategy::step ||
+                select_strategy == selection_strategy::epoch,
+            "select_strategy", "must be auto, step or epoch");
+    expects(select_interval.is_auto || select_interval.value >= 1, "select_interval",
+            "must be auto or >= 1, got ", select_interval.value);
+    expects(update_interval.is_auto || update_interval.value >= 1, "update_interval",
+            "must be auto or >= 1, got ", update_interval.value);
+    expects(full_warm_up_rounds >= 0, "full_warm_up_rounds", "must be >= 0, got ", full_warm_up_rounds);
+    expects(steps_per_epoch >= 0, "steps_per_epoch", "must be >= 0, got ", steps_per_epoch);
+    expects(select_strategy != selection_strategy::epoch || steps_per_epoch >= 1, "steps_per_epoch",
+            "must be >= 1 with select_strategy epoch");
+    expects(auto_select_steps >= 1, "auto_select_steps", "must be >= 1, got ", auto_select_steps);
+    expects(max_update_interval >= 1, "max_update_interval", "must be >= 1, got ", max_update_interval);
+    expects(!update_interval.is_auto || max_update_interval <= select_interval_steps(), "max_update_interval",
+            "must not exceed the selection interval (", select_interval_steps(), " steps), got ",
+            max_update_interval);
+    expects(update_interval.is_auto || select_interval_steps() >= update_interval.value, "select_interval",
+            "must not be smaller than update_interval (", update_interval.value, " steps), got ",
+            select_interval_steps(), " steps");
+    expects(std::isfinite(max_grad_norm) && max_grad_norm >= 0.0f, "max_grad_norm",
+            "must be finite and >= 0 (0 disables clipping), got ", max_grad_norm);
+    adam.validate();
+  }
+};
+
+}  // namespace zenflow

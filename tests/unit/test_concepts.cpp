@@ -1,0 +1,85 @@
+// Each concept has a positive and a negative static_assert. The positive models here are minimal
+// stand-ins that spell out the requirements; the real components assert their own conformance in
+// their tests as they land.
+#include <zenflow/concepts.hpp>
+
+#include <doctest/doctest.h>
+
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace {
+
+struct model_selector {
+  std::vector<std::vector<std::int32_t>> sel;
+  std::size_t parameter_count() const { return sel.size(); }
+  std::span<const std::int32_t> selected(std::size_t i) const { return sel[i]; }
+  std::int64_t k(std::size_t i) const { return static_cast<std::int64_t>(sel[i].size()); }
+};
+struct selector_without_k {
+  std::size_t parameter_count() const { return 0; }
+  std::span<const std::int32_t> selected(std::size_t) const { return {}; }
+};
+
+struct model_queue {
+  using slot_type = int;
+  std::size_t slot_count() const { return 2; }
+  std::size_t slot_bytes() const { return 64; }
+  int acquire() { return 0; }
+  std::optional<int> try_acquire() { return 0; }
+  void release(int) {}
+};
+struct queue_without_try_acquire {
+  using slot_type = int;
+  std::size_t slot_count() const { return 2; }
+  std::size_t slot_bytes() const { return 64; }
+  int acquire() { return 0; }
+  void release(int) {}
+};
+
+struct model_host_optimizer {
+  zenflow::adam_options opts;
+  const zenflow::adam_options& options() const { return opts; }
+  std::int64_t step_count() const { return 0; }
+};
+struct optimizer_without_step_count {
+  zenflow::adam_options opts;
+  const zenflow::adam_options& options() const { return opts; }
+};
+struct model_device_optimizer : model_host_optimizer {
+  std::size_t parameter_count() const { return 0; }
+};
+
+struct model_coordinator {
+  zenflow::zenflow_options opts;
+  const zenflow::zenflow_options& options() const { return opts; }
+  void step() {}
+  std::int64_t step_count() const { return 0; }
+};
+struct coordinator_with_adam_options {
+  zenflow::adam_options opts;
+  const zenflow::adam_options& options() const { return opts; }
+  void step() {}
+  std::int64_t step_count() const { return 0; }
+};
+
+static_assert(zenflow::importance_selector<model_selector>);
+static_assert(!zenflow::importance_selector<selector_without_k>);
+static_assert(zenflow::transfer_queue<model_queue>);
+static_assert(!zenflow::transfer_queue<queue_without_try_acquire>);
+static_assert(zenflow::host_optimizer<model_host_optimizer>);
+static_assert(!zenflow::host_optimizer<optimizer_without_step_count>);
+static_assert(zenflow::device_optimizer<model_device_optimizer>);
+static_assert(!zenflow::device_optimizer<model_host_optimizer>);  // lacks parameter_count
+static_assert(zenflow::offload_coordinator<model_coordinator>);
+static_assert(!zenflow::offload_coordinator<coordinator_with_adam_options>);
+
+}  // namespace
+
+TEST_CASE("concept models are usable through the concept") {
+  auto count = [](const zenflow::importance_selector auto& s) { return s.parameter_count(); };
+  model_selector s{{{1, 3}, {0}}};
+  CHECK(count(s) == 2);
+  CHECK(s.k(0) == 2);
+}

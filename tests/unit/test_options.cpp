@@ -1,0 +1,90 @@
+// zenflow_options::validate() rejects every out-of-range or contradictory value, naming the field.
+#include <zenflow/options.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+using zenflow::interval_option;
+using zenflow::selection_strategy;
+using zenflow::zenflow_options;
+
+namespace {
+std::string rejected_field(const std::function<void(zenflow_options&)>& edit) {
+  zenflow_options o;
+  edit(o);
+  try {
+    o.validate();
+  } catch (const zenflow::error& e) {
+    CHECK(std::string(e.what()).find(e.argument()) != std::string::npos);
+    return e.argument();
+  }
+  return "<accepted>";
+}
+}  // namespace
+
+TEST_CASE("defaults follow DeepSpeed's zenflow block and torch's AdamW") {
+  const zenflow_options o;
+  CHECK(o.topk_ratio == doctest::Approx(0.1));
+  CHECK(o.select_strategy == selection_strategy::automatic);
+  CHECK(o.select_interval.is_auto);
+  CHECK(o.update_interval.is_auto);
+  CHECK(o.full_warm_up_rounds == 0);
+  CHECK(o.overlap_step);
+  CHECK(o.adam.lr == doctest::Approx(1e-3));
+  CHECK(o.adam.beta1 == doctest::Approx(0.9));
+  CHECK(o.adam.beta2 == doctest::Approx(0.999));
+  CHECK(o.adam.eps == doctest::Approx(1e-8));
+  CHECK(o.adam.adamw_mode);
+  CHECK(o.adam.bias_correction);
+  CHECK(o.max_grad_norm == 0.0f);
+  CHECK_NOTHROW(o.validate());
+}
+
+TEST_CASE("each bad value is rejected with the field's name") {
+  const float nan = std::nanf("");
+  CHECK(rejected_field([](auto& o) { o.topk_ratio = 0.0f; }) == "topk_ratio");
+  CHECK(rejected_field([](auto& o) { o.topk_ratio = 1.5f; }) == "topk_ratio");
+  CHECK(rejected_field([&](auto& o) { o.topk_ratio = nan; }) == "topk_ratio");
+  CHECK(rejected_field([](auto& o) { o.topk_ratio = 1.0f; }) == "<accepted>");
+  CHECK(rejected_field([](auto& o) { o.select_strategy = static_cast<selection_strategy>(7); }) == "select_strategy");
+  CHECK(rejected_field([](auto& o) { o.select_interval = interval_option::fixed(0); }) == "select_interval");
+  CHECK(rejected_field([](auto& o) { o.update_interval = interval_option::fixed(-3); }) == "update_interval");
+  CHECK(rejected_field([](auto& o) {
+          o.select_interval = interval_option::fixed(2);
+          o.update_interval = interval_option::fixed(4);
+        }) == "select_interval");
+  CHECK(rejected_field([](auto& o) {
+          o.select_interval = interval_option::fixed(8);
+          o.update_interval = interval_option::fixed(4);
+        }) == "<accepted>");
+  CHECK(rejected_field([](auto& o) { o.full_warm_up_rounds = -1; }) == "full_warm_up_rounds");
+  CHECK(rejected_field([](auto& o) { o.select_strategy = selection_strategy::epoch; }) == "steps_per_epoch");
+  CHECK(rejected_field([](auto& o) { o.steps_per_epoch = -1; }) == "steps_per_epoch");
+  CHECK(rejected_field([](auto& o) { o.auto_select_steps = 0; }) == "auto_select_steps");
+  CHECK(rejected_field([](auto& o) { o.max_update_interval = 0; }) == "max_update_interval");
+  CHECK(rejected_field([](auto& o) { o.max_update_interval = 1000; }) == "max_update_interval");
+  CHECK(rejected_field([](auto& o) { o.max_grad_norm = -1.0f; }) == "max_grad_norm");
+  CHECK(rejected_field([&](auto& o) { o.max_grad_norm = nan; }) == "max_grad_norm");
+  CHECK(rejected_field([](auto& o) { o.adam.lr = -1e-3f; }) == "lr");
+  CHECK(rejected_field([](auto& o) { o.adam.beta1 = 1.0f; }) == "beta1");
+  CHECK(rejected_field([](auto& o) { o.adam.beta1 = -0.1f; }) == "beta1");
+  CHECK(rejected_field([](auto& o) { o.adam.beta2 = 1.0f; }) == "beta2");
+  CHECK(rejected_field([](auto& o) { o.adam.eps = 0.0f; }) == "eps");
+  CHECK(rejected_field([](auto& o) { o.adam.weight_decay = -0.01f; }) == "weight_decay");
+}
+
+TEST_CASE("auto resolution of the selection strategy and interval") {
+  zenflow_options o;
+  CHECK(o.resolved_strategy() == selection_strategy::step);
+  CHECK(o.select_interval_steps() == o.auto_select_steps);
+  o.steps_per_epoch = 50;
+  CHECK(o.resolved_strategy() == selection_strategy::epoch);
+  CHECK(o.select_interval_steps() == 50);
+  o.select_interval = interval_option::fixed(3);
+  CHECK(o.select_interval_steps() == 150);
+  o.select_strategy = selection_strategy::step;
+  CHECK(o.select_interval_steps() == 3);
+}
