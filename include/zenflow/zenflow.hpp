@@ -9,3 +9,4 @@
 #include "zenflow/types.hpp"
 #include "zenflow/version.hpp"
 #include "zenflow/view.hpp"
+#include "zenflow/host_stream.hpp"
