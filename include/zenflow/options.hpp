@@ -22,6 +22,13 @@ enum class selection_strategy : std::uint8_t {
   epoch,      ///< `select_interval` counts epochs of `steps_per_epoch` steps.
 };
 
+/// Which method the coordinator runs; the comparison baselines are selectable by options alone.
+enum class offload_mode : std::uint8_t {
+  zenflow,       ///< the method: top-k columns on the GPU, the rest on the CPU (overlap_step picks sync/async)
+  zero_offload,  ///< ZeRO-Offload: every column of every 2-D parameter updated on the CPU, every step, synchronously
+  dense,         ///< no offload: every column on the GPU (the reference)
+};
+
 /// A setting that is either "auto" or a fixed positive count.
 struct interval_option {
   bool is_auto = true;
@@ -56,6 +63,7 @@ struct adam_options {
 
 /// Every option of the method. Field names follow DeepSpeed's `zenflow` block.
 struct zenflow_options {
+  offload_mode mode = offload_mode::zenflow;
   /// Fraction of each 2-D parameter's columns updated on the GPU: k = max(1, floor(topk_ratio * cols)).
   float topk_ratio = 0.1f;
   selection_strategy select_strategy = selection_strategy::automatic;
@@ -80,6 +88,22 @@ struct zenflow_options {
   float max_grad_norm = 0.0f;
   adam_options adam{};
 
+  /// ZeRO-Offload: every column on the CPU, updated every step, synchronously.
+  static zenflow_options zero_offload() {
+    zenflow_options o;
+    o.mode = offload_mode::zero_offload;
+    o.update_interval = interval_option::fixed(1);
+    o.overlap_step = false;
+    return o;
+  }
+  /// Dense: every column on the GPU, no offload (the no-offload reference).
+  static zenflow_options dense() {
+    zenflow_options o;
+    o.mode = offload_mode::dense;
+    o.topk_ratio = 1.0f;
+    return o;
+  }
+
   /// The strategy after resolving "auto".
   [[nodiscard]] selection_strategy resolved_strategy() const noexcept {
     if (select_strategy != selection_strategy::automatic) return select_strategy;
@@ -94,6 +118,8 @@ struct zenflow_options {
 
   /// Throws `zenflow::error` naming the first field that is out of range or contradicts another.
   void validate() const {
+    expects(mode == offload_mode::zenflow || mode == offload_mode::zero_offload || mode == offload_mode::dense, "mode",
+            "must be zenflow, zero_offload or dense");
     expects(std::isfinite(topk_ratio) && topk_ratio > 0.0f && topk_ratio <= 1.0f, "topk_ratio",
             "must be in (0, 1], got ", topk_ratio);
     expects(select_strategy == selection_strategy::automatic || select_strategy == selection_strategy::step ||
@@ -117,6 +143,9 @@ struct zenflow_options {
             select_interval_steps(), " steps");
     expects(std::isfinite(max_grad_norm) && max_grad_norm >= 0.0f, "max_grad_norm",
             "must be finite and >= 0 (0 disables clipping), got ", max_grad_norm);
+    expects(mode != offload_mode::zero_offload || (!overlap_step && !update_interval.is_auto &&
+                                                    update_interval.value == 1),
+            "mode", "zero_offload updates every step synchronously: needs update_interval 1 and overlap_step false");
     adam.validate();
   }
 };

@@ -1,0 +1,197 @@
+// The CUDA instantiation of the bounded-async coordinator: cuda_coordinator.
+//
+// The schedule is basic_coordinator's (coordinator.hpp); this header supplies cuda_backend, which
+// maps each "device" operation of the schedule onto the CUDA components: the gradient statistics
+// and the per-step flags (clip factor, skip) stay on the device, the sparse-column Adam and the
+// column gather/scatter run on the trainer's stream, offload and write-back copies go through
+// pinned transfer queues on their own non-blocking streams. No call synchronizes the device; the
+// trainer's stream is only synchronized at selection boundaries, finish() and checkpoints.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "zenflow/coordinator.hpp"
+#include "zenflow/error.hpp"
+#include "zenflow/importance_selector.cuh"
+#include "zenflow/sparse_adam.cuh"
+#include "zenflow/transfer_queue.cuh"
+
+namespace zenflow {
+
+namespace detail {
+/// One thread turns the device-side gradient statistics into the step's flags (same rule as
+/// host_backend::make_step_flags).
+__global__ inline void make_step_flags_kernel(const gradient_stats_device* stats, float max_norm, step_flags* flags) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const double sum_of_squares = static_cast<double>(stats->sum_of_squares);
+  step_flags f;
+  f.grad_norm = sqrt(sum_of_squares);
+  f.skip = stats->nonfinite_count > 0 || !isfinite(sum_of_squares);
+  f.scale = (max_norm > 0.0f && !f.skip && f.grad_norm > max_norm)
+                ? static_cast<float>(static_cast<double>(max_norm) / (f.grad_norm + 1e-6))
+                : 1.0f;
+  *flags = f;
+}
+}  // namespace detail
+
+struct cuda_backend {
+  using stream_type = cudaStream_t;
+  using selector_type = cuda_importance_selector<>;
+  using device_optimizer_type = cuda_sparse_adam;
+  using queue_type = cuda_transfer_queue;
+  static constexpr memory_space device_space = memory_space::device;
+  static constexpr const char* name = "cuda";
+
+  /// Owning device allocation (cudaMalloc), freed exactly once.
+  class device_buffer {
+   public:
+    device_buffer() = default;
+    explicit device_buffer(std::size_t bytes) : bytes_(bytes) {
+      if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaMalloc(&data_, bytes_));
+    }
+    device_buffer(device_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    device_buffer& operator=(device_buffer&& o) noexcept {
+      if (this != &o) {
+        reset();
+        data_ = std::exchange(o.data_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+      }
+      return *this;
+    }
+    ~device_buffer() { reset(); }
+    [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+   private:
+    void reset() noexcept {
+      if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFree(data_));
+      data_ = nullptr;
+      bytes_ = 0;
+    }
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+  };
+
+  /// Pinned host memory the device writes into asynchronously (the per-step flags).
+  class host_buffer {
+   public:
+    host_buffer() = default;
+    explicit host_buffer(std::size_t bytes) : bytes_(bytes) {
+      if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaHostAlloc(&data_, bytes_, cudaHostAllocDefault));
+    }
+    host_buffer(host_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    host_buffer& operator=(host_buffer&& o) noexcept {
+      if (this != &o) {
+        reset();
+        data_ = std::exchange(o.data_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+      }
+      return *this;
+    }
+    ~host_buffer() { reset(); }
+    [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+   private:
+    void reset() noexcept {
+      if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFreeHost(data_));
+      data_ = nullptr;
+      bytes_ = 0;
+    }
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+  };
+
+  /// An event created on first use (timing disabled).
+  class event_type {
+   public:
+    event_type() = default;
+    event_type(const event_type&) = delete;
+    event_type& operator=(const event_type&) = delete;
+    ~event_type() {
+      if (event_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event_));
+    }
+    cudaEvent_t get() {
+      if (event_ == nullptr) ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+      return event_;
+    }
+    [[nodiscard]] bool recorded() const noexcept { return event_ != nullptr; }
+
+   private:
+    cudaEvent_t event_ = nullptr;
+  };
+
+  /// A non-blocking stream owned by the coordinator.
+  class owned_stream {
+   public:
+    owned_stream() { ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+    owned_stream(const owned_stream&) = delete;
+    owned_stream& operator=(const owned_stream&) = delete;
+    ~owned_stream() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream_)); }
+    [[nodiscard]] stream_type get() noexcept { return stream_; }
+
+   private:
+    cudaStream_t stream_ = nullptr;
+  };
+
+  static void record(event_type& event, stream_type stream) { ZENFLOW_CUDA_TRY(cudaEventRecord(event.get(), stream)); }
+  static void wait(stream_type stream, event_type& event) {
+    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(stream, event.get(), 0));
+  }
+  static void synchronize(event_type& event) {
+    if (event.recorded()) ZENFLOW_CUDA_TRY(cudaEventSynchronize(event.get()));
+  }
+  static void synchronize(stream_type stream) { ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream)); }
+
+  static void copy_async(void* dst, const void* src, std::size_t bytes, stream_type stream) {
+    if (bytes != 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  }
+
+  static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
+                              float max_norm, step_flags* flags, stream_type stream) {
+    // The statistics scratch lives right behind the flags in the same allocation is not
+    // guaranteed: keep one per-thread scratch owned here.
+    static thread_local device_buffer scratch(sizeof(gradient_stats_device));
+    auto* stats = reinterpret_cast<gradient_stats_device*>(scratch.data());
+    cuda_gradient_stats(matrices, vectors, stats, stream);
+    detail::make_step_flags_kernel<<<1, 1, 0, stream>>>(stats, max_norm, flags);
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+  }
+
+  static void device_step(device_optimizer_type& opt, std::span<const const_matrix_view> matrices,
+                          std::span<const const_vector_view> vectors, const step_flags* flags, stream_type stream) {
+    opt.step(matrices, vectors, 1.0f, &flags->scale, &flags->skip, false, stream);
+  }
+  static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* columns_dev,
+                     void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {
+    cuda_gather_columns(grad, std::span<const std::int32_t>(columns_dev, columns.size()), dst, dst_type,
+                        &flags->scale, stream);
+  }
+  static void scatter(const void* src, dtype src_type, std::span<const std::int32_t> columns,
+                      const std::int32_t* columns_dev, matrix_view param, stream_type stream) {
+    cuda_scatter_columns(src, src_type, std::span<const std::int32_t>(columns_dev, columns.size()), param, stream);
+  }
+  static void select(selector_type& selector, std::span<const const_matrix_view> grads, stream_type stream) {
+    selector.select(grads, stream);
+  }
+  static void reselect(device_optimizer_type& opt, std::size_t index, std::span<const std::int32_t> selection,
+                       std::span<const float> entering, std::span<float> leaving, stream_type stream) {
+    opt.reselect(index, selection, entering.data(), leaving.data(), stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  static std::size_t add_matrix(device_optimizer_type& opt, matrix_view param, std::span<const std::int32_t> selection,
+                                std::span<const float> packed, stream_type stream) {
+    const auto i = opt.add_matrix(param, selection, packed.data(), stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+    return i;
+  }
+};
+
+/// The real thing: ZenFlow's bounded-async schedule on a CUDA GPU.
+using cuda_coordinator = basic_coordinator<cuda_backend>;
+
+}  // namespace zenflow

@@ -1,0 +1,147 @@
+// The coordinator's checkpoint file format (version 1) and its reader/writer.
+//
+//   offset  size  field
+//   0       8     magic "ZENFLOW\x01"
+//   8       4     format version (uint32, little endian) = 1
+//   12      4     reserved (0)
+//   16      8     payload size in bytes (uint64)
+//   24      8     FNV-1a 64-bit hash of the payload
+//   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
+//                 order written by basic_coordinator::save_checkpoint (see coordinator_impl.hpp):
+//                 options fingerprint, step and interval position, optimizer step counts, then
+//                 per parameter its name, shape, dtypes, CPU fp32 master/m/v, selection, GPU
+//                 compact state, accumulator, pending write-back and the model's parameter bytes.
+// The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
+// checkpoint under the real name. The reader checks size, magic, version and hash before any
+// field is parsed, and every length against what remains.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "zenflow/error.hpp"
+
+namespace zenflow::detail {
+
+inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
+inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::size_t checkpoint_header_bytes = 32;
+
+inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : data) {
+    h ^= static_cast<std::uint64_t>(b);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+class checkpoint_writer {
+ public:
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void put(const T& value) {
+    const auto* p = reinterpret_cast<const std::byte*>(&value);
+    payload_.insert(payload_.end(), p, p + sizeof(T));
+  }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void put_array(std::span<const T> values) {
+    put<std::uint64_t>(values.size());
+    const auto* p = reinterpret_cast<const std::byte*>(values.data());
+    payload_.insert(payload_.end(), p, p + values.size_bytes());
+  }
+  void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
+
+  /// Writes header + payload to path.tmp, then renames it to path. Throws zenflow::error.
+  void write(const std::string& path) const {
+    std::vector<std::byte> header(checkpoint_header_bytes);
+    std::memcpy(header.data(), checkpoint_magic, 8);
+    const std::uint32_t version = checkpoint_version, reserved = 0;
+    const std::uint64_t size = payload_.size(), hash = fnv1a64(payload_);
+    std::memcpy(header.data() + 8, &version, 4);
+    std::memcpy(header.data() + 12, &reserved, 4);
+    std::memcpy(header.data() + 16, &size, 8);
+    std::memcpy(header.data() + 24, &hash, 8);
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      expects(static_cast<bool>(out), "path", "cannot open '", tmp, "' for writing");
+      out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
+      out.write(reinterpret_cast<const char*>(payload_.data()), static_cast<std::streamsize>(payload_.size()));
+      out.flush();
+      expects(static_cast<bool>(out), "path", "writing '", tmp, "' failed");
+    }
+    expects(std::rename(tmp.c_str(), path.c_str()) == 0, "path", "cannot rename '", tmp, "' to '", path, "'");
+  }
+
+ private:
+  std::vector<std::byte> payload_;
+};
+
+class checkpoint_reader {
+ public:
+  /// Reads and verifies the whole file; throws zenflow::error("checkpoint", ...) if it is not a
+  /// complete, uncorrupted zenflow checkpoint of a supported version.
+  explicit checkpoint_reader(const std::string& path) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    expects(static_cast<bool>(in), "checkpoint", "cannot open '", path, "'");
+    const auto file_size = static_cast<std::size_t>(in.tellg());
+    expects(file_size >= checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated (", file_size,
+            " bytes, the header alone is ", checkpoint_header_bytes, ")");
+    std::vector<std::byte> file(file_size);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(file_size));
+    expects(static_cast<bool>(in), "checkpoint", "reading '", path, "' failed");
+    expects(std::memcmp(file.data(), checkpoint_magic, 8) == 0, "checkpoint", "'", path,
+            "' is not a zenflow checkpoint (bad magic)");
+    std::uint32_t version;
+    std::uint64_t size, hash;
+    std::memcpy(&version, file.data() + 8, 4);
+    std::memcpy(&size, file.data() + 16, 8);
+    std::memcpy(&hash, file.data() + 24, 8);
+    expects(version == checkpoint_version, "checkpoint", "format version ", version, " is not supported (expected ",
+            checkpoint_version, ")");
+    expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated or has trailing data (",
+            file_size - checkpoint_header_bytes, " payload bytes, header says ", size, ")");
+    payload_.assign(file.begin() + checkpoint_header_bytes, file.end());
+    expects(fnv1a64(payload_) == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
+  }
+
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  T get() {
+    expects(pos_ + sizeof(T) <= payload_.size(), "checkpoint", "payload ends early");
+    T value;
+    std::memcpy(&value, payload_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return value;
+  }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  std::vector<T> get_array() {
+    const auto n = get<std::uint64_t>();
+    expects(n <= (payload_.size() - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
+    std::vector<T> values(n);
+    std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
+    return values;
+  }
+  std::string get_string() {
+    auto chars = get_array<char>();
+    return {chars.begin(), chars.end()};
+  }
+  [[nodiscard]] bool at_end() const noexcept { return pos_ == payload_.size(); }
+
+ private:
+  std::vector<std::byte> payload_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace zenflow::detail

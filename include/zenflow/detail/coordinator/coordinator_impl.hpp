@@ -1,0 +1,709 @@
+// Definitions of basic_coordinator (included at the end of coordinator.hpp).
+#pragma once
+
+#include <cmath>
+#include <numeric>
+
+#include "zenflow/coordinator.hpp"
+
+namespace zenflow {
+
+namespace detail {
+/// acc[j] += float(src[j]) for n elements of `type`.
+inline void accumulate_compact(float* acc, const std::byte* src, dtype type, std::size_t n) {
+  dispatch_dtype(type, [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = reinterpret_cast<const T*>(src);
+    for (std::size_t j = 0; j < n; ++j) acc[j] += to_float(g[j]);
+  });
+}
+
+/// Packs [master, m, v] of `columns` (column-contiguous CPU state, `rows` per column).
+inline void pack_columns(std::span<const float> p, std::span<const float> m, std::span<const float> v, index_t rows,
+                         std::span<const std::int32_t> columns, std::vector<float>& out) {
+  out.resize(columns.size() * 3 * static_cast<std::size_t>(rows));
+  float* dst = out.data();
+  for (std::int32_t c : columns) {
+    const std::size_t at = static_cast<std::size_t>(c) * rows;
+    for (auto* src : {&p, &m, &v}) {
+      std::memcpy(dst, src->data() + at, rows * sizeof(float));
+      dst += rows;
+    }
+  }
+}
+inline void unpack_columns(std::span<float> p, std::span<float> m, std::span<float> v, index_t rows,
+                           std::span<const std::int32_t> columns, std::span<const float> in) {
+  const float* src = in.data();
+  for (std::int32_t c : columns) {
+    const std::size_t at = static_cast<std::size_t>(c) * rows;
+    for (auto* dst : {&p, &m, &v}) {
+      std::memcpy(dst->data() + at, src, rows * sizeof(float));
+      src += rows;
+    }
+  }
+}
+inline std::vector<std::int32_t> set_difference(std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
+  std::vector<std::int32_t> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+}  // namespace detail
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::start(stream_type stream) {
+  started_ = true;
+  for (auto& p : params_)
+    if (!p.is_vector) set_selection(p, {}, stream);  // every column on the CPU until the first selection
+  interval_ = {0, 0, 0};
+  interval_target_ = 1;
+  if (!warm_up() && !options_.update_interval.is_auto) interval_target_ = options_.update_interval.value;
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
+  // "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
+  // reaches the important mass per GPU column. With the selection's scores (L1 per column) as
+  // the per-step masses -- the method's premise is that they change slowly -- that is
+  // ceil(important per column / unimportant per column), bounded to [1, max_update_interval].
+  double important = 0.0, unimportant = 0.0;
+  std::int64_t k = 0, rest = 0;
+  for (const auto& p : params_) {
+    if (p.is_vector) continue;
+    const auto scores = selector_.scores(p.selector_index);
+    if (scores.empty()) continue;
+    double sel = 0.0;
+    for (std::int32_t c : p.selection) sel += scores[c];
+    const double total = std::accumulate(scores.begin(), scores.end(), 0.0);
+    important += sel;
+    unimportant += total - sel;
+    k += static_cast<std::int64_t>(p.selection.size());
+    rest += static_cast<std::int64_t>(p.complement.size());
+  }
+  if (k == 0 || rest == 0 || unimportant <= 0.0) return options_.max_update_interval;
+  const double ratio = (important / static_cast<double>(k)) / (unimportant / static_cast<double>(rest));
+  const double steps = std::ceil(ratio);
+  return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1,
+                                  options_.max_update_interval);
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::set_selection(parameter& p, std::vector<std::int32_t> selection,
+                                                             stream_type stream) {
+  const index_t rows = p.matrix.rows;
+  const auto entering = detail::set_difference(selection, p.selection);
+  const auto leaving = detail::set_difference(p.selection, selection);
+  auto params = host_opt_.params(p.cpu_tensor);
+  auto m = host_opt_.exp_avg(p.cpu_tensor);
+  auto v = host_opt_.exp_avg_sq(p.cpu_tensor);
+  if (!selection.empty()) {
+    std::vector<float> packed;
+    detail::pack_columns(params, m, v, rows, entering, packed);
+    device_buffer entering_dev(packed.size() * sizeof(float));
+    Backend::copy_async(entering_dev.data(), packed.data(), packed.size() * sizeof(float), stream);
+    Backend::synchronize(stream);
+    const std::span<const float> entering_span(reinterpret_cast<const float*>(entering_dev.data()), packed.size());
+    metrics_.bytes_host_to_device += packed.size() * sizeof(float);
+    if (p.device_index == npos) {
+      p.device_index = Backend::add_matrix(device_opt_, p.matrix, selection, entering_span, stream);
+    } else {
+      device_buffer leaving_dev(leaving.size() * 3 * rows * sizeof(float));
+      const std::span<float> leaving_span(reinterpret_cast<float*>(leaving_dev.data()), leaving.size() * 3 * rows);
+      Backend::reselect(device_opt_, p.device_index, selection, entering_span, leaving_span, stream);
+      std::vector<float> back(leaving_span.size());
+      Backend::copy_async(back.data(), leaving_dev.data(), back.size() * sizeof(float), stream);
+      Backend::synchronize(stream);
+      detail::unpack_columns(params, m, v, rows, leaving, back);
+      metrics_.bytes_device_to_host += back.size() * sizeof(float);
+    }
+  }
+  p.complement = complement_columns(selection, p.matrix.cols);
+  p.selection = std::move(selection);
+  setup_buffers(p, stream);
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::setup_buffers(parameter& p, stream_type stream) {
+  const std::size_t n = p.complement.size() * static_cast<std::size_t>(p.matrix.rows);
+  p.complement_dev = device_buffer(p.complement.size() * sizeof(std::int32_t));
+  Backend::copy_async(p.complement_dev.data(), p.complement.data(), p.complement.size() * sizeof(std::int32_t), stream);
+  for (int b = 0; b < 2; ++b) {
+    p.grad_stage[b] = device_buffer(n * dtype_size(p.grad_type));
+    p.accumulator[b].assign(n, 0.0f);
+    p.out_stage[b].assign(n * dtype_size(p.matrix.type), std::byte{0});
+    p.writeback_dev[b] = device_buffer(n * dtype_size(p.matrix.type));
+  }
+  Backend::synchronize(stream);
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
+  // A selection change moves optimizer state: first complete and write back every CPU update,
+  // so no accumulated gradient is lost and no stale result lands on a column the GPU now owns.
+  if (pending_interval_) write_back(*pending_interval_, stream, "reselection");
+  if (interval_.steps > 0) end_interval(stream, /*synchronous=*/true, step_ - 1);
+  std::vector<const_matrix_view> grads;
+  for (const auto& p : params_)
+    if (!p.is_vector) grads.push_back(p.grad_matrix);
+  if (options_.mode == offload_mode::dense) {
+    for (auto& p : params_) {
+      if (p.is_vector || !p.selection.empty()) continue;
+      std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
+      std::iota(all.begin(), all.end(), 0);
+      set_selection(p, std::move(all), stream);
+    }
+  } else {
+    Backend::select(selector_, grads, stream);
+    double overlap = 0.0;
+    std::size_t counted = 0;
+    for (auto& p : params_) {
+      if (p.is_vector) continue;
+      const auto s = selector_.selected(p.selector_index);
+      if (!p.selection.empty()) {
+        overlap += selector_.overlap(p.selector_index);
+        ++counted;
+      }
+      set_selection(p, std::vector<std::int32_t>(s.begin(), s.end()), stream);
+    }
+    last_overlap_ = counted ? overlap / static_cast<double>(counted) : 1.0;
+  }
+  metrics_.reselected = true;
+  interval_target_ = options_.update_interval.is_auto ? auto_interval() : options_.update_interval.value;
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream, bool synchronous,
+                                                             std::int64_t last_step) {
+  const std::int64_t i = interval_.index;
+  {
+    std::lock_guard lock(mutex_);
+    offload_jobs_.push_back(offload_job{last_step, i, true});
+    update_jobs_.push_back(update_job{i, synchronous});
+    if (accumulated_counts_.size() <= static_cast<std::size_t>(i)) accumulated_counts_.resize(i + 1, 0);
+    if (config_.record_trace) {
+      update_record r;
+      r.interval = i;
+      r.first_step = interval_.first_step;
+      r.last_step = last_step;
+      r.synchronous = synchronous;
+      trace_.push_back(r);
+    }
+  }
+  cv_.notify_all();
+  metrics_.cpu_update_launched = true;
+  // The deadline of the previous interval's update is the end of this one.
+  if (pending_interval_) write_back(*pending_interval_, stream, "staleness bound");
+  if (synchronous)
+    write_back(i, stream, "synchronous CPU update");
+  else
+    pending_interval_ = i;
+  interval_ = {i + 1, last_step + 1, 0};
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, stream_type stream, const char* reason) {
+  stall_until([&] { return updated_interval_ >= i; }, reason);
+  bool applied;
+  {
+    std::lock_guard lock(mutex_);
+    applied = accumulated_counts_[i] > 0;
+    for (auto& r : trace_)
+      if (r.interval == i) {
+        r.written_back_at = step_;
+        ++r.write_backs;
+      }
+  }
+  if (applied) {
+    for (auto& p : params_) {
+      if (p.is_vector || p.complement.empty()) continue;
+      Backend::scatter(p.writeback_dev[i % 2].data(), p.matrix.type, p.complement,
+                       reinterpret_cast<const std::int32_t*>(p.complement_dev.data()), p.matrix, stream);
+    }
+    Backend::record(written_back_[i % 2], stream);
+  }
+  if (pending_interval_ == i) pending_interval_.reset();
+  metrics_.written_back = true;
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream) {
+  rethrow_worker_error();
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    expects(params_[i].has_grad, "step", "no gradient was submitted for parameter ", i, " (", params_[i].name,
+            ") in step ", step_);
+  metrics_ = step_metrics{};
+  metrics_.step = step_;
+  const auto d2h_before = d2h_.counters().bytes, h2d_before = h2d_.counters().bytes;
+  if (!started_) start(stream);
+  const int parity = static_cast<int>(step_ % 2);
+  // The flags and gradient staging of this parity were last used two steps ago.
+  stall_until([&] { return offloaded_through_step_ >= step_ - 2; }, "offload backpressure");
+
+  // 1. Selection boundary: the first step after warm-up, then as the policy says.
+  if (!warm_up()) {
+    bool boundary = false;
+    for (const auto& p : params_)
+      if (!p.is_vector && p.selection.empty()) boundary = true;
+    if (!boundary && options_.mode == offload_mode::zenflow) {
+      const std::int64_t since = step_ - options_.full_warm_up_rounds;
+      boundary = since > 0 && since % options_.select_interval_steps() == 0;
+    }
+    if (boundary) reselect(stream);
+  }
+
+  // 2. Statistics (global norm for clipping, non-finite check) and the GPU update.
+  std::vector<const_matrix_view> all_matrices, device_matrices;
+  std::vector<const_vector_view> vectors;
+  for (const auto& p : params_) {
+    if (p.is_vector) {
+      vectors.push_back(p.grad_vector);
+    } else {
+      all_matrices.push_back(p.grad_matrix);
+      if (p.device_index != npos) device_matrices.push_back(p.grad_matrix);
+    }
+  }
+  auto* flags_dev = reinterpret_cast<step_flags*>(flags_dev_[parity].data());
+  auto* flags_host = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
+  Backend::step_statistics(all_matrices, vectors, options_.max_grad_norm, flags_dev, stream);
+  Backend::copy_async(flags_host_[parity].data(), flags_dev, sizeof(step_flags), stream);
+  if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);
+
+  // 3. Offload: gather the CPU columns (scaled), hand them to the offload worker.
+  std::vector<offload_job> jobs;
+  const int acc = static_cast<int>(interval_.index % 2);
+  for (auto& p : params_) {
+    if (p.is_vector || p.complement.empty()) continue;
+    Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
+                    p.grad_stage[parity].data(), p.grad_type, flags_dev, stream);
+    offload_job j;
+    j.step = step_;
+    j.interval = interval_.index;
+    j.src = p.grad_stage[parity].data();
+    j.bytes = p.grad_stage[parity].bytes();
+    j.type = p.grad_type;
+    j.accumulator = p.accumulator[acc].data();
+    j.flags = flags_host;
+    jobs.push_back(j);
+  }
+  Backend::record(gathered_[parity], stream);
+  Backend::wait(offload_stream_.get(), gathered_[parity]);
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& j : jobs) offload_jobs_.push_back(j);
+    offload_job marker;  // end of this step's gradients
+    marker.step = step_;
+    marker.interval = interval_.index;
+    marker.flags = jobs.empty() ? nullptr : flags_host;
+    offload_jobs_.push_back(marker);
+  }
+  cv_.notify_all();
+  ++interval_.steps;
+
+  // 4-5. Interval boundary: CPU update (async with overlap_step), write-back within the bound.
+  if (warm_up() || interval_.steps >= interval_target_) {
+    if (has_cpu_columns())
+      end_interval(stream, /*synchronous=*/!overlapped(), step_);
+    else
+      interval_ = {interval_.index + 1, step_ + 1, 0};
+  }
+  for (auto& p : params_) p.has_grad = false;
+  ++step_;
+  // Leaving warm-up: the next interval follows the options.
+  if (!warm_up() && !options_.update_interval.is_auto && interval_.steps == 0)
+    interval_target_ = options_.update_interval.value;
+
+  metrics_.bytes_device_to_host += d2h_.counters().bytes - d2h_before;
+  metrics_.bytes_host_to_device += h2d_.counters().bytes - h2d_before;
+  metrics_.selection_overlap = last_overlap_;
+  metrics_.interval = interval_target_;
+  {
+    std::lock_guard lock(mutex_);
+    metrics_.cpu_update_seconds = last_update_seconds_;
+  }
+  return metrics_;
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
+  rethrow_worker_error();
+  if (pending_interval_) write_back(*pending_interval_, stream, "finish");
+  if (interval_.steps > 0 && has_cpu_columns()) end_interval(stream, /*synchronous=*/true, step_ - 1);
+  Backend::synchronize(stream);
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
+  struct in_flight {
+    offload_job job;
+    std::size_t offset;
+    std::size_t bytes;
+  };
+  std::deque<in_flight> flight;
+  std::vector<std::int64_t> counted_steps;  // per interval parity bookkeeping is in accumulated_counts_
+  auto consume_one = [&] {
+    auto slot = d2h_.next();
+    const in_flight f = flight.front();
+    flight.pop_front();
+    if (!f.job.flags->skip)
+      detail::accumulate_compact(f.job.accumulator + f.offset / dtype_size(f.job.type), slot.data, f.job.type,
+                                 f.bytes / dtype_size(f.job.type));
+    d2h_.release(slot);
+  };
+  try {
+    for (;;) {
+      offload_job job;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || failed_ || !offload_jobs_.empty(); });
+        if (failed_ || offload_jobs_.empty()) break;  // stopping with nothing left
+        job = offload_jobs_.front();
+        offload_jobs_.pop_front();
+      }
+      if (job.src == nullptr) {
+        // A marker: everything before it must be accumulated first.
+        while (!flight.empty()) consume_one();
+        std::lock_guard lock(mutex_);
+        if (job.interval_end) {
+          accumulated_interval_ = job.interval;
+        } else {
+          if (job.flags != nullptr && !job.flags->skip) {
+            if (accumulated_counts_.size() <= static_cast<std::size_t>(job.interval))
+              accumulated_counts_.resize(job.interval + 1, 0);
+            ++accumulated_counts_[job.interval];
+          }
+          offloaded_through_step_ = job.step;
+        }
+        cv_.notify_all();
+        continue;
+      }
+      const std::size_t chunk = d2h_.slot_bytes() - d2h_.slot_bytes() % 4;
+      for (std::size_t off = 0; off < job.bytes; off += chunk) {
+        const std::size_t n = std::min(chunk, job.bytes - off);
+        auto slot = d2h_.try_acquire();
+        while (!slot) {
+          if (!flight.empty()) consume_one();
+          slot = d2h_.try_acquire();
+          if (!slot && flight.empty()) slot = d2h_.acquire();
+        }
+        d2h_.submit_device_to_host(*slot, job.src + off, n, offload_stream_.get());
+        flight.push_back({job, off, n});
+      }
+    }
+    while (!flight.empty()) consume_one();
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::update_loop() {
+  try {
+    for (;;) {
+      update_job job;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || failed_ || !update_jobs_.empty(); });
+        if (failed_ || update_jobs_.empty()) break;
+        job = update_jobs_.front();
+        update_jobs_.pop_front();
+        // Every gradient of the interval must be accumulated.
+        cv_.wait(lock, [&] { return failed_ || stopping_ || accumulated_interval_ >= job.interval; });
+        if (accumulated_interval_ < job.interval) break;
+      }
+      run_update(job);
+    }
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job) {
+  const auto t0 = clock::now();
+  const int b = static_cast<int>(job.interval % 2);
+  std::int64_t count;
+  {
+    std::lock_guard lock(mutex_);
+    count = accumulated_counts_[job.interval];
+  }
+  if (count > 0) {
+    // The write-back of interval i-2 read writeback_dev[b]: it must have run before we refill it.
+    Backend::synchronize(written_back_[b]);
+    std::vector<cpu_adam_task> tasks;
+    for (auto& p : params_) {
+      if (p.is_vector || p.complement.empty()) continue;
+      cpu_adam_task t{};
+      t.tensor = p.cpu_tensor;
+      t.grad = p.accumulator[b].data();
+      t.grad_type = dtype::f32;
+      t.columns = p.complement;
+      t.grad_compact = true;
+      t.copy_out = p.out_stage[b].data();
+      t.copy_out_type = p.matrix.type;
+      t.out_compact = true;
+      tasks.push_back(t);
+    }
+    host_opt_.step(tasks, 1.0f / static_cast<float>(count), /*check_finite=*/false);
+    for (auto& p : params_) {
+      if (p.is_vector || p.complement.empty()) continue;
+      pipelined_copy_to_device(h2d_, p.writeback_dev[b].data(), p.out_stage[b].data(), p.out_stage[b].size(),
+                               writeback_stream_.get());
+      std::fill(p.accumulator[b].begin(), p.accumulator[b].end(), 0.0f);
+    }
+    Backend::synchronize(writeback_stream_.get());
+  }
+  std::lock_guard lock(mutex_);
+  last_update_seconds_ = std::chrono::duration<double>(clock::now() - t0).count();
+  for (auto& r : trace_)
+    if (r.interval == job.interval) r.accumulated_steps = count;
+  updated_interval_ = job.interval;
+  cv_.notify_all();
+}
+
+}  // namespace zenflow
+
+namespace zenflow {
+
+namespace detail {
+/// The options a checkpoint must be resumed with (a mismatch is rejected).
+inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
+  w.put(static_cast<std::uint8_t>(o.mode));
+  w.put(o.topk_ratio);
+  w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
+  w.put(o.select_interval_steps());
+  w.put(o.update_interval);
+  w.put(o.full_warm_up_rounds);
+  w.put(o.overlap_step);
+  w.put(o.max_update_interval);
+}
+inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
+  bool same = r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.mode);
+  same = (r.get<float>() == o.topk_ratio) && same;
+  same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
+  same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
+  same = (r.get<interval_option>() == o.update_interval) && same;
+  same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
+  same = (r.get<bool>() == o.overlap_step) && same;
+  same = (r.get<std::int64_t>() == o.max_update_interval) && same;
+  expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
+          "overlap_step)");
+}
+}  // namespace detail
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::string& path, stream_type stream) {
+  rethrow_worker_error();
+  for (const auto& p : params_)
+    expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
+  // Drain: every offloaded gradient accumulated and every launched CPU update done. A pending
+  // result stays pending (it is saved), exactly as in an uninterrupted run.
+  stall_until([&] {
+    return offloaded_through_step_ >= step_ - 1 && (!pending_interval_ || updated_interval_ >= *pending_interval_);
+  }, "checkpoint");
+  Backend::synchronize(stream);
+  detail::checkpoint_writer w;
+  detail::put_options(w, options_);
+  w.put(step_);
+  w.put(started_);
+  w.put(interval_.index);
+  w.put(interval_.first_step);
+  w.put(interval_.steps);
+  w.put(interval_target_);
+  w.put<std::int64_t>(pending_interval_ ? *pending_interval_ : -1);
+  w.put(last_overlap_);
+  w.put(host_opt_.step_count());
+  w.put(device_opt_.step_count());
+  {
+    std::lock_guard lock(mutex_);
+    auto count = [&](std::int64_t i) {
+      return i >= 0 && static_cast<std::size_t>(i) < accumulated_counts_.size() ? accumulated_counts_[i] : 0;
+    };
+    w.put(count(interval_.index));
+    w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
+  }
+  w.put<std::uint64_t>(params_.size());
+  step_flags identity;
+  device_buffer identity_dev(sizeof(step_flags));
+  Backend::copy_async(identity_dev.data(), &identity, sizeof identity, stream);
+  for (const auto& p : params_) {
+    w.put_string(p.name);
+    w.put(p.is_vector);
+    if (p.is_vector) {
+      w.put(p.vector.size);
+      w.put(p.vector.type);
+      std::vector<float> state(3 * static_cast<std::size_t>(p.vector.size));
+      device_opt_.export_state(p.device_index, state);
+      w.put_array<float>(state);
+      std::vector<std::byte> bytes(p.vector.size * dtype_size(p.vector.type));
+      Backend::copy_async(bytes.data(), p.vector.data, bytes.size(), stream);
+      Backend::synchronize(stream);
+      w.put_array<std::byte>(bytes);
+      continue;
+    }
+    w.put(p.matrix.rows);
+    w.put(p.matrix.cols);
+    w.put(p.matrix.type);
+    w.put(p.grad_type);
+    w.put_array<float>(host_opt_.params(p.cpu_tensor));
+    w.put_array<float>(host_opt_.exp_avg(p.cpu_tensor));
+    w.put_array<float>(host_opt_.exp_avg_sq(p.cpu_tensor));
+    w.put_array<std::int32_t>(p.selection);
+    std::vector<float> compact;
+    if (p.device_index != npos) {
+      compact.resize(3 * p.selection.size() * static_cast<std::size_t>(p.matrix.rows));
+      device_opt_.export_state(p.device_index, compact);
+    }
+    w.put_array<float>(compact);
+    w.put_array<float>(p.accumulator[interval_.index % 2]);
+    std::vector<std::byte> pending;
+    if (pending_interval_) {
+      const auto& buf = p.writeback_dev[*pending_interval_ % 2];
+      pending.resize(buf.bytes());
+      Backend::copy_async(pending.data(), buf.data(), buf.bytes(), stream);
+    }
+    // The model's parameter values, element by element (the view may be strided).
+    std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
+    std::iota(all.begin(), all.end(), 0);
+    device_buffer all_dev(all.size() * sizeof(std::int32_t));
+    device_buffer values_dev(p.matrix.rows * p.matrix.cols * dtype_size(p.matrix.type));
+    Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
+    Backend::gather(const_matrix_view(p.matrix), all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
+                    values_dev.data(), p.matrix.type, reinterpret_cast<const step_flags*>(identity_dev.data()), stream);
+    std::vector<std::byte> values(values_dev.bytes());
+    Backend::copy_async(values.data(), values_dev.data(), values.size(), stream);
+    Backend::synchronize(stream);
+    w.put_array<std::byte>(pending);
+    w.put_array<std::byte>(values);
+  }
+  w.write(path);
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::string& path, stream_type stream) {
+  rethrow_worker_error();
+  expects(!started_ && step_ == 0, "load_checkpoint",
+          "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
+  // Parse and validate everything first: nothing changes unless the whole file is good.
+  detail::checkpoint_reader r(path);
+  detail::check_options(r, options_);
+  struct saved_parameter {
+    std::vector<float> cpu_p, cpu_m, cpu_v, compact, accumulator, vector_state;
+    std::vector<std::int32_t> selection;
+    std::vector<std::byte> pending, values;
+  };
+  const auto step = r.get<std::int64_t>();
+  const auto started = r.get<bool>();
+  interval_state interval;
+  interval.index = r.get<std::int64_t>();
+  interval.first_step = r.get<std::int64_t>();
+  interval.steps = r.get<std::int64_t>();
+  const auto target = r.get<std::int64_t>();
+  const auto pending = r.get<std::int64_t>();
+  const auto overlap = r.get<double>();
+  const auto host_steps = r.get<std::int64_t>();
+  const auto device_steps = r.get<std::int64_t>();
+  const auto current_count = r.get<std::int64_t>();
+  const auto pending_count = r.get<std::int64_t>();
+  expects(step >= 0 && interval.index >= 0 && target >= 1 && pending < interval.index && host_steps >= 0 &&
+              device_steps >= 0,
+          "checkpoint", "holds inconsistent counters");
+  const auto count = r.get<std::uint64_t>();
+  expects(count == params_.size(), "checkpoint", "holds ", count, " parameters, ", params_.size(), " are registered");
+  std::vector<saved_parameter> saved(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    auto& s = saved[i];
+    const auto name = r.get_string();
+    expects(name == p.name, "checkpoint", "parameter ", i, " is '", name, "', registered '", p.name, "'");
+    expects(r.get<bool>() == p.is_vector, "checkpoint", "parameter '", name, "' changed between 1-D and 2-D");
+    if (p.is_vector) {
+      expects(r.get<index_t>() == p.vector.size && r.get<dtype>() == p.vector.type, "checkpoint", "parameter '", name,
+              "' has a different size or dtype");
+      s.vector_state = r.get_array<float>();
+      s.values = r.get_array<std::byte>();
+      expects(s.vector_state.size() == 3 * static_cast<std::size_t>(p.vector.size) &&
+                  s.values.size() == p.vector.size * dtype_size(p.vector.type),
+              "checkpoint", "parameter '", name, "' has state of the wrong size");
+      continue;
+    }
+    const auto rows = r.get<index_t>(), cols = r.get<index_t>();
+    const auto type = r.get<dtype>(), grad_type = r.get<dtype>();
+    expects(rows == p.matrix.rows && cols == p.matrix.cols && type == p.matrix.type && grad_type == p.grad_type,
+            "checkpoint", "parameter '", name, "' has a different shape or dtype");
+    const std::size_t n = static_cast<std::size_t>(rows * cols);
+    s.cpu_p = r.get_array<float>();
+    s.cpu_m = r.get_array<float>();
+    s.cpu_v = r.get_array<float>();
+    s.selection = r.get_array<std::int32_t>();
+    s.compact = r.get_array<float>();
+    s.accumulator = r.get_array<float>();
+    s.pending = r.get_array<std::byte>();
+    s.values = r.get_array<std::byte>();
+    bool sorted = std::adjacent_find(s.selection.begin(), s.selection.end(), std::greater_equal<>()) ==
+                  s.selection.end();
+    for (auto c : s.selection) sorted = sorted && c >= 0 && c < cols;
+    const std::size_t cpu_cols = static_cast<std::size_t>(cols) - s.selection.size();
+    expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && sorted &&
+                s.compact.size() == 3 * s.selection.size() * rows && s.accumulator.size() == cpu_cols * rows &&
+                (pending < 0 ? s.pending.empty() : s.pending.size() == cpu_cols * rows * dtype_size(type)) &&
+                s.values.size() == n * dtype_size(type),
+            "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
+  }
+  expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
+
+  // Apply.
+  started_ = started;
+  step_ = step;
+  interval_ = interval;
+  interval_target_ = target;
+  last_overlap_ = overlap;
+  if (pending >= 0) pending_interval_ = pending;
+  host_opt_.set_step_count(host_steps);
+  {
+    std::lock_guard lock(mutex_);
+    accumulated_counts_.assign(static_cast<std::size_t>(interval.index + 1), 0);
+    accumulated_counts_[interval.index] = current_count;
+    if (pending >= 0) accumulated_counts_[pending] = pending_count;
+    offloaded_through_step_ = step - 1;
+    accumulated_interval_ = interval.index - 1;
+    updated_interval_ = interval.index - 1;
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    auto& s = saved[i];
+    if (p.is_vector) {
+      device_opt_.import_state(p.device_index, s.vector_state);
+      Backend::copy_async(p.vector.data, s.values.data(), s.values.size(), stream);
+      Backend::synchronize(stream);
+      continue;
+    }
+    std::copy(s.cpu_p.begin(), s.cpu_p.end(), host_opt_.params(p.cpu_tensor).begin());
+    std::copy(s.cpu_m.begin(), s.cpu_m.end(), host_opt_.exp_avg(p.cpu_tensor).begin());
+    std::copy(s.cpu_v.begin(), s.cpu_v.end(), host_opt_.exp_avg_sq(p.cpu_tensor).begin());
+    if (!s.selection.empty()) {
+      device_buffer compact_dev(s.compact.size() * sizeof(float));
+      Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);
+      Backend::synchronize(stream);
+      p.device_index = Backend::add_matrix(
+          device_opt_, p.matrix, s.selection,
+          std::span<const float>(reinterpret_cast<const float*>(compact_dev.data()), s.compact.size()), stream);
+      selector_.set_selection(p.selector_index, s.selection);
+    }
+    p.selection = s.selection;
+    p.complement = complement_columns(p.selection, p.matrix.cols);
+    setup_buffers(p, stream);
+    p.accumulator[interval.index % 2] = s.accumulator;
+    if (pending >= 0)
+      Backend::copy_async(p.writeback_dev[pending % 2].data(), s.pending.data(), s.pending.size(), stream);
+    std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
+    std::iota(all.begin(), all.end(), 0);
+    device_buffer all_dev(all.size() * sizeof(std::int32_t)), values_dev(s.values.size());
+    Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
+    Backend::copy_async(values_dev.data(), s.values.data(), s.values.size(), stream);
+    Backend::scatter(values_dev.data(), p.matrix.type, all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
+                     p.matrix, stream);
+    Backend::synchronize(stream);
+  }
+  device_opt_.set_step_count(device_steps);
+}
+
+}  // namespace zenflow

@@ -1,0 +1,131 @@
+// The host execution backend of the coordinator: "device" memory is host memory and a
+// host_stream plays the GPU stream, so the whole asynchronous schedule runs (and is tested) on a
+// machine without a GPU. Every "device" operation is enqueued on the stream and runs in stream
+// order, asynchronously to the caller, exactly where the CUDA backend would launch a kernel.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "zenflow/host_stream.hpp"
+#include "zenflow/importance_selector.hpp"
+#include "zenflow/sparse_adam.hpp"
+#include "zenflow/transfer_queue.hpp"
+#include "zenflow/view.hpp"
+
+namespace zenflow {
+
+/// Per-step decisions computed on the "device" from the gradient statistics: the factor every
+/// gradient of the step is multiplied by (clipping), and whether the step is skipped (a NaN/Inf).
+struct step_flags {
+  float scale = 1.0f;
+  int skip = 0;
+  double grad_norm = 0.0;
+};
+
+struct host_backend {
+  using stream_type = host_stream*;
+  using event_type = host_event;
+  using selector_type = host_importance_selector<>;
+  using device_optimizer_type = host_sparse_adam;
+  using queue_type = host_transfer_queue;
+  static constexpr memory_space device_space = memory_space::host;
+  static constexpr const char* name = "host";
+
+  /// Owning "device" allocation (host memory for this backend).
+  class device_buffer {
+   public:
+    device_buffer() = default;
+    explicit device_buffer(std::size_t bytes) : bytes_(bytes), data_(bytes ? new std::byte[bytes]() : nullptr) {}
+    [[nodiscard]] std::byte* data() const noexcept { return data_.get(); }
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+   private:
+    std::size_t bytes_ = 0;
+    std::unique_ptr<std::byte[]> data_;
+  };
+  /// Host memory the "device" writes into asynchronously (pinned memory in the CUDA backend).
+  using host_buffer = device_buffer;
+
+  /// An owned stream of the backend (the coordinator's offload and write-back streams).
+  class owned_stream {
+   public:
+    [[nodiscard]] stream_type get() noexcept { return &stream_; }
+
+   private:
+    host_stream stream_;
+  };
+
+  static void record(event_type& event, stream_type stream) { event.record(*stream); }
+  static void wait(stream_type stream, const event_type& event) { stream->wait(event); }
+  static void synchronize(const event_type& event) { event.synchronize(); }
+  static void synchronize(stream_type stream) { stream->synchronize(); }
+
+  static void copy_async(void* dst, const void* src, std::size_t bytes, stream_type stream) {
+    if (bytes == 0) return;
+    stream->enqueue([=] { std::memcpy(dst, src, bytes); });
+  }
+
+  /// Global gradient statistics of the step, then the flags: skip when a value is not finite,
+  /// scale = min(1, max_norm / (norm + 1e-6)) when max_norm > 0.
+  static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
+                              float max_norm, step_flags* flags, stream_type stream) {
+    std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
+    std::vector<const_vector_view> v(vectors.begin(), vectors.end());
+    stream->enqueue([m = std::move(m), v = std::move(v), max_norm, flags] {
+      const gradient_stats stats = host_gradient_stats(m, v);
+      *flags = make_step_flags(stats.sum_of_squares, stats.nonfinite_count, max_norm);
+    });
+  }
+  static step_flags make_step_flags(double sum_of_squares, std::int64_t nonfinite, float max_norm) {
+    step_flags f;
+    f.grad_norm = std::sqrt(sum_of_squares);
+    f.skip = nonfinite > 0 || !std::isfinite(sum_of_squares);
+    f.scale = (max_norm > 0.0f && !f.skip && f.grad_norm > max_norm)
+                  ? static_cast<float>(static_cast<double>(max_norm) / (f.grad_norm + 1e-6))
+                  : 1.0f;
+    return f;
+  }
+
+  static void device_step(device_optimizer_type& opt, std::span<const const_matrix_view> matrices,
+                          std::span<const const_vector_view> vectors, const step_flags* flags, stream_type stream) {
+    std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
+    std::vector<const_vector_view> v(vectors.begin(), vectors.end());
+    stream->enqueue([&opt, m = std::move(m), v = std::move(v), flags] {
+      opt.step(m, v, 1.0f, &flags->scale, &flags->skip, false);
+    });
+  }
+
+  /// dst (compact) = grad's `columns` * flags->scale, in `dst_type`.
+  static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* /*columns_dev*/,
+                     void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {
+    stream->enqueue([=] { gather_columns(grad, columns, dst, dst_type, flags->scale); });
+  }
+  /// param's `columns` = compact src (converted to the parameter's dtype).
+  static void scatter(const void* src, dtype src_type, std::span<const std::int32_t> columns,
+                      const std::int32_t* /*columns_dev*/, matrix_view param, stream_type stream) {
+    stream->enqueue([=] { scatter_columns(src, src_type, columns, param); });
+  }
+
+  /// Scores and selects from the step's gradients. Synchronizes with `stream` first.
+  static void select(selector_type& selector, std::span<const const_matrix_view> grads, stream_type stream) {
+    stream->synchronize();
+    selector.select(grads);
+  }
+  static void reselect(device_optimizer_type& opt, std::size_t index, std::span<const std::int32_t> selection,
+                       std::span<const float> entering, std::span<float> leaving, stream_type stream) {
+    stream->synchronize();
+    opt.reselect(index, selection, entering, leaving);
+  }
+  static std::size_t add_matrix(device_optimizer_type& opt, matrix_view param, std::span<const std::int32_t> selection,
+                                std::span<const float> packed, stream_type stream) {
+    stream->synchronize();
+    return opt.add_matrix(param, selection, packed);
+  }
+};
+
+}  // namespace zenflow

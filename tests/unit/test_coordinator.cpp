@@ -1,0 +1,386 @@
+// The host instantiation of the coordinator: the whole asynchronous schedule on a CPU.
+//   - equivalences that must hold bit for bit (dense, ZeRO-Offload, ZenFlow with everything on
+//     the GPU, ZenFlow with update_interval 1 and no overlap);
+//   - the staleness oracle (bound, exactly-once write-back) for fixed and auto intervals,
+//     warm-up and reselection in the middle of an interval;
+//   - checkpoint/resume bit identity, corrupted and truncated checkpoints rejected;
+//   - non-finite steps skipped, errors surfaced, metrics.
+#include <zenflow/coordinator.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <vector>
+
+using namespace zenflow;
+
+namespace {
+
+// A tiny "model" in host memory (the host backend's device memory): two weights of different
+// layouts and dtypes and a bias, trained towards fixed targets with noisy gradients whose
+// column norms differ, so that the selection matters.
+struct toy_model {
+  struct weight {
+    index_t rows, cols;
+    dtype type;
+    bool row_major;
+    std::vector<std::byte> storage, grad;
+    std::vector<float> target, master0;
+    std::vector<float> column_scale;
+    matrix_view view() {
+      auto* d = storage.data();
+      return row_major ? matrix_view::row_major(d, rows, cols, type) : matrix_view::column_contiguous(d, rows, cols, type);
+    }
+    const_matrix_view grad_view() const {
+      auto* d = grad.data();
+      return row_major ? const_matrix_view::row_major(d, rows, cols, type)
+                       : const_matrix_view::column_contiguous(d, rows, cols, type);
+    }
+  };
+  std::vector<weight> weights;
+  std::vector<float> bias, bias_grad, bias_target;
+
+  explicit toy_model(std::uint32_t seed = 7) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    add(rng, n01, 12, 20, dtype::bf16, true);
+    add(rng, n01, 9, 14, dtype::f32, false);
+    bias.resize(10);
+    bias_target.resize(10);
+    for (auto& b : bias_target) b = n01(rng);
+    bias_grad.resize(10);
+  }
+  template <class R, class D>
+  void add(R& rng, D& n01, index_t rows, index_t cols, dtype type, bool row_major) {
+    weight w{rows, cols, type, row_major, {}, {}, {}, {}, {}};
+    w.storage.resize(rows * cols * dtype_size(type));
+    w.grad.resize(rows * cols * dtype_size(type));
+    w.target.resize(rows * cols);
+    w.master0.resize(rows * cols);
+    w.column_scale.resize(cols);
+    for (index_t c = 0; c < cols; ++c) w.column_scale[c] = (c % 5 == 0) ? 8.0f : 0.5f + 0.05f * static_cast<float>(c);
+    for (auto& t : w.target) t = n01(rng);
+    auto v = w.view();
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) {
+        const float x = 0.1f * n01(rng);
+        w.master0[r * cols + c] = x;  // row-major fp32 initial values
+        store(v, r, c, x);
+      }
+    weights.push_back(std::move(w));
+  }
+  static float load(const const_matrix_view& v, index_t r, index_t c) {
+    float out = 0;
+    dispatch_dtype(v.type, [&](auto tag) {
+      using T = decltype(tag);
+      out = to_float(static_cast<const T*>(v.data)[v.offset(r, c)]);
+    });
+    return out;
+  }
+  static void store(const matrix_view& v, index_t r, index_t c, float x) {
+    dispatch_dtype(v.type, [&](auto tag) {
+      using T = decltype(tag);
+      static_cast<T*>(v.data)[v.offset(r, c)] = from_float<T>(x);
+    });
+  }
+  // Gradient of 0.5 * scale_c * (w - target)^2 plus deterministic noise of this step.
+  void make_gradients(std::int64_t step, bool poison = false) {
+    std::mt19937 rng(static_cast<std::uint32_t>(1000 + step));
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    for (auto& w : weights) {
+      auto v = w.view();
+      matrix_view g{w.grad.data(), w.rows, w.cols, v.row_stride, v.col_stride, w.type, memory_space::host};
+      for (index_t r = 0; r < w.rows; ++r)
+        for (index_t c = 0; c < w.cols; ++c) {
+          const float x = load(v, r, c);
+          store(g, r, c, w.column_scale[c] * (x - w.target[r * w.cols + c]) + 0.05f * n01(rng));
+        }
+    }
+    for (std::size_t i = 0; i < bias.size(); ++i) bias_grad[i] = bias[i] - bias_target[i] + 0.05f * n01(rng);
+    if (poison) bias_grad[3] = std::nanf("");
+  }
+  std::vector<std::byte> snapshot() const {
+    std::vector<std::byte> all;
+    for (const auto& w : weights) all.insert(all.end(), w.storage.begin(), w.storage.end());
+    const auto* b = reinterpret_cast<const std::byte*>(bias.data());
+    all.insert(all.end(), b, b + bias.size() * sizeof(float));
+    return all;
+  }
+  double loss() const {
+    double l = 0;
+    for (const auto& w : weights) {
+      const_matrix_view v = const_cast<weight&>(w).view();
+      for (index_t r = 0; r < w.rows; ++r)
+        for (index_t c = 0; c < w.cols; ++c) {
+          const double d = load(v, r, c) - w.target[r * w.cols + c];
+          l += 0.5 * d * d;
+        }
+    }
+    return l;
+  }
+};
+
+struct harness {
+  toy_model model;
+  host_stream stream;
+  host_coordinator coordinator;
+
+  harness(const zenflow_options& o, coordinator_config config = small_config()) : coordinator(o, config) {
+    for (std::size_t i = 0; i < model.weights.size(); ++i) {
+      auto& w = model.weights[i];
+      coordinator.register_parameter("w" + std::to_string(i), w.view(),
+                                     const_matrix_view::row_major(w.master0.data(), w.rows, w.cols, dtype::f32),
+                                     w.type);
+    }
+    std::vector<float> b0(model.bias.size(), 0.0f);
+    coordinator.register_parameter("bias", vector_view{model.bias.data(), static_cast<index_t>(model.bias.size()),
+                                                       dtype::f32},
+                                   b0);
+  }
+  static coordinator_config small_config() {
+    coordinator_config c;
+    c.cpu_threads = 2;
+    c.d2h_slot_bytes = 256;  // small slots: every gradient is split and pipelined
+    c.d2h_slots = 3;
+    c.h2d_slot_bytes = 192;
+    c.record_trace = true;
+    return c;
+  }
+  void train(std::int64_t steps, std::int64_t poison_step = -1) {
+    for (std::int64_t s = 0; s < steps; ++s) {
+      // The trainer's "backward" runs on its stream too; sync so the gradient reads the parameters
+      // after the previous step's updates (the host backend's stand-in for stream order).
+      stream.synchronize();
+      model.make_gradients(coordinator.step_count(), coordinator.step_count() == poison_step);
+      for (std::size_t i = 0; i < model.weights.size(); ++i)
+        coordinator.submit_gradient(i, model.weights[i].grad_view(), &stream);
+      coordinator.submit_gradient(model.weights.size(),
+                                  const_vector_view{model.bias_grad.data(),
+                                                    static_cast<index_t>(model.bias_grad.size()), dtype::f32},
+                                  &stream);
+      coordinator.step(&stream);
+    }
+  }
+  std::vector<std::byte> finish() {
+    coordinator.finish(&stream);
+    return model.snapshot();
+  }
+};
+
+zenflow_options base_options() {
+  zenflow_options o;
+  o.adam.lr = 0.01f;
+  o.adam.weight_decay = 0.01f;
+  o.topk_ratio = 0.25f;
+  o.select_interval = interval_option::fixed(6);
+  o.update_interval = interval_option::fixed(2);
+  return o;
+}
+
+void check_staleness(const std::vector<update_record>& trace, std::int64_t steps, bool overlap) {
+  REQUIRE(!trace.empty());
+  std::int64_t expected_first = trace.front().first_step;
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    const auto& r = trace[i];
+    INFO("interval " << r.interval << " steps [" << r.first_step << ", " << r.last_step << "] written back at "
+                     << r.written_back_at);
+    CHECK(r.first_step == expected_first);  // every step's gradient lands in exactly one interval
+    expected_first = r.last_step + 1;
+    CHECK(r.write_backs == 1);             // exactly once
+    CHECK(r.written_back_at >= r.last_step);  // never before its interval ended
+    CHECK(r.accumulated_steps == r.last_step - r.first_step + 1);
+    if (r.synchronous || !overlap) {
+      CHECK(r.written_back_at == r.last_step);
+    } else if (i + 1 < trace.size()) {
+      CHECK(r.written_back_at <= trace[i + 1].last_step);  // by the end of the next interval
+    }
+  }
+  CHECK(expected_first == steps);
+}
+
+}  // namespace
+
+static_assert(offload_coordinator<host_coordinator>);
+static_assert(!offload_coordinator<host_stream>);
+
+TEST_CASE("dense, ZeRO-Offload and ZenFlow with everything on the GPU are bit-identical") {
+  const std::int64_t steps = 13;
+  auto dense_opts = zenflow_options::dense();
+  dense_opts.adam = base_options().adam;
+  harness dense(dense_opts);
+  dense.train(steps);
+  const auto reference = dense.finish();
+  CHECK(dense.model.loss() < toy_model().loss());  // it trains
+
+  auto zero = zenflow_options::zero_offload();
+  zero.adam = base_options().adam;
+  harness zero_offload(zero);
+  zero_offload.train(steps);
+  CHECK(zero_offload.finish() == reference);
+  CHECK(zero_offload.coordinator.host_optimizer().step_count() == steps);
+
+  auto all_gpu = base_options();
+  all_gpu.topk_ratio = 1.0f;
+  harness everything_on_gpu(all_gpu);
+  everything_on_gpu.train(steps);
+  CHECK(everything_on_gpu.finish() == reference);
+
+  auto sync1 = base_options();
+  sync1.update_interval = interval_option::fixed(1);
+  sync1.select_interval = interval_option::fixed(4);
+  sync1.overlap_step = false;
+  sync1.full_warm_up_rounds = 2;
+  harness interval_one(sync1);
+  interval_one.train(steps);
+  CHECK(interval_one.finish() == reference);  // migration at each reselection is lossless
+  CHECK(interval_one.coordinator.metrics().bytes_device_to_host > 0);
+}
+
+TEST_CASE("staleness oracle: bound and exactly-once write-back") {
+  SUBCASE("fixed interval, async, with warm-up and reselection mid-interval") {
+    auto o = base_options();
+    o.update_interval = interval_option::fixed(4);
+    o.select_interval = interval_option::fixed(6);  // reselects at step 2 + 6 = 8, in the middle of an interval
+    o.full_warm_up_rounds = 2;
+    harness h(o);
+    h.train(23);
+    h.finish();
+    const auto trace = h.coordinator.trace();
+    check_staleness(trace, 23, true);
+    CHECK(trace[0].synchronous);  // warm-up
+    CHECK(trace[1].synchronous);
+    bool cut_short = false;
+    for (const auto& r : trace)
+      if (!r.synchronous && r.last_step - r.first_step + 1 < 4 && r.last_step < 20) cut_short = true;
+    CHECK(cut_short);  // the reselection at step 8 forced an update boundary
+  }
+  SUBCASE("fixed interval, sync (ZenFlow sync)") {
+    auto o = base_options();
+    o.overlap_step = false;
+    harness h(o);
+    h.train(15);
+    h.finish();
+    check_staleness(h.coordinator.trace(), 15, false);
+  }
+  SUBCASE("auto interval") {
+    auto o = base_options();
+    o.update_interval = interval_option::automatic();
+    o.max_update_interval = 5;
+    harness h(o);
+    h.train(20);
+    h.finish();
+    check_staleness(h.coordinator.trace(), 20, true);
+    CHECK(h.coordinator.metrics().interval >= 1);
+    CHECK(h.coordinator.metrics().interval <= 5);
+  }
+}
+
+TEST_CASE("ZenFlow async trains and reports its metrics") {
+  harness h(base_options());
+  const double before = h.model.loss();
+  h.train(30);
+  const auto& m = h.coordinator.metrics();
+  CHECK(m.step == 29);
+  CHECK(m.bytes_device_to_host > 0);
+  h.finish();
+  CHECK(h.model.loss() < 0.8 * before);
+  CHECK(h.coordinator.gpu_columns(0).size() == 5);  // floor(0.25 * 20)
+  CHECK(h.coordinator.gpu_columns(1).size() == 3);  // floor(0.25 * 14)
+  std::ostringstream text;
+  text << m;
+  CHECK(text.str().find("stall") != std::string::npos);
+}
+
+TEST_CASE("checkpoint and resume are bit-identical; bad checkpoints are rejected") {
+  const auto path = (std::filesystem::temp_directory_path() / "zenflow_test_checkpoint.bin").string();
+  auto o = base_options();
+  o.update_interval = interval_option::fixed(3);
+  harness uninterrupted(o);
+  uninterrupted.train(20);
+  const auto reference = uninterrupted.finish();
+
+  std::vector<std::byte> resumed_result;
+  {
+    harness first(o);
+    first.train(10);  // mid-interval, with a CPU update pending
+    first.coordinator.save_checkpoint(path, &first.stream);
+    harness second(o);
+    second.coordinator.load_checkpoint(path, &second.stream);
+    CHECK(second.model.snapshot() == first.model.snapshot());
+    second.train(10);
+    resumed_result = second.finish();
+  }
+  CHECK(resumed_result == reference);
+
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto write = [&](const std::vector<char>& b) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(b.data(), static_cast<std::streamsize>(b.size()));
+  };
+  harness fresh(o);
+  const auto before = fresh.model.snapshot();
+  auto corrupted = bytes;
+  corrupted[corrupted.size() / 2] ^= 0x10;
+  write(corrupted);
+  CHECK_THROWS_WITH_AS(fresh.coordinator.load_checkpoint(path, &fresh.stream), doctest::Contains("corrupted"),
+                       zenflow::error);
+  write(std::vector<char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(bytes.size() / 3)));
+  CHECK_THROWS_WITH_AS(fresh.coordinator.load_checkpoint(path, &fresh.stream), doctest::Contains("truncated"),
+                       zenflow::error);
+  CHECK(fresh.model.snapshot() == before);
+  CHECK(fresh.coordinator.step_count() == 0);
+  auto other = o;
+  other.topk_ratio = 0.5f;
+  write(bytes);
+  harness mismatched(other);
+  CHECK_THROWS_AS(mismatched.coordinator.load_checkpoint(path, &mismatched.stream), zenflow::error);
+  // The untouched coordinator still accepts the good file.
+  CHECK_NOTHROW(fresh.coordinator.load_checkpoint(path, &fresh.stream));
+  CHECK(fresh.coordinator.step_count() == 10);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a non-finite gradient skips the whole step") {
+  auto dense_opts = zenflow_options::dense();
+  harness dense(dense_opts);
+  dense.train(3);
+  dense.stream.synchronize();
+  const auto before = dense.model.snapshot();
+  dense.train(1, /*poison_step=*/3);
+  dense.stream.synchronize();
+  CHECK(dense.model.snapshot() == before);
+
+  auto zero = zenflow_options::zero_offload();
+  harness offload(zero);
+  offload.train(6, /*poison_step=*/2);
+  offload.finish();
+  CHECK(offload.coordinator.host_optimizer().step_count() == 5);
+  for (const auto& r : offload.coordinator.trace())
+    CHECK(r.accumulated_steps == (r.first_step == 2 ? 0 : 1));
+}
+
+TEST_CASE("bad input is rejected before anything changes") {
+  harness h(base_options());
+  auto& w = h.model.weights[0];
+  CHECK_THROWS_AS(h.coordinator.submit_gradient(7, w.grad_view(), &h.stream), zenflow::error);
+  const_matrix_view wrong_shape = const_matrix_view::row_major(w.grad.data(), w.rows - 1, w.cols, w.type);
+  CHECK_THROWS_AS(h.coordinator.submit_gradient(0, wrong_shape, &h.stream), zenflow::error);
+  const_matrix_view wrong_type = const_matrix_view::row_major(w.grad.data(), w.rows, w.cols / 2, dtype::f32);
+  CHECK_THROWS_AS(h.coordinator.submit_gradient(0, wrong_type, &h.stream), zenflow::error);
+  CHECK_THROWS_AS(h.coordinator.submit_gradient(2, w.grad_view(), &h.stream), zenflow::error);  // 1-D param
+  h.coordinator.submit_gradient(0, w.grad_view(), &h.stream);
+  CHECK_THROWS_WITH_AS(h.coordinator.step(&h.stream), doctest::Contains("no gradient"), zenflow::error);
+  CHECK(h.coordinator.step_count() == 0);
+  zenflow_options bad;
+  bad.topk_ratio = 2.0f;
+  CHECK_THROWS_AS(host_coordinator{bad}, zenflow::error);
+}
