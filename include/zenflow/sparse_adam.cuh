@@ -167,8 +167,8 @@ class cuda_sparse_adam {
     std::vector<std::int32_t> selection;
     index_t rows = 0;
     bool state_row_major = false;
-    detail::sparse_adam::device_memory state;        // master | exp_avg | exp_avg_sq
-    detail::sparse_adam::device_memory columns;      // matrices: cols int32, [selection | complement]
+    detail::sparse_adam::device_memory state;    // master | exp_avg | exp_avg_sq
+    detail::sparse_adam::device_memory columns;  // matrices: cols int32, [selection | complement]
     [[nodiscard]] detail::sparse_adam::state_layout layout() const {
       return {rows, static_cast<index_t>(selection.size()), state_row_major};
     }

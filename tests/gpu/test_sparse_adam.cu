@@ -77,9 +77,9 @@ std::int64_t ulps(float a, float b) {
 TEST_CASE("cuda_sparse_adam equals host_sparse_adam after 100 steps; unselected columns untouched") {
   std::mt19937 rng(2024);
   const std::vector<matrix_case> cases = {
-      {64, 300, 30, true, dtype::bf16, dtype::bf16},  {128, 50, 5, false, dtype::f32, dtype::f32},
-      {33, 257, 25, true, dtype::f16, dtype::f32},    {1000, 40, 4, false, dtype::bf16, dtype::bf16},
-      {7, 4096, 409, true, dtype::f32, dtype::bf16},  {3, 5, 5, true, dtype::bf16, dtype::f16},
+      {64, 300, 30, true, dtype::bf16, dtype::bf16}, {128, 50, 5, false, dtype::f32, dtype::f32},
+      {33, 257, 25, true, dtype::f16, dtype::f32},   {1000, 40, 4, false, dtype::bf16, dtype::bf16},
+      {7, 4096, 409, true, dtype::f32, dtype::bf16}, {3, 5, 5, true, dtype::bf16, dtype::f16},
   };
   zenflow::adam_options o;
   o.lr = 1e-3f;
@@ -108,10 +108,12 @@ TEST_CASE("cuda_sparse_adam equals host_sparse_adam after 100 steps; unselected 
       if ((i / c.rows) % 3 == 2) f[i] = std::fabs(f[i]);  // exp_avg_sq >= 0
     packed.back().to_device();
     const auto span = std::span<const float>(f, static_cast<std::size_t>(3 * c.rows * c.k));
-    const auto h = host.add_matrix(make_view(host_params.back().data(), c, c.param_type, memory_space::host, c.row_major),
-                                   selections.back(), span);
-    const auto d = device.add_matrix(make_view(params.back().dev.get(), c, c.param_type, memory_space::device, c.row_major),
-                                     selections.back(), packed.back().dev.get<const float>(), stream);
+    const auto h =
+        host.add_matrix(make_view(host_params.back().data(), c, c.param_type, memory_space::host, c.row_major),
+                        selections.back(), span);
+    const auto d =
+        device.add_matrix(make_view(params.back().dev.get(), c, c.param_type, memory_space::device, c.row_major),
+                          selections.back(), packed.back().dev.get<const float>(), stream);
     CHECK(h == d);
   }
   // A strided bf16 bias.
@@ -121,7 +123,8 @@ TEST_CASE("cuda_sparse_adam equals host_sparse_adam after 100 steps; unselected 
   std::vector<std::byte> host_bias(bias.host.size());
   bias.to_device();
   host.add_vector(zenflow::vector_view(host_bias.data(), 100, dtype::bf16, memory_space::host, 2), bias_master);
-  device.add_vector(zenflow::vector_view(bias.dev.get(), 100, dtype::bf16, memory_space::device, 2), bias_master, stream);
+  device.add_vector(zenflow::vector_view(bias.dev.get(), 100, dtype::bf16, memory_space::device, 2), bias_master,
+                    stream);
 
   twin scale(4), skip(4);
   const float scale_value = 0.5f;
@@ -256,8 +259,8 @@ TEST_CASE("device migration round trip is lossless and matches the host") {
     CHECK(std::equal(device.selection(0).begin(), device.selection(0).end(), b.begin()));
     std::vector<std::int32_t> sel_dev(c.k), rest_dev(c.cols - c.k);
     ZENFLOW_CUDA_TRY(cudaMemcpy(sel_dev.data(), device.selection_device(0).data(), c.k * 4, cudaMemcpyDeviceToHost));
-    ZENFLOW_CUDA_TRY(cudaMemcpy(rest_dev.data(), device.unselected_device(0).data(), rest_dev.size() * 4,
-                                cudaMemcpyDeviceToHost));
+    ZENFLOW_CUDA_TRY(
+        cudaMemcpy(rest_dev.data(), device.unselected_device(0).data(), rest_dev.size() * 4, cudaMemcpyDeviceToHost));
     CHECK(sel_dev == b);
     CHECK(rest_dev == zenflow::complement_columns(b, c.cols));
     // Back to a: what left enters again, and the state is the original, bit for bit.

@@ -84,8 +84,8 @@ inline cuda_sparse_adam::cuda_sparse_adam(const adam_options& options) : options
   int device = 0, sms = 0, per_sm = 0;
   ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
   ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  ZENFLOW_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, detail::sparse_adam::sparse_adam_step_kernel, detail::sparse_adam::kThreads, 0));
+  ZENFLOW_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::sparse_adam::sparse_adam_step_kernel,
+                                                                 detail::sparse_adam::kThreads, 0));
   grid_limit_ = std::max(1, sms * std::max(1, per_sm));
 }
 
@@ -100,10 +100,18 @@ inline void cuda_sparse_adam::check_matrix(std::size_t i, const char* argument) 
   expects(!at(i).is_vector, argument, "parameter ", i, " is a vector: it has no selection to change");
 }
 
-inline bool cuda_sparse_adam::is_vector(std::size_t i) const { return at(i).is_vector; }
-inline index_t cuda_sparse_adam::rows(std::size_t i) const { return at(i).rows; }
-inline std::span<const std::int32_t> cuda_sparse_adam::selection(std::size_t i) const { return at(i).selection; }
-inline index_t cuda_sparse_adam::k(std::size_t i) const { return static_cast<index_t>(at(i).selection.size()); }
+inline bool cuda_sparse_adam::is_vector(std::size_t i) const {
+  return at(i).is_vector;
+}
+inline index_t cuda_sparse_adam::rows(std::size_t i) const {
+  return at(i).rows;
+}
+inline std::span<const std::int32_t> cuda_sparse_adam::selection(std::size_t i) const {
+  return at(i).selection;
+}
+inline index_t cuda_sparse_adam::k(std::size_t i) const {
+  return static_cast<index_t>(at(i).selection.size());
+}
 inline std::span<const std::int32_t> cuda_sparse_adam::selection_device(std::size_t i) const {
   check_matrix(i, "i");
   return {entries_[i].columns.get<const std::int32_t>(), entries_[i].selection.size()};
@@ -193,8 +201,7 @@ inline std::size_t cuda_sparse_adam::add_vector(vector_view param, std::span<con
   e.selection = {0};
   e.rows = param.size;
   e.state = sa::device_memory(3 * static_cast<std::size_t>(param.size) * sizeof(float));
-  uploader_.upload(e.state.get(), initial_master.data(), static_cast<std::size_t>(param.size) * sizeof(float),
-                   stream);
+  uploader_.upload(e.state.get(), initial_master.data(), static_cast<std::size_t>(param.size) * sizeof(float), stream);
   ZENFLOW_CUDA_TRY(cudaMemsetAsync(e.state.get<float>() + param.size, 0,
                                    2 * static_cast<std::size_t>(param.size) * sizeof(float), stream));
   entries_.push_back(std::move(e));
@@ -244,8 +251,7 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
           " views, expected one per matrix parameter (", matrices_.size(), ")");
   expects(vector_grads.size() == vectors_.size(), "vector_grads", "has ", vector_grads.size(),
           " views, expected one per vector parameter (", vectors_.size(), ")");
-  expects(is_finite_bits(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ",
-          grad_scale);
+  expects(is_finite_bits(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ", grad_scale);
   std::vector<sa::grad_desc> grads(entries_.size());
   for (std::size_t g = 0; g < matrices_.size(); ++g) {
     const auto& v = matrix_grads[g];
@@ -255,8 +261,8 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   for (std::size_t g = 0; g < vectors_.size(); ++g) {
     const auto& v = vector_grads[g];
     v.validate("vector_grads", memory_space::device);
-    expects(v.size == entries_[vectors_[g]].rows, "vector_grads", "size ", v.size,
-            " does not match the parameter's ", entries_[vectors_[g]].rows);
+    expects(v.size == entries_[vectors_[g]].rows, "vector_grads", "size ", v.size, " does not match the parameter's ",
+            entries_[vectors_[g]].rows);
     grads[vectors_[g]] = {v.data, v.stride, 1, v.type};
   }
   remember(stream);
@@ -380,8 +386,8 @@ inline void cuda_sparse_adam::export_state(std::size_t i, std::span<float> packe
   detail::sparse_adam::check_buffer(packed_out.size(), n, "packed_out");
   detail::sparse_adam::device_memory scratch(static_cast<std::size_t>(n) * sizeof(float));
   export_state(i, scratch.get<float>(), last_stream_);
-  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(packed_out.data(), scratch.get(), scratch.bytes(), cudaMemcpyDeviceToHost,
-                                   last_stream_));
+  ZENFLOW_CUDA_TRY(
+      cudaMemcpyAsync(packed_out.data(), scratch.get(), scratch.bytes(), cudaMemcpyDeviceToHost, last_stream_));
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
 }
 
@@ -390,14 +396,14 @@ inline void cuda_sparse_adam::import_state(std::size_t i, std::span<const float>
   const index_t n = 3 * e.layout().size();
   detail::sparse_adam::check_buffer(packed_in.size(), n, "packed_in");
   detail::sparse_adam::device_memory scratch(static_cast<std::size_t>(n) * sizeof(float));
-  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(scratch.get(), packed_in.data(), scratch.bytes(), cudaMemcpyHostToDevice,
-                                   last_stream_));
+  ZENFLOW_CUDA_TRY(
+      cudaMemcpyAsync(scratch.get(), packed_in.data(), scratch.bytes(), cudaMemcpyHostToDevice, last_stream_));
   import_state(i, scratch.get<const float>(), last_stream_);
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
 }
 
-inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst,
-                                dtype dst_type, float scale, const float* scale_ptr_device, cudaStream_t stream) {
+inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
+                                float scale, const float* scale_ptr_device, cudaStream_t stream) {
   namespace sa = detail::sparse_adam;
   src.validate("src", memory_space::device);
   expects(is_valid(dst_type), "dst_type", "unknown dtype value ", static_cast<int>(dst_type));
@@ -410,21 +416,20 @@ inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int3
   if (src.row_stride <= src.col_stride) {
     const dim3 grid(static_cast<unsigned int>(n), static_cast<unsigned int>((src.rows + sa::kTile - 1) / sa::kTile));
     sa::gather_columns_direct_kernel<<<grid, sa::kThreads, 0, stream>>>(src.data, src.type, src.rows, src.cols,
-                                                                         src.row_stride, src.col_stride,
-                                                                         columns.data(), dst, dst_type, scale,
-                                                                         scale_ptr_device);
+                                                                        src.row_stride, src.col_stride, columns.data(),
+                                                                        dst, dst_type, scale, scale_ptr_device);
   } else {
     const dim3 grid(static_cast<unsigned int>((n + sa::kTransposeTile - 1) / sa::kTransposeTile),
                     static_cast<unsigned int>((src.rows + sa::kTransposeTile - 1) / sa::kTransposeTile));
     sa::gather_columns_transpose_kernel<<<grid, dim3(sa::kTransposeTile, sa::kTransposeRows), 0, stream>>>(
-        src.data, src.type, src.rows, src.cols, src.row_stride, src.col_stride, columns.data(), n, dst, dst_type,
-        scale, scale_ptr_device);
+        src.data, src.type, src.rows, src.cols, src.row_stride, src.col_stride, columns.data(), n, dst, dst_type, scale,
+        scale_ptr_device);
   }
   ZENFLOW_CUDA_TRY(cudaGetLastError());
 }
 
-inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst,
-                                dtype dst_type, const float* scale_ptr_device, cudaStream_t stream) {
+inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
+                                const float* scale_ptr_device, cudaStream_t stream) {
   cuda_gather_columns(src, columns, dst, dst_type, 1.0f, scale_ptr_device, stream);
 }
 

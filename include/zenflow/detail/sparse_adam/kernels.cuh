@@ -139,9 +139,15 @@ template <class TParam>
 __device__ ZENFLOW_FORCEINLINE void update_tile_grad(const param_desc& d, const grad_desc& g, std::uint32_t first,
                                                      const adam_step_constants& c) {
   switch (g.type) {
-    case dtype::bf16: update_tile<TParam, bfloat16>(d, g, first, c); break;
-    case dtype::f16: update_tile<TParam, float16>(d, g, first, c); break;
-    default: update_tile<TParam, float>(d, g, first, c); break;
+    case dtype::bf16:
+      update_tile<TParam, bfloat16>(d, g, first, c);
+      break;
+    case dtype::f16:
+      update_tile<TParam, float16>(d, g, first, c);
+      break;
+    default:
+      update_tile<TParam, float>(d, g, first, c);
+      break;
   }
 }
 
@@ -149,9 +155,8 @@ __device__ ZENFLOW_FORCEINLINE void update_tile_grad(const param_desc& d, const 
 /// non-finite flag, effective scale) and computes the step constants from the device step
 /// counter in double; the decision is the same in every block. The last block to finish
 /// advances the counter, after every block has read it.
-__global__ void __launch_bounds__(kThreads)
-    sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
-                            step_control ctl) {
+__global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads,
+                                                                    int count, std::int64_t tiles, step_control ctl) {
   __shared__ adam_step_constants constants;
   __shared__ int apply;
   if (threadIdx.x == 0) {
@@ -170,9 +175,15 @@ __global__ void __launch_bounds__(kThreads)
     const grad_desc& g = grads[p];
     const auto first = static_cast<std::uint32_t>((t - d.tile_begin) * kTile);
     switch (d.type) {
-      case dtype::bf16: update_tile_grad<bfloat16>(d, g, first, c); break;
-      case dtype::f16: update_tile_grad<float16>(d, g, first, c); break;
-      default: update_tile_grad<float>(d, g, first, c); break;
+      case dtype::bf16:
+        update_tile_grad<bfloat16>(d, g, first, c);
+        break;
+      case dtype::f16:
+        update_tile_grad<float16>(d, g, first, c);
+        break;
+      default:
+        update_tile_grad<float>(d, g, first, c);
+        break;
     }
   }
   if (threadIdx.x == 0) {
@@ -256,7 +267,8 @@ __global__ void __launch_bounds__(kThreads)
   const float s = effective_scale(scale, scale_ptr);
   for (index_t r = blockIdx.y * static_cast<index_t>(kTile) + threadIdx.x;
        r < rows && r < (blockIdx.y + 1) * static_cast<index_t>(kTile); r += kThreads)
-    store_from_float(dst, dst_type, i * rows + r, scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s));
+    store_from_float(dst, dst_type, i * rows + r,
+                     scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s));
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -304,8 +316,8 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
 }
 
 __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
-    scatter_columns_transpose_kernel(const void* src, dtype src_type, const std::int32_t* columns, index_t n,
-                                     void* dst, dtype dst_type, index_t rows, index_t cols, index_t row_stride,
+    scatter_columns_transpose_kernel(const void* src, dtype src_type, const std::int32_t* columns, index_t n, void* dst,
+                                     dtype dst_type, index_t rows, index_t cols, index_t row_stride,
                                      index_t col_stride) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const index_t i0 = static_cast<index_t>(blockIdx.x) * kTransposeTile;
