@@ -58,11 +58,15 @@ concept host_optimizer = requires(const O& co) {
 ///    R1 `options()` — the Adam hyper-parameters in use.
 ///    R2 `step_count()` — the number of updates it has applied (64-bit).
 ///    R3 `parameter_count()` — number of registered parameters.
+///    R4 `selection(i)` — the columns of parameter i it updates, ascending int32 in host memory.
+///    R5 `k(i)` — how many columns of parameter i it updates.
 template <class O>
-concept device_optimizer = requires(const O& co) {
+concept device_optimizer = requires(const O& co, std::size_t i) {
   { co.options() } -> std::convertible_to<const adam_options&>;
   { co.step_count() } -> std::convertible_to<std::int64_t>;
   { co.parameter_count() } -> std::convertible_to<std::size_t>;
+  { co.selection(i) } -> std::convertible_to<std::span<const std::int32_t>>;
+  { co.k(i) } -> std::convertible_to<std::int64_t>;
 };
 
 /// 5. offload_coordinator: the bounded-async schedule a trainer drives once per step.

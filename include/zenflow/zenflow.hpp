@@ -6,6 +6,7 @@
 #include "zenflow/config.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/options.hpp"
+#include "zenflow/sparse_adam.hpp"
 #include "zenflow/types.hpp"
 #include "zenflow/version.hpp"
 #include "zenflow/view.hpp"

@@ -48,6 +48,12 @@ struct optimizer_without_step_count {
   const zenflow::adam_options& options() const { return opts; }
 };
 struct model_device_optimizer : model_host_optimizer {
+  std::vector<std::int32_t> sel;
+  std::size_t parameter_count() const { return 0; }
+  std::span<const std::int32_t> selection(std::size_t) const { return sel; }
+  std::int64_t k(std::size_t) const { return static_cast<std::int64_t>(sel.size()); }
+};
+struct device_optimizer_without_selection : model_host_optimizer {
   std::size_t parameter_count() const { return 0; }
 };
 
@@ -72,6 +78,7 @@ static_assert(zenflow::host_optimizer<model_host_optimizer>);
 static_assert(!zenflow::host_optimizer<optimizer_without_step_count>);
 static_assert(zenflow::device_optimizer<model_device_optimizer>);
 static_assert(!zenflow::device_optimizer<model_host_optimizer>);  // lacks parameter_count
+static_assert(!zenflow::device_optimizer<device_optimizer_without_selection>);
 static_assert(zenflow::offload_coordinator<model_coordinator>);
 static_assert(!zenflow::offload_coordinator<coordinator_with_adam_options>);
 

@@ -1,0 +1,162 @@
+// GPU sparse-column Adam against rooflines measured in the same binary (needs a CUDA device).
+//
+// For a bf16 parameter and gradient the sparse step must touch, per selected element: the
+// gradient (2 B) and fp32 master, exp_avg, exp_avg_sq (12 B) read; the three fp32 states (12 B)
+// and the parameter (2 B) written: 14 B read + 14 B written. The read-modify-write roofline
+// streams the same bytes (14 B read and written back per element, float4, in place); the
+// read-only roofline reads them. Reported: the fraction of the RMW roofline the sparse step
+// reaches, and its speed-up over gather (selected gradient columns -> compact) -> dense Adam on
+// the compact state -> scatter (compact parameter -> model), the unfused way.
+#include <zenflow/sparse_adam.cuh>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+
+using zenflow::dtype;
+using zenflow::index_t;
+namespace sa = zenflow::detail::sparse_adam;
+
+__global__ void read_roofline_kernel(const float4* data, std::size_t n, float* sink) {
+  float acc = 0.0f;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float4 v = __ldcs(data + i);
+    acc += v.x + v.y + v.z + v.w;
+  }
+  if (acc == 12345.678f) *sink = acc;  // keeps the loads
+}
+
+__global__ void rmw_roofline_kernel(float4* data, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float4 v = __ldcs(data + i);
+    v.x = v.x * 0.999f + 1e-3f;
+    v.y = v.y * 0.999f + 1e-3f;
+    v.z = v.z * 0.999f + 1e-3f;
+    v.w = v.w * 0.999f + 1e-3f;
+    __stcs(data + i, v);
+  }
+}
+
+/// Dense Adam over compact arrays (the baseline's middle step), same per-element math.
+__global__ void dense_adam_kernel(float* master, float* m, float* v, const zenflow::bfloat16* g, zenflow::bfloat16* out,
+                                  std::size_t n, zenflow::adam_step_constants c) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float p = master[i], mm = m[i], vv = v[i];
+    sa::update_element(out[i], p, mm, vv, zenflow::to_float(g[i]), c);
+    master[i] = p;
+    m[i] = mm;
+    v[i] = vv;
+  }
+}
+
+int blocks_for_streaming() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms * 8;
+}
+
+/// Mean milliseconds of `f` over `reps` launches, after a warm-up.
+template <class F>
+float time_ms(F&& f, int reps = 20) {
+  f();
+  cudaEvent_t a, b;
+  ZENFLOW_CUDA_TRY(cudaEventCreate(&a));
+  ZENFLOW_CUDA_TRY(cudaEventCreate(&b));
+  ZENFLOW_CUDA_TRY(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) f();
+  ZENFLOW_CUDA_TRY(cudaEventRecord(b));
+  ZENFLOW_CUDA_TRY(cudaEventSynchronize(b));
+  float ms = 0;
+  ZENFLOW_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
+  ZENFLOW_CUDA_TRY(cudaEventDestroy(a));
+  ZENFLOW_CUDA_TRY(cudaEventDestroy(b));
+  return ms / reps;
+}
+
+/// args: rows, cols, topk ratio in per mille, row-major (1) or column-contiguous (0).
+void bm_sparse_adam(benchmark::State& state) {
+  const index_t rows = state.range(0), cols = state.range(1);
+  const double ratio = static_cast<double>(state.range(2)) / 1000.0;
+  const bool row_major = state.range(3) != 0;
+  const index_t k = std::max<index_t>(1, static_cast<index_t>(ratio * static_cast<double>(cols)));
+  const std::size_t elements = static_cast<std::size_t>(rows * k);
+
+  sa::device_memory param(rows * cols * 2), grad(rows * cols * 2), packed(3 * elements * 4);
+  ZENFLOW_CUDA_TRY(cudaMemset(param.get(), 0x3c, param.bytes()));
+  ZENFLOW_CUDA_TRY(cudaMemset(grad.get(), 0x3c, grad.bytes()));
+  ZENFLOW_CUDA_TRY(cudaMemset(packed.get(), 0, packed.bytes()));
+  std::vector<std::int32_t> all(static_cast<std::size_t>(cols));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), std::mt19937(1));
+  std::vector<std::int32_t> selection(all.begin(), all.begin() + k);
+  std::sort(selection.begin(), selection.end());
+
+  auto view = [&](void* p) {
+    return row_major
+               ? zenflow::matrix_view::row_major(p, rows, cols, dtype::bf16, zenflow::memory_space::device)
+               : zenflow::matrix_view::column_contiguous(p, rows, cols, dtype::bf16, zenflow::memory_space::device);
+  };
+  zenflow::cuda_sparse_adam opt(zenflow::adam_options{});
+  opt.add_matrix(view(param.get()), selection, packed.get<const float>(), nullptr);
+  const zenflow::const_matrix_view grads[] = {view(grad.get())};
+
+  // Rooflines over the same bytes: 14 B read + 14 B written per selected element.
+  const std::size_t half_bytes = elements * 14;
+  sa::device_memory roof((half_bytes + 15) / 16 * 16), sink(4);
+  ZENFLOW_CUDA_TRY(cudaMemset(roof.get(), 0, roof.bytes()));
+  const std::size_t n4 = roof.bytes() / 16;
+  const int blocks = blocks_for_streaming();
+  const float read_ms =
+      time_ms([&] { read_roofline_kernel<<<blocks, 256>>>(roof.get<const float4>(), n4, sink.get<float>()); });
+  const float rmw_ms = time_ms([&] { rmw_roofline_kernel<<<blocks, 256>>>(roof.get<float4>(), n4); });
+
+  // Baseline: gather -> dense Adam -> scatter.
+  sa::device_memory compact_grad(elements * 2), compact_param(elements * 2), state3(3 * elements * 4);
+  ZENFLOW_CUDA_TRY(cudaMemset(state3.get(), 0, state3.bytes()));
+  const auto c = zenflow::make_adam_step_constants(zenflow::adam_options{}, 1);
+  const std::span<const std::int32_t> sel_dev = opt.selection_device(0);
+  const float baseline_ms = time_ms([&] {
+    zenflow::cuda_gather_columns(grads[0], sel_dev, compact_grad.get(), dtype::bf16, nullptr, nullptr);
+    float* s = state3.get<float>();
+    dense_adam_kernel<<<blocks, 256>>>(s, s + elements, s + 2 * elements, compact_grad.get<const zenflow::bfloat16>(),
+                                       compact_param.get<zenflow::bfloat16>(), elements, c);
+    zenflow::cuda_scatter_columns(compact_param.get(), dtype::bf16, sel_dev, view(param.get()), nullptr);
+  });
+
+  float sparse_ms = 0;
+  for (auto _ : state) {
+    sparse_ms = time_ms([&] { opt.step(grads, {}, 1.0f, nullptr, nullptr, false, nullptr); });
+    state.SetIterationTime(sparse_ms / 1e3);
+  }
+  const double bytes = 2.0 * static_cast<double>(half_bytes);
+  const double rmw_bw = bytes / (rmw_ms / 1e3), sparse_bw = bytes / (sparse_ms / 1e3);
+  state.counters["k"] = static_cast<double>(k);
+  state.counters["sparse_us"] = sparse_ms * 1e3;
+  state.counters["sparse_GBps"] = sparse_bw / 1e9;
+  state.counters["read_roof_GBps"] = static_cast<double>(half_bytes) / (read_ms / 1e3) / 1e9;
+  state.counters["rmw_roof_GBps"] = rmw_bw / 1e9;
+  state.counters["frac_of_rmw_roofline"] = sparse_bw / rmw_bw;
+  state.counters["baseline_us"] = baseline_ms * 1e3;
+  state.counters["speedup_vs_gather_adam_scatter"] = baseline_ms / sparse_ms;
+}
+
+BENCHMARK(bm_sparse_adam)
+    ->ArgNames({"rows", "cols", "topk_permille", "row_major"})
+    ->ArgsProduct({{4096}, {4096}, {50, 100}, {0, 1}})
+    ->ArgsProduct({{8192}, {28672}, {50, 100}, {0, 1}})
+    ->UseManualTime()
+    ->Iterations(5)
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,339 @@
+// CUDA kernels of the sparse-column Adam and the column gather/scatter (not a public header).
+//
+// The update kernel is one multi-tensor launch over all parameters. The compact state of a
+// parameter is enumerated in the order of its layout (see state_layout): element e of a
+// row-major parameter is (row e / k, slot e % k), so a warp takes 32 consecutive selected columns
+// of one row -- consecutive state words, and parameter/gradient words that are as close as the
+// selection is dense -- and element e of a column-contiguous parameter is (slot e / rows, row
+// e % rows): fully contiguous runs. Work is cut in tiles of kTile state elements; a persistent
+// grid strides over the tiles of all parameters, each block finding its parameter by binary
+// search over the tiles' prefix sums. Each thread loads kItems independent elements before it
+// computes, to keep enough bytes in flight.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "zenflow/adam_math.hpp"
+#include "zenflow/detail/sparse_adam/element.hpp"
+#include "zenflow/options.hpp"
+#include "zenflow/types.hpp"
+
+namespace zenflow::detail::sparse_adam {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kItems = 4;
+inline constexpr int kTile = kThreads * kItems;
+
+/// One registered parameter as the kernels see it (a vector is one column; columns == nullptr).
+struct param_desc {
+  void* param = nullptr;
+  index_t row_stride = 0;
+  index_t col_stride = 0;
+  const std::int32_t* columns = nullptr;  // k ascending indices on device, or nullptr: column j is j
+  float* master = nullptr;                // rows * k each, in state_layout order
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::uint32_t rows = 0;
+  std::uint32_t k = 0;
+  std::int64_t tile_begin = 0;  // first tile of this parameter in the launch
+  dtype type = dtype::f32;
+  bool state_row_major = false;
+};
+
+/// The gradient of one parameter for one step.
+struct grad_desc {
+  const void* data = nullptr;
+  index_t row_stride = 0;
+  index_t col_stride = 0;
+  dtype type = dtype::f32;
+  friend bool operator==(const grad_desc&, const grad_desc&) = default;
+};
+
+/// Device-resident control block of one optimizer: the step counter lives here so that skipped
+/// steps (decided on device) never need the host.
+struct control_block {
+  std::int64_t step = 0;
+  unsigned int done_blocks = 0;  // last-block-done counter of the update kernel, back to 0 after it
+  int nonfinite = 0;             // set by the finite check of the current step
+};
+
+/// What the update kernel needs besides the tables.
+struct step_control {
+  adam_options options;
+  float grad_scale = 1.0f;
+  const float* scale_ptr = nullptr;
+  const int* skip_flag = nullptr;
+  bool use_nonfinite = false;
+  control_block* control = nullptr;
+};
+
+struct element_coord {
+  std::uint32_t row;
+  std::uint32_t slot;
+  index_t column;
+};
+
+__device__ ZENFLOW_FORCEINLINE element_coord coord_of(const param_desc& d, std::uint32_t e) {
+  element_coord x;
+  if (d.state_row_major) {
+    x.row = e / d.k;
+    x.slot = e - x.row * d.k;
+  } else {
+    x.slot = e / d.rows;
+    x.row = e - x.slot * d.rows;
+  }
+  x.column = d.columns != nullptr ? static_cast<index_t>(__ldg(d.columns + x.slot)) : static_cast<index_t>(x.slot);
+  return x;
+}
+
+/// Index of the parameter owning `tile`: the last p with params[p].tile_begin <= tile.
+__device__ ZENFLOW_FORCEINLINE int find_param(const param_desc* params, int count, std::int64_t tile) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (params[mid].tile_begin <= tile)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+template <class TParam, class TGrad>
+__device__ ZENFLOW_FORCEINLINE void update_tile(const param_desc& d, const grad_desc& g, std::uint32_t first,
+                                                const adam_step_constants& c) {
+  const std::uint32_t n = d.rows * d.k;
+  const TGrad* grad = static_cast<const TGrad*>(g.data);
+  TParam* param = static_cast<TParam*>(d.param);
+  float gv[kItems], pv[kItems], mv[kItems], vv[kItems];
+  index_t poff[kItems];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const std::uint32_t e = first + static_cast<std::uint32_t>(it * kThreads) + threadIdx.x;
+    if (e < n) {
+      const element_coord x = coord_of(d, e);
+      poff[it] = x.row * d.row_stride + x.column * d.col_stride;
+      gv[it] = to_float(grad[x.row * g.row_stride + x.column * g.col_stride]);
+      pv[it] = __ldcs(d.master + e);  // streamed once per step: evict first
+      mv[it] = __ldcs(d.exp_avg + e);
+      vv[it] = __ldcs(d.exp_avg_sq + e);
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const std::uint32_t e = first + static_cast<std::uint32_t>(it * kThreads) + threadIdx.x;
+    if (e < n) {
+      TParam out;
+      update_element(out, pv[it], mv[it], vv[it], gv[it], c);
+      __stcs(d.master + e, pv[it]);
+      __stcs(d.exp_avg + e, mv[it]);
+      __stcs(d.exp_avg_sq + e, vv[it]);
+      param[poff[it]] = out;
+    }
+  }
+}
+
+template <class TParam>
+__device__ ZENFLOW_FORCEINLINE void update_tile_grad(const param_desc& d, const grad_desc& g, std::uint32_t first,
+                                                     const adam_step_constants& c) {
+  switch (g.type) {
+    case dtype::bf16:
+      update_tile<TParam, bfloat16>(d, g, first, c);
+      break;
+    case dtype::f16:
+      update_tile<TParam, float16>(d, g, first, c);
+      break;
+    default:
+      update_tile<TParam, float>(d, g, first, c);
+      break;
+  }
+}
+
+/// The fused multi-tensor sparse Adam step. Thread 0 of every block decides (skip flag,
+/// non-finite flag, effective scale) and computes the step constants from the device step
+/// counter in double; the decision is the same in every block. The last block to finish
+/// advances the counter, after every block has read it.
+__global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads,
+                                                                    int count, std::int64_t tiles, step_control ctl) {
+  __shared__ adam_step_constants constants;
+  __shared__ int apply;
+  if (threadIdx.x == 0) {
+    const float scale = effective_scale(ctl.grad_scale, ctl.scale_ptr);
+    const bool ok = !(ctl.skip_flag != nullptr && *ctl.skip_flag != 0) &&
+                    !(ctl.use_nonfinite && ctl.control->nonfinite != 0) && usable_scale(scale);
+    if (ok) constants = step_constants_unchecked(ctl.options, ctl.control->step + 1, scale);
+    apply = ok ? 1 : 0;
+  }
+  __syncthreads();
+  if (apply == 0) return;  // uniform over the grid: nothing is written, the counter stays
+  const adam_step_constants c = constants;
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int p = find_param(params, count, t);
+    const param_desc& d = params[p];
+    const grad_desc& g = grads[p];
+    const auto first = static_cast<std::uint32_t>((t - d.tile_begin) * kTile);
+    switch (d.type) {
+      case dtype::bf16:
+        update_tile_grad<bfloat16>(d, g, first, c);
+        break;
+      case dtype::f16:
+        update_tile_grad<float16>(d, g, first, c);
+        break;
+      default:
+        update_tile_grad<float>(d, g, first, c);
+        break;
+    }
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&ctl.control->done_blocks, 1u) == gridDim.x - 1) {
+      ctl.control->step += 1;
+      ctl.control->done_blocks = 0;
+    }
+  }
+}
+
+/// Sets control->nonfinite if any gradient value the update would read is NaN or infinite.
+/// Integer atomicOr: the result does not depend on the order.
+__global__ void __launch_bounds__(kThreads)
+    sparse_adam_nonfinite_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
+                                 control_block* control) {
+  bool bad = false;
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int p = find_param(params, count, t);
+    const param_desc& d = params[p];
+    const grad_desc& g = grads[p];
+    const auto first = static_cast<std::uint32_t>((t - d.tile_begin) * kTile);
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const std::uint32_t e = first + static_cast<std::uint32_t>(it * kThreads) + threadIdx.x;
+      if (e < d.rows * d.k) {
+        const element_coord x = coord_of(d, e);
+        bad |= !is_finite_bits(load_as_float(g.data, g.type, x.row * g.row_stride + x.column * g.col_stride));
+      }
+    }
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&control->nonfinite, 1);
+}
+
+/// The three state arrays of one parameter.
+struct state_arrays {
+  float* part[3];
+};
+
+/// New state (layout `layout`) from old state and packed entering columns. source[j] >= 0: slot j
+/// keeps old slot source[j]; source[j] < 0: slot j takes packed column -source[j] - 1 of
+/// `entering`. source == nullptr: every slot j takes packed column j (import; may be in place).
+__global__ void rebuild_state_kernel(state_arrays old_state, state_arrays new_state, state_layout layout,
+                                     const std::int32_t* source, const float* entering) {
+  const index_t n = layout.size();
+  for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t r = layout.row_of(e), j = layout.slot_of(e);
+    const std::int32_t from = source != nullptr ? source[j] : -static_cast<std::int32_t>(j) - 1;
+#pragma unroll
+    for (int p = 0; p < 3; ++p)
+      new_state.part[p][e] = from >= 0 ? old_state.part[p][layout.index(r, from)]
+                                       : entering[packed_index(layout.rows, -static_cast<index_t>(from) - 1, p, r)];
+  }
+}
+
+/// Packs slots `slots[0..n)` (or 0..n when slots == nullptr) of a state into the packed format.
+__global__ void pack_state_kernel(state_arrays state, state_layout layout, const std::int32_t* slots, index_t n,
+                                  float* packed) {
+  const index_t total = 3 * layout.rows * n;
+  for (index_t q = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; q < total;
+       q += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t r = q % layout.rows;
+    const index_t lp = q / layout.rows;
+    const index_t l = lp / 3;
+    const int p = static_cast<int>(lp - 3 * l);
+    const index_t slot = slots != nullptr ? slots[l] : l;
+    packed[q] = state.part[p][layout.index(r, slot)];
+  }
+}
+
+/// Gather/scatter, column-contiguous path: block (column i = blockIdx.x, rows blockIdx.y * kTile ...): both sides
+/// contiguous along rows.
+__global__ void __launch_bounds__(kThreads)
+    gather_columns_direct_kernel(const void* src, dtype src_type, index_t rows, index_t cols, index_t row_stride,
+                                 index_t col_stride, const std::int32_t* columns, void* dst, dtype dst_type,
+                                 float scale, const float* scale_ptr) {
+  const index_t i = blockIdx.x;
+  const std::int32_t c = columns[i];
+  if (c < 0 || c >= cols) return;  // out-of-range indices are ignored
+  const float s = effective_scale(scale, scale_ptr);
+  for (index_t r = blockIdx.y * static_cast<index_t>(kTile) + threadIdx.x;
+       r < rows && r < (blockIdx.y + 1) * static_cast<index_t>(kTile); r += kThreads)
+    store_from_float(dst, dst_type, i * rows + r,
+                     scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    scatter_columns_direct_kernel(const void* src, dtype src_type, const std::int32_t* columns, void* dst,
+                                  dtype dst_type, index_t rows, index_t cols, index_t row_stride, index_t col_stride) {
+  const index_t i = blockIdx.x;
+  const std::int32_t c = columns[i];
+  if (c < 0 || c >= cols) return;
+  for (index_t r = blockIdx.y * static_cast<index_t>(kTile) + threadIdx.x;
+       r < rows && r < (blockIdx.y + 1) * static_cast<index_t>(kTile); r += kThreads)
+    store_from_float(dst, dst_type, r * row_stride + c * col_stride, load_as_float(src, src_type, i * rows + r));
+}
+
+inline constexpr int kTransposeTile = 32;
+inline constexpr int kTransposeRows = 8;
+
+/// Row-major path: a 32 x 32 tile (32 listed columns x 32 rows) through shared memory, so that
+/// the source is read along rows (consecutive listed columns of one row) and the compact buffer
+/// written along columns, both coalesced.
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+    gather_columns_transpose_kernel(const void* src, dtype src_type, index_t rows, index_t cols, index_t row_stride,
+                                    index_t col_stride, const std::int32_t* columns, index_t n, void* dst,
+                                    dtype dst_type, float scale, const float* scale_ptr) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  const index_t i0 = static_cast<index_t>(blockIdx.x) * kTransposeTile;
+  const index_t r0 = static_cast<index_t>(blockIdx.y) * kTransposeTile;
+  const float s = effective_scale(scale, scale_ptr);
+  {
+    const index_t i = i0 + threadIdx.x;
+    const std::int32_t c = i < n ? columns[i] : -1;
+    for (int dr = threadIdx.y; dr < kTransposeTile; dr += kTransposeRows) {
+      const index_t r = r0 + dr;
+      if (c >= 0 && c < cols && r < rows)
+        tile[dr][threadIdx.x] = scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s);
+    }
+  }
+  __syncthreads();
+  for (int di = threadIdx.y; di < kTransposeTile; di += kTransposeRows) {
+    const index_t i = i0 + di, r = r0 + threadIdx.x;
+    if (i < n && r < rows) {
+      const std::int32_t c = columns[i];
+      if (c >= 0 && c < cols) store_from_float(dst, dst_type, i * rows + r, tile[threadIdx.x][di]);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+    scatter_columns_transpose_kernel(const void* src, dtype src_type, const std::int32_t* columns, index_t n, void* dst,
+                                     dtype dst_type, index_t rows, index_t cols, index_t row_stride,
+                                     index_t col_stride) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  const index_t i0 = static_cast<index_t>(blockIdx.x) * kTransposeTile;
+  const index_t r0 = static_cast<index_t>(blockIdx.y) * kTransposeTile;
+  for (int di = threadIdx.y; di < kTransposeTile; di += kTransposeRows) {
+    const index_t i = i0 + di, r = r0 + threadIdx.x;
+    if (i < n && r < rows) tile[threadIdx.x][di] = load_as_float(src, src_type, i * rows + r);
+  }
+  __syncthreads();
+  const index_t i = i0 + threadIdx.x;
+  const std::int32_t c = i < n ? columns[i] : -1;
+  if (c < 0 || c >= cols) return;
+  for (int dr = threadIdx.y; dr < kTransposeTile; dr += kTransposeRows) {
+    const index_t r = r0 + dr;
+    if (r < rows) store_from_float(dst, dst_type, r * row_stride + c * col_stride, tile[dr][threadIdx.x]);
+  }
+}
+
+}  // namespace zenflow::detail::sparse_adam

@@ -1,0 +1,138 @@
+// Sparse-column Adam/AdamW: the optimizer of the important columns (ZenFlow steps 2 and 5).
+//
+// It owns the fp32 master weights and Adam moments of the *selected* columns of each 2-D
+// parameter (compact, k columns of `rows` values) and of every 1-D parameter (biases, norms:
+// always fully updated here), and updates the model's parameters in place on exactly those
+// columns, every step, from the current gradient. Columns that are not selected are never
+// written (byte-for-byte unchanged): the CPU optimizer owns them.
+//
+// This header is the host backend (the "device memory" is host memory; plain C++20). The CUDA
+// backend, with the same API plus streams, is `cuda_sparse_adam` in sparse_adam.cuh.
+//
+// Packed migration format (reselection, add_matrix, export/import_state): for n columns of a
+// parameter with `rows` rows, for each column in list order,
+//     [fp32 master (rows floats), exp_avg (rows floats), exp_avg_sq (rows floats)]
+// i.e. 3 * rows floats per column, 3 * rows * n in all; value (column l, part p, row r) sits at
+// (l * 3 + p) * rows + r. A 1-D parameter of size n is one column of n rows.
+//
+// Parameter indices: add_matrix and add_vector return one index space, in order of
+// registration. step() takes the gradients of the matrices in the order the matrices were
+// added and those of the vectors in the order the vectors were added.
+//
+// Math: every element is adam_math.hpp's adam_update on the fp32 master, then the parameter is
+// the master rounded to nearest even to its dtype. The step count is 1-based as in
+// make_adam_step_constants and counts applied steps only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "zenflow/adam_math.hpp"
+#include "zenflow/error.hpp"
+#include "zenflow/options.hpp"
+#include "zenflow/types.hpp"
+#include "zenflow/view.hpp"
+
+namespace zenflow {
+
+/// Host backend of the sparse-column Adam; models `zenflow::device_optimizer`. Not thread-safe:
+/// one caller at a time. Every call is synchronous.
+class host_sparse_adam {
+ public:
+  /// Throws zenflow::error for invalid options.
+  explicit host_sparse_adam(const adam_options& options);
+
+  /// Registers a 2-D parameter (rows x cols, any layout, f32/bf16/f16, host memory) updated in
+  /// place on its selected columns only. `initial_selection`: k in [1, cols] column indices,
+  /// strictly ascending. `initial_state_packed`: the packed state of those columns (at least
+  /// 3 * rows * k floats, normally from the CPU master). Returns the parameter's index.
+  std::size_t add_matrix(matrix_view param, std::span<const std::int32_t> initial_selection,
+                         std::span<const float> initial_state_packed);
+  /// Registers a 1-D parameter, always fully updated here, with its fp32 master (size floats);
+  /// moments start at 0. Returns the parameter's index.
+  std::size_t add_vector(vector_view param, std::span<const float> initial_master);
+
+  [[nodiscard]] std::size_t parameter_count() const noexcept { return entries_.size(); }
+  [[nodiscard]] std::size_t matrix_count() const noexcept { return matrix_count_; }
+  [[nodiscard]] std::size_t vector_count() const noexcept { return entries_.size() - matrix_count_; }
+  [[nodiscard]] bool is_vector(std::size_t i) const;
+  /// Rows of parameter i (a vector's size).
+  [[nodiscard]] index_t rows(std::size_t i) const;
+  /// Selected columns of parameter i, ascending ({0} for a vector).
+  [[nodiscard]] std::span<const std::int32_t> selection(std::size_t i) const;
+  /// Number of selected columns of parameter i (1 for a vector).
+  [[nodiscard]] index_t k(std::size_t i) const;
+
+  [[nodiscard]] const adam_options& options() const noexcept { return options_; }
+  /// Validates, then replaces the hyper-parameters used by the next steps.
+  void set_options(const adam_options& options);
+  /// Number of applied steps (skipped steps do not count).
+  [[nodiscard]] std::int64_t step_count() const noexcept { return step_; }
+  /// Sets the step count (checkpoint restore); must be >= 0.
+  void set_step_count(std::int64_t step);
+
+  /// One Adam/AdamW step of every parameter: selected columns of every matrix, all of every
+  /// vector, from the current gradients (host views with the parameters' shapes, any layout and
+  /// dtype). Effective gradient scale = grad_scale * (*scale_ptr if scale_ptr). Nothing is
+  /// modified and the step count does not advance (returns false) if `skip_flag` points to a
+  /// nonzero value, if the effective scale is not finite or negative, or, with `check_finite`,
+  /// if any gradient value the step reads is NaN or infinite. Returns whether the step was applied.
+  bool step(std::span<const const_matrix_view> matrix_grads, std::span<const const_vector_view> vector_grads,
+            float grad_scale = 1.0f, const float* scale_ptr = nullptr, const int* skip_flag = nullptr,
+            bool check_finite = false);
+
+  /// How many columns leave (= how many enter) when parameter i moves to `new_selection`.
+  [[nodiscard]] index_t migration_count(std::size_t i, std::span<const std::int32_t> new_selection) const;
+  /// Reselection with state migration. `new_selection`: k columns, strictly ascending, in range.
+  /// Columns leaving (old \ new) write their packed state to `leaving_out` (in ascending column
+  /// order); columns entering (new \ old) take theirs from `entering_in` (ascending order); kept
+  /// columns keep their state. Both buffers hold at least 3 * rows * migration_count floats; they
+  /// may alias (entering_in is fully read before leaving_out is written). Nothing is zeroed or
+  /// truncated. Validates everything first.
+  void reselect(std::size_t i, std::span<const std::int32_t> new_selection, std::span<const float> entering_in,
+                std::span<float> leaving_out);
+
+  /// Packed state of the current selection of parameter i (at least 3 * rows * k floats).
+  void export_state(std::size_t i, std::span<float> packed_out) const;
+  /// Replaces the state of the current selection of parameter i from packed form. Does not
+  /// write the parameter (the next step does).
+  void import_state(std::size_t i, std::span<const float> packed_in);
+
+ private:
+  struct entry {
+    bool is_vector = false;
+    matrix_view param;  // a vector is one column of `size` rows
+    std::vector<std::int32_t> selection;
+    index_t rows = 0;
+    bool state_row_major = false;
+    std::vector<float> master, exp_avg, exp_avg_sq;
+    std::size_t group_index = 0;  // position among matrices or among vectors
+  };
+  const entry& at(std::size_t i, const char* argument = "i") const;
+  entry& at(std::size_t i, const char* argument = "i");
+  std::size_t add_entry(entry e, std::span<const float> packed);
+
+  adam_options options_;
+  std::int64_t step_ = 0;
+  std::vector<entry> entries_;
+  std::vector<std::size_t> matrices_, vectors_;  // global indices in group order
+  std::size_t matrix_count_ = 0;
+};
+
+/// Gathers columns of `src` (host) into a compact column-contiguous buffer: the i-th listed
+/// column goes to dst + i * rows (elements of `dst_type`), each value src * scale rounded to
+/// nearest even. `columns` may be in any order; each index must be in [0, cols). Synchronous.
+void gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
+                    float scale = 1.0f);
+/// Scatters a compact column-contiguous buffer (i-th listed column at src + i * rows, elements of
+/// `src_type`) into columns `columns` of `dst` (host), converted to dst's dtype rounding to
+/// nearest even. Other columns are untouched. Synchronous.
+void scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns, matrix_view dst);
+/// The columns of [0, cols) not in `selection` (strictly ascending, in range), ascending.
+std::vector<std::int32_t> complement_columns(std::span<const std::int32_t> selection, index_t cols);
+
+}  // namespace zenflow
+
+#include "zenflow/detail/sparse_adam/host_sparse_adam_impl.hpp"

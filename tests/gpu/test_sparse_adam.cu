@@ -1,0 +1,319 @@
+// cuda_sparse_adam and the CUDA gather/scatter against the host backend (host_sparse_adam, the
+// exact reference). Label gpu: needs a CUDA device to run.
+#include <zenflow/concepts.hpp>
+#include <zenflow/sparse_adam.cuh>
+#include <zenflow/sparse_adam.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+
+using zenflow::dtype;
+using zenflow::index_t;
+using zenflow::memory_space;
+namespace sa = zenflow::detail::sparse_adam;
+
+static_assert(zenflow::device_optimizer<zenflow::cuda_sparse_adam>);
+
+/// A host buffer and its device twin.
+struct twin {
+  std::vector<std::byte> host;
+  sa::device_memory dev;
+  explicit twin(std::size_t bytes) : host(bytes), dev(bytes) {}
+  void to_device() { ZENFLOW_CUDA_TRY(cudaMemcpy(dev.get(), host.data(), host.size(), cudaMemcpyHostToDevice)); }
+  std::vector<std::byte> from_device() const {
+    std::vector<std::byte> out(host.size());
+    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), dev.get(), out.size(), cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+struct matrix_case {
+  index_t rows, cols, k;
+  bool row_major;
+  dtype param_type, grad_type;
+};
+
+zenflow::matrix_view make_view(void* data, const matrix_case& c, dtype t, memory_space s, bool row_major) {
+  return row_major ? zenflow::matrix_view::row_major(data, c.rows, c.cols, t, s)
+                   : zenflow::matrix_view::column_contiguous(data, c.rows, c.cols, t, s);
+}
+
+void fill(std::vector<std::byte>& bytes, dtype t, std::mt19937& rng, float sigma) {
+  std::normal_distribution<float> n(0.0f, sigma);
+  const auto count = static_cast<index_t>(bytes.size() / zenflow::dtype_size(t));
+  for (index_t i = 0; i < count; ++i) sa::store_from_float(bytes.data(), t, i, n(rng));
+}
+
+std::vector<std::int32_t> random_selection(index_t cols, index_t k, std::mt19937& rng) {
+  std::vector<std::int32_t> all(static_cast<std::size_t>(cols));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<std::size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+/// Distance in units in the last place between two values of dtype t (same sign assumed near).
+std::int64_t ulps(float a, float b) {
+  std::int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  if (ia < 0) ia = std::numeric_limits<std::int32_t>::min() - ia;
+  if (ib < 0) ib = std::numeric_limits<std::int32_t>::min() - ib;
+  return std::llabs(static_cast<std::int64_t>(ia) - ib);
+}
+
+}  // namespace
+
+TEST_CASE("cuda_sparse_adam equals host_sparse_adam after 100 steps; unselected columns untouched") {
+  std::mt19937 rng(2024);
+  const std::vector<matrix_case> cases = {
+      {64, 300, 30, true, dtype::bf16, dtype::bf16}, {128, 50, 5, false, dtype::f32, dtype::f32},
+      {33, 257, 25, true, dtype::f16, dtype::f32},   {1000, 40, 4, false, dtype::bf16, dtype::bf16},
+      {7, 4096, 409, true, dtype::f32, dtype::bf16}, {3, 5, 5, true, dtype::bf16, dtype::f16},
+  };
+  zenflow::adam_options o;
+  o.lr = 1e-3f;
+  o.weight_decay = 0.01f;
+  zenflow::host_sparse_adam host(o);
+  zenflow::cuda_sparse_adam device(o);
+  cudaStream_t stream;
+  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  std::vector<twin> params, grads, packed;
+  std::vector<std::vector<std::byte>> host_params, initial;
+  std::vector<std::vector<std::int32_t>> selections;
+  for (const auto& c : cases) {
+    const std::size_t bytes = static_cast<std::size_t>(c.rows * c.cols);
+    params.emplace_back(bytes * zenflow::dtype_size(c.param_type));
+    grads.emplace_back(bytes * zenflow::dtype_size(c.grad_type));
+    fill(params.back().host, c.param_type, rng, 1.0f);
+    params.back().to_device();
+    host_params.push_back(params.back().host);
+    initial.push_back(params.back().host);
+    selections.push_back(random_selection(c.cols, c.k, rng));
+    packed.emplace_back(3 * c.rows * c.k * sizeof(float));
+    fill(packed.back().host, dtype::f32, rng, 0.01f);
+    auto* f = reinterpret_cast<float*>(packed.back().host.data());
+    for (index_t i = 0; i < 3 * c.rows * c.k; ++i)
+      if ((i / c.rows) % 3 == 2) f[i] = std::fabs(f[i]);  // exp_avg_sq >= 0
+    packed.back().to_device();
+    const auto span = std::span<const float>(f, static_cast<std::size_t>(3 * c.rows * c.k));
+    const auto h =
+        host.add_matrix(make_view(host_params.back().data(), c, c.param_type, memory_space::host, c.row_major),
+                        selections.back(), span);
+    const auto d =
+        device.add_matrix(make_view(params.back().dev.get(), c, c.param_type, memory_space::device, c.row_major),
+                          selections.back(), packed.back().dev.get<const float>(), stream);
+    CHECK(h == d);
+  }
+  // A strided bf16 bias.
+  std::vector<float> bias_master(100);
+  for (auto& x : bias_master) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  twin bias(200 * 2), bias_grad(100 * 4);
+  std::vector<std::byte> host_bias(bias.host.size());
+  bias.to_device();
+  host.add_vector(zenflow::vector_view(host_bias.data(), 100, dtype::bf16, memory_space::host, 2), bias_master);
+  device.add_vector(zenflow::vector_view(bias.dev.get(), 100, dtype::bf16, memory_space::device, 2), bias_master,
+                    stream);
+
+  twin scale(4), skip(4);
+  const float scale_value = 0.5f;
+  std::memcpy(scale.host.data(), &scale_value, 4);
+  scale.to_device();
+  const int no_skip = 0;
+  std::memcpy(skip.host.data(), &no_skip, 4);
+  skip.to_device();
+
+  for (int t = 0; t < 100; ++t) {
+    std::vector<zenflow::const_matrix_view> hg, dg;
+    for (std::size_t p = 0; p < cases.size(); ++p) {
+      fill(grads[p].host, cases[p].grad_type, rng, 0.1f);
+      grads[p].to_device();
+      // The gradient in the parameter's layout for even cases, the other layout for odd ones.
+      const bool rm = (p % 2 == 0) ? cases[p].row_major : !cases[p].row_major;
+      hg.push_back(make_view(grads[p].host.data(), cases[p], cases[p].grad_type, memory_space::host, rm));
+      dg.push_back(make_view(grads[p].dev.get(), cases[p], cases[p].grad_type, memory_space::device, rm));
+    }
+    fill(bias_grad.host, dtype::f32, rng, 0.1f);
+    bias_grad.to_device();
+    const zenflow::const_vector_view hv[] = {zenflow::const_vector_view(bias_grad.host.data(), 100, dtype::f32)};
+    const zenflow::const_vector_view dv[] = {
+        zenflow::const_vector_view(bias_grad.dev.get(), 100, dtype::f32, memory_space::device)};
+    REQUIRE(host.step(hg, hv, 2.0f, &scale_value, &no_skip, t % 2 == 0));
+    device.step(dg, dv, 2.0f, scale.dev.get<const float>(), skip.dev.get<const int>(), t % 2 == 0, stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the host buffers of the gradients are refilled next
+  }
+  CHECK(device.step_count() == 100);
+  CHECK(host.step_count() == 100);
+
+  for (std::size_t p = 0; p < cases.size(); ++p) {
+    const auto& c = cases[p];
+    CAPTURE(p);
+    std::vector<float> hs(3 * c.rows * c.k), ds(hs.size());
+    host.export_state(p, hs);
+    device.export_state(p, ds);
+    std::int64_t worst = 0;
+    for (std::size_t i = 0; i < hs.size(); ++i) worst = std::max(worst, ulps(hs[i], ds[i]));
+    CHECK(worst <= 4);  // identical math; only the device's double pow may differ in the last bit
+    const auto dev_param = params[p].from_device();
+    bool untouched = true, close = true;
+    const auto es = zenflow::dtype_size(c.param_type);
+    for (index_t r = 0; r < c.rows; ++r)
+      for (index_t col = 0; col < c.cols; ++col) {
+        const index_t off = c.row_major ? r * c.cols + col : col * c.rows + r;
+        const bool selected = std::binary_search(selections[p].begin(), selections[p].end(), col);
+        if (!selected) {
+          untouched &= std::memcmp(dev_param.data() + off * es, initial[p].data() + off * es, es) == 0;
+        } else {
+          const float a = sa::load_as_float(dev_param.data(), c.param_type, off);
+          const float b = sa::load_as_float(host_params[p].data(), c.param_type, off);
+          close &= a == b || std::fabs(a - b) <= 1e-2f * std::fabs(b);  // one 16-bit rounding step at most
+        }
+      }
+    CHECK(untouched);
+    CHECK(close);
+  }
+  std::vector<float> hb(300), db(300);
+  host.export_state(cases.size(), hb);
+  device.export_state(cases.size(), db);
+  std::int64_t worst = 0;
+  for (std::size_t i = 0; i < hb.size(); ++i) worst = std::max(worst, ulps(hb[i], db[i]));
+  CHECK(worst <= 4);
+  const auto dev_bias = bias.from_device();
+  for (int i = 0; i < 100; ++i) CHECK(sa::load_as_float(dev_bias.data(), dtype::bf16, 2 * i + 1) == 0.0f);
+
+  // Skips decided on device leave everything bitwise unchanged, counter included.
+  const auto before = params[0].from_device();
+  std::vector<float> state_before(3 * cases[0].rows * cases[0].k), state_after(state_before.size());
+  device.export_state(0, state_before);
+  const int yes = 1;
+  ZENFLOW_CUDA_TRY(cudaMemcpy(skip.dev.get(), &yes, 4, cudaMemcpyHostToDevice));
+  std::vector<zenflow::const_matrix_view> dg;
+  for (std::size_t p = 0; p < cases.size(); ++p)
+    dg.push_back(make_view(grads[p].dev.get(), cases[p], cases[p].grad_type, memory_space::device, cases[p].row_major));
+  const zenflow::const_vector_view dv[] = {
+      zenflow::const_vector_view(bias_grad.dev.get(), 100, dtype::f32, memory_space::device)};
+  device.step(dg, dv, 1.0f, nullptr, skip.dev.get<const int>(), false, stream);
+  const float inf = std::numeric_limits<float>::infinity();
+  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.get(), &inf, 4, cudaMemcpyHostToDevice));
+  device.step(dg, dv, 1.0f, scale.dev.get<const float>(), nullptr, false, stream);
+  // A NaN in a selected column of parameter 0 with check_finite.
+  const index_t col = selections[0][0];
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const zenflow::bfloat16 nan16 = zenflow::to_bfloat16(nan);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.get<std::byte>() + col * 2, &nan16, 2, cudaMemcpyHostToDevice));
+  device.step(dg, dv, 1.0f, nullptr, nullptr, true, stream);
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  CHECK(device.step_count() == 100);
+  CHECK(params[0].from_device() == before);
+  device.export_state(0, state_after);
+  CHECK(std::memcmp(state_before.data(), state_after.data(), state_after.size() * 4) == 0);
+  ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("device migration round trip is lossless and matches the host") {
+  std::mt19937 rng(77);
+  for (bool row_major : {true, false}) {
+    const matrix_case c{48, 200, 20, row_major, dtype::bf16, dtype::bf16};
+    twin param(c.rows * c.cols * 2);
+    fill(param.host, dtype::bf16, rng, 1.0f);
+    param.to_device();
+    const auto a = random_selection(c.cols, c.k, rng);
+    const auto b = random_selection(c.cols, c.k, rng);
+    twin packed(3 * c.rows * c.k * 4);
+    fill(packed.host, dtype::f32, rng, 1.0f);
+    packed.to_device();
+    const auto* f = reinterpret_cast<const float*>(packed.host.data());
+    zenflow::host_sparse_adam host(zenflow::adam_options{});
+    zenflow::cuda_sparse_adam device(zenflow::adam_options{});
+    host.add_matrix(make_view(param.host.data(), c, dtype::bf16, memory_space::host, row_major), a,
+                    std::span<const float>(f, 3 * c.rows * c.k));
+    device.add_matrix(make_view(param.dev.get(), c, dtype::bf16, memory_space::device, row_major), a,
+                      packed.dev.get<const float>(), nullptr);
+    const index_t moved = device.migration_count(0, b);
+    CHECK(moved == host.migration_count(0, b));
+    const std::size_t n = 3 * c.rows * moved;
+    twin entering(n * 4), leaving(n * 4), back(n * 4);
+    fill(entering.host, dtype::f32, rng, 1.0f);
+    entering.to_device();
+    const auto* ef = reinterpret_cast<const float*>(entering.host.data());
+    std::vector<float> host_leaving(n);
+    host.reselect(0, b, std::span<const float>(ef, n), host_leaving);
+    device.reselect(0, b, entering.dev.get<const float>(), leaving.dev.get<float>(), nullptr);
+    const auto dl = leaving.from_device();
+    CHECK(std::memcmp(dl.data(), host_leaving.data(), n * 4) == 0);
+    std::vector<float> hs(3 * c.rows * c.k), ds(hs.size());
+    host.export_state(0, hs);
+    device.export_state(0, ds);
+    CHECK(hs == ds);
+    CHECK(std::equal(device.selection(0).begin(), device.selection(0).end(), b.begin()));
+    std::vector<std::int32_t> sel_dev(c.k), rest_dev(c.cols - c.k);
+    ZENFLOW_CUDA_TRY(cudaMemcpy(sel_dev.data(), device.selection_device(0).data(), c.k * 4, cudaMemcpyDeviceToHost));
+    ZENFLOW_CUDA_TRY(
+        cudaMemcpy(rest_dev.data(), device.unselected_device(0).data(), rest_dev.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK(sel_dev == b);
+    CHECK(rest_dev == zenflow::complement_columns(b, c.cols));
+    // Back to a: what left enters again, and the state is the original, bit for bit.
+    device.reselect(0, a, leaving.dev.get<const float>(), back.dev.get<float>(), nullptr);
+    const auto db = back.from_device();
+    CHECK(std::memcmp(db.data(), entering.host.data(), n * 4) == 0);
+    device.export_state(0, ds);
+    CHECK(std::memcmp(ds.data(), f, ds.size() * 4) == 0);
+    // Bad input throws before anything is enqueued.
+    CHECK_THROWS_AS(device.reselect(0, std::vector<std::int32_t>(c.k, 0), leaving.dev.get<const float>(),
+                                    back.dev.get<float>(), nullptr),
+                    zenflow::error);
+    std::vector<float> host_buffer(n);
+    CHECK_THROWS_AS(device.reselect(0, b, host_buffer.data(), back.dev.get<float>(), nullptr), zenflow::error);
+    CHECK_THROWS_AS(device.add_matrix(make_view(param.host.data(), c, dtype::bf16, memory_space::host, row_major), a,
+                                      packed.dev.get<const float>(), nullptr),
+                    zenflow::error);
+    CHECK(device.parameter_count() == 1);
+  }
+}
+
+TEST_CASE("device gather/scatter equal the host versions") {
+  std::mt19937 rng(5);
+  for (bool row_major : {true, false})
+    for (dtype st : {dtype::f32, dtype::bf16, dtype::f16})
+      for (dtype dt : {dtype::f32, dtype::bf16, dtype::f16}) {
+        const matrix_case c{1100, 77, 0, row_major, st, dt};
+        twin src(c.rows * c.cols * zenflow::dtype_size(st));
+        fill(src.host, st, rng, 1.0f);
+        src.to_device();
+        const auto columns = random_selection(c.cols, 45, rng);
+        sa::device_memory columns_dev(columns.size() * 4), scale_dev(4);
+        ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.get(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
+        const float scale_value = 0.75f;
+        ZENFLOW_CUDA_TRY(cudaMemcpy(scale_dev.get(), &scale_value, 4, cudaMemcpyHostToDevice));
+        const std::size_t compact_bytes = columns.size() * c.rows * zenflow::dtype_size(dt);
+        std::vector<std::byte> host_compact(compact_bytes);
+        twin dev_compact(compact_bytes);
+        zenflow::gather_columns(make_view(src.host.data(), c, st, memory_space::host, row_major), columns,
+                                host_compact.data(), dt, 0.5f * scale_value);
+        const std::span<const std::int32_t> cols_span(columns_dev.get<const std::int32_t>(), columns.size());
+        zenflow::cuda_gather_columns(make_view(src.dev.get(), c, st, memory_space::device, row_major), cols_span,
+                                     dev_compact.dev.get(), dt, 0.5f, scale_dev.get<const float>(), nullptr);
+        CHECK(dev_compact.from_device() == host_compact);
+
+        twin dst(c.rows * c.cols * zenflow::dtype_size(dt));
+        fill(dst.host, dt, rng, 1.0f);
+        dst.to_device();
+        auto host_dst = dst.host;
+        zenflow::scatter_columns(host_compact.data(), dt, columns,
+                                 make_view(host_dst.data(), c, dt, memory_space::host, !row_major));
+        zenflow::cuda_scatter_columns(dev_compact.dev.get(), dt, cols_span,
+                                      make_view(dst.dev.get(), c, dt, memory_space::device, !row_major), nullptr);
+        CHECK(dst.from_device() == host_dst);
+      }
+}

@@ -1,0 +1,491 @@
+// host_sparse_adam and the column gather/scatter helpers against brute force: a dense fp32 Adam
+// (adam_math.hpp's adam_update over every column of a full copy) of which only the selected
+// columns are compared, bit for bit.
+#include <zenflow/concepts.hpp>
+#include <zenflow/sparse_adam.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+
+using zenflow::dtype;
+using zenflow::index_t;
+namespace sa = zenflow::detail::sparse_adam;
+
+static_assert(zenflow::device_optimizer<zenflow::host_sparse_adam>);
+
+/// A matrix stored in a byte buffer of any dtype and layout.
+struct tensor {
+  dtype type = dtype::f32;
+  index_t rows = 0, cols = 0;
+  bool row_major = true;
+  std::vector<std::byte> bytes;
+
+  tensor(dtype t, index_t r, index_t c, bool rm) : type(t), rows(r), cols(c), row_major(rm) {
+    bytes.resize(static_cast<std::size_t>(r * c) * zenflow::dtype_size(t));
+  }
+  [[nodiscard]] zenflow::matrix_view view() {
+    return row_major ? zenflow::matrix_view::row_major(bytes.data(), rows, cols, type)
+                     : zenflow::matrix_view::column_contiguous(bytes.data(), rows, cols, type);
+  }
+  [[nodiscard]] zenflow::const_matrix_view cview() { return view(); }
+  [[nodiscard]] index_t offset(index_t r, index_t c) const { return row_major ? r * cols + c : c * rows + r; }
+  [[nodiscard]] float get(index_t r, index_t c) const { return sa::load_as_float(bytes.data(), type, offset(r, c)); }
+  void set(index_t r, index_t c, float x) { sa::store_from_float(bytes.data(), type, offset(r, c), x); }
+  /// The raw bits of element (r, c).
+  [[nodiscard]] std::uint32_t bits(index_t r, index_t c) const {
+    std::uint32_t b = 0;
+    std::memcpy(&b, bytes.data() + offset(r, c) * zenflow::dtype_size(type), zenflow::dtype_size(type));
+    return b;
+  }
+};
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+
+/// The parameter's value as its dtype would store `x`.
+std::uint32_t rounded_bits(float x, dtype t) {
+  std::byte buf[4] = {};
+  sa::store_from_float(buf, t, 0, x);
+  std::uint32_t b = 0;
+  std::memcpy(&b, buf, zenflow::dtype_size(t));
+  return b;
+}
+
+/// Dense fp32 state of every column: the brute-force reference.
+struct dense_state {
+  index_t rows, cols;
+  std::vector<float> p, m, v;  // [c * rows + r]
+  dense_state(index_t r, index_t c, std::mt19937& rng) : rows(r), cols(c) {
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (index_t i = 0; i < r * c; ++i) {
+      p.push_back(n(rng));
+      m.push_back(0.01f * n(rng));
+      v.push_back(1e-4f * std::fabs(n(rng)));
+    }
+  }
+  [[nodiscard]] std::vector<float> packed(std::span<const std::int32_t> columns) const {
+    std::vector<float> out(3 * columns.size() * static_cast<std::size_t>(rows));
+    for (std::size_t l = 0; l < columns.size(); ++l)
+      for (index_t r = 0; r < rows; ++r) {
+        const auto s = static_cast<std::size_t>(columns[l] * rows + r);
+        out[sa::packed_index(rows, l, 0, r)] = p[s];
+        out[sa::packed_index(rows, l, 1, r)] = m[s];
+        out[sa::packed_index(rows, l, 2, r)] = v[s];
+      }
+    return out;
+  }
+  void unpack(std::span<const std::int32_t> columns, std::span<const float> packed) {
+    for (std::size_t l = 0; l < columns.size(); ++l)
+      for (index_t r = 0; r < rows; ++r) {
+        const auto s = static_cast<std::size_t>(columns[l] * rows + r);
+        p[s] = packed[sa::packed_index(rows, l, 0, r)];
+        m[s] = packed[sa::packed_index(rows, l, 1, r)];
+        v[s] = packed[sa::packed_index(rows, l, 2, r)];
+      }
+  }
+};
+
+std::vector<std::int32_t> random_selection(index_t cols, index_t k, std::mt19937& rng) {
+  std::vector<std::int32_t> all(static_cast<std::size_t>(cols));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<std::size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+void fill_random(tensor& t, std::mt19937& rng, float sigma = 1.0f) {
+  std::normal_distribution<float> n(0.0f, sigma);
+  for (index_t r = 0; r < t.rows; ++r)
+    for (index_t c = 0; c < t.cols; ++c) t.set(r, c, n(rng));
+}
+
+}  // namespace
+
+TEST_CASE("device step constants equal make_adam_step_constants bit for bit") {
+  for (bool adamw : {true, false})
+    for (bool bc : {true, false}) {
+      zenflow::adam_options o;
+      o.lr = 3e-4f;
+      o.beta2 = 0.95f;
+      o.weight_decay = 0.1f;
+      o.adamw_mode = adamw;
+      o.bias_correction = bc;
+      for (std::int64_t t : {1LL, 2LL, 3LL, 10LL, 255LL, 256LL, 257LL, 1000LL, 123456LL, 1LL << 40}) {
+        const auto a = zenflow::make_adam_step_constants(o, t, 0.25f);
+        const auto b = sa::step_constants_unchecked(o, t, 0.25f);
+        CHECK(std::memcmp(&a, &b, sizeof a) == 0);
+      }
+    }
+}
+
+TEST_CASE("sparse update equals dense Adam on the selected columns; the rest is untouched") {
+  std::mt19937 rng(7);
+  for (bool row_major : {true, false})
+    for (dtype pt : {dtype::f32, dtype::bf16, dtype::f16})
+      for (dtype gt : {dtype::f32, dtype::bf16, dtype::f16})
+        for (bool adamw : {true, false}) {
+          CAPTURE(row_major);
+          CAPTURE(static_cast<int>(pt));
+          CAPTURE(static_cast<int>(gt));
+          CAPTURE(adamw);
+          const index_t rows = 13, cols = 37, k = 5;
+          zenflow::adam_options o;
+          o.lr = 1e-2f;
+          o.weight_decay = 0.05f;
+          o.adamw_mode = adamw;
+          dense_state ref(rows, cols, rng);
+          tensor param(pt, rows, cols, row_major), grad(gt, rows, cols, !row_major);  // grad in the other layout
+          for (index_t r = 0; r < rows; ++r)
+            for (index_t c = 0; c < cols; ++c) param.set(r, c, ref.p[c * rows + r]);
+          const auto initial_bytes = param.bytes;
+          const auto sel = random_selection(cols, k, rng);
+          // A 1-D parameter (a bias) alongside, strided.
+          std::vector<float> bias_master(11), bias_m(11, 0.0f), bias_v(11, 0.0f);
+          for (auto& x : bias_master) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+          std::vector<std::byte> bias(22 * zenflow::dtype_size(pt));
+          zenflow::vector_view bias_view(bias.data(), 11, pt, zenflow::memory_space::host, 2);
+          std::vector<float> bias_grad(11);
+
+          zenflow::host_sparse_adam opt(o);
+          const auto bias_index = opt.add_vector(bias_view, bias_master);
+          const auto index = opt.add_matrix(param.view(), sel, ref.packed(sel));
+          CHECK(bias_index == 0);
+          CHECK(index == 1);
+          CHECK(opt.k(index) == k);
+          CHECK(opt.k(bias_index) == 1);
+          CHECK(opt.is_vector(bias_index));
+          const float device_scale = 0.5f;
+          for (std::int64_t t = 1; t <= 20; ++t) {
+            fill_random(grad, rng, 0.1f);
+            for (auto& g : bias_grad) g = std::normal_distribution<float>(0.0f, 0.1f)(rng);
+            const zenflow::const_matrix_view mg[] = {grad.cview()};
+            const zenflow::const_vector_view vg[] = {zenflow::const_vector_view(bias_grad.data(), 11, dtype::f32)};
+            REQUIRE(opt.step(mg, vg, 2.0f, &device_scale));
+            const auto c = zenflow::make_adam_step_constants(o, t, 2.0f * device_scale);
+            for (index_t col = 0; col < cols; ++col)  // dense: every column
+              for (index_t r = 0; r < rows; ++r) {
+                const auto s = static_cast<std::size_t>(col * rows + r);
+                zenflow::adam_update(ref.p[s], grad.get(r, col), ref.m[s], ref.v[s], c);
+              }
+            for (std::size_t i = 0; i < 11; ++i)
+              zenflow::adam_update(bias_master[i], bias_grad[i], bias_m[i], bias_v[i], c);
+          }
+          CHECK(opt.step_count() == 20);
+          // Selected columns: parameter and state bit-identical to dense Adam.
+          std::vector<float> state(3 * k * rows);
+          opt.export_state(index, state);
+          const auto expect = ref.packed(sel);
+          bool state_equal = true, param_equal = true, others_untouched = true;
+          for (std::size_t i = 0; i < state.size(); ++i) state_equal &= bits_of(state[i]) == bits_of(expect[i]);
+          for (index_t col = 0; col < cols; ++col) {
+            const bool selected = std::binary_search(sel.begin(), sel.end(), static_cast<std::int32_t>(col));
+            for (index_t r = 0; r < rows; ++r) {
+              const auto es = zenflow::dtype_size(pt);
+              const auto off = static_cast<std::size_t>(param.offset(r, col)) * es;
+              if (selected)
+                param_equal &= param.bits(r, col) == rounded_bits(ref.p[col * rows + r], pt);
+              else
+                others_untouched &= std::memcmp(param.bytes.data() + off, initial_bytes.data() + off, es) == 0;
+            }
+          }
+          CHECK(state_equal);
+          CHECK(param_equal);
+          CHECK(others_untouched);
+          // The vector: all of it, strided (the gaps untouched: they were zero).
+          std::vector<float> bias_state(33);
+          opt.export_state(bias_index, bias_state);
+          bool bias_equal = true;
+          for (std::size_t i = 0; i < 11; ++i) {
+            bias_equal &= bits_of(bias_state[i]) == bits_of(bias_master[i]);
+            bias_equal &= bits_of(bias_state[11 + i]) == bits_of(bias_m[i]);
+            bias_equal &= bits_of(bias_state[22 + i]) == bits_of(bias_v[i]);
+            std::uint32_t stored = 0;
+            std::memcpy(&stored, bias.data() + 2 * i * zenflow::dtype_size(pt), zenflow::dtype_size(pt));
+            bias_equal &= stored == rounded_bits(bias_master[i], pt);
+            bias_equal &= sa::load_as_float(bias.data(), pt, 2 * i + 1) == 0.0f;
+          }
+          CHECK(bias_equal);
+        }
+}
+
+TEST_CASE("reselection migrates state losslessly and keeps kept columns") {
+  std::mt19937 rng(11);
+  for (bool row_major : {true, false}) {
+    const index_t rows = 9, cols = 40, k = 8;
+    dense_state cpu(rows, cols, rng);
+    tensor param(dtype::bf16, rows, cols, row_major);
+    zenflow::host_sparse_adam opt(zenflow::adam_options{});
+    const std::vector<std::int32_t> a = {1, 3, 4, 10, 20, 21, 30, 39};
+    const std::vector<std::int32_t> b = {0, 3, 4, 11, 20, 22, 30, 38};  // kept: 3 4 20 30
+    const auto i = opt.add_matrix(param.view(), a, cpu.packed(a));
+    std::vector<float> before(3 * k * rows);
+    opt.export_state(i, before);
+    CHECK(opt.migration_count(i, b) == 4);
+
+    const std::vector<std::int32_t> enter_ab = {0, 11, 22, 38}, leave_ab = {1, 10, 21, 39};
+    const auto entering = cpu.packed(enter_ab);
+    std::vector<float> leaving(3 * 4 * rows, -1.0f);
+    opt.reselect(i, b, entering, leaving);
+    CHECK(std::vector<std::int32_t>(opt.selection(i).begin(), opt.selection(i).end()) == b);
+    // Leaving columns carry exactly their state; the state of b is exactly the CPU's.
+    CHECK(leaving == cpu.packed(leave_ab));
+    std::vector<float> mid(3 * k * rows);
+    opt.export_state(i, mid);
+    CHECK(mid == cpu.packed(b));
+
+    // And back: the leaving buffer of A->B is the entering buffer of B->A.
+    std::vector<float> leaving_back(3 * 4 * rows);
+    opt.reselect(i, a, leaving, leaving_back);
+    CHECK(leaving_back == entering);
+    std::vector<float> after(3 * k * rows);
+    opt.export_state(i, after);
+    CHECK(std::memcmp(after.data(), before.data(), after.size() * 4) == 0);
+
+    // The same buffer may serve as entering_in and leaving_out.
+    std::vector<float> inout = entering;
+    opt.reselect(i, b, inout, inout);
+    CHECK(inout == cpu.packed(leave_ab));
+    opt.export_state(i, mid);
+    CHECK(mid == cpu.packed(b));
+  }
+}
+
+TEST_CASE("updates after a reselection continue from the migrated state") {
+  std::mt19937 rng(5);
+  const index_t rows = 6, cols = 20, k = 4;
+  zenflow::adam_options o;
+  o.lr = 0.05f;
+  dense_state cpu(rows, cols, rng);
+  tensor param(dtype::f32, rows, cols, true), grad(dtype::f32, rows, cols, true);
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) param.set(r, c, cpu.p[c * rows + r]);
+  auto sel = random_selection(cols, k, rng);
+  zenflow::host_sparse_adam opt(o);
+  opt.add_matrix(param.view(), sel, cpu.packed(sel));
+  std::int64_t t = 0;
+  for (int round = 0; round < 4; ++round) {
+    for (int s = 0; s < 3; ++s) {
+      fill_random(grad, rng);
+      const zenflow::const_matrix_view mg[] = {grad.cview()};
+      REQUIRE(opt.step(mg, {}));
+      const auto c = zenflow::make_adam_step_constants(o, ++t);
+      for (auto col : sel)  // the reference updates the selected columns only
+        for (index_t r = 0; r < rows; ++r) {
+          const auto x = static_cast<std::size_t>(col * rows + r);
+          zenflow::adam_update(cpu.p[x], grad.get(r, col), cpu.m[x], cpu.v[x], c);
+        }
+    }
+    const auto next = random_selection(cols, k, rng);
+    std::vector<std::int32_t> entering, leaving;
+    std::set_difference(next.begin(), next.end(), sel.begin(), sel.end(), std::back_inserter(entering));
+    std::set_difference(sel.begin(), sel.end(), next.begin(), next.end(), std::back_inserter(leaving));
+    std::vector<float> out(3 * leaving.size() * rows);
+    opt.reselect(0, next, cpu.packed(entering), out);
+    CHECK(out == cpu.packed(leaving));  // the CPU gets back exactly what the GPU computed
+    sel = next;
+  }
+  std::vector<float> state(3 * k * rows);
+  opt.export_state(0, state);
+  CHECK(state == cpu.packed(sel));
+  for (index_t r = 0; r < rows; ++r)
+    for (auto col : sel) CHECK(param.get(r, col) == cpu.p[col * rows + r]);
+}
+
+TEST_CASE("skip flag, unusable scale and non-finite gradients leave everything unchanged") {
+  std::mt19937 rng(3);
+  const index_t rows = 5, cols = 12;
+  dense_state cpu(rows, cols, rng);
+  tensor param(dtype::f16, rows, cols, false), grad(dtype::bf16, rows, cols, false);
+  fill_random(param, rng);
+  fill_random(grad, rng);
+  const std::vector<std::int32_t> sel = {2, 7};
+  std::vector<float> bias(4, 0.5f), bias_grad(4, 0.1f);
+  zenflow::host_sparse_adam opt(zenflow::adam_options{});
+  opt.add_matrix(param.view(), sel, cpu.packed(sel));
+  opt.add_vector(zenflow::vector_view(bias.data(), 4, dtype::f32), bias);
+  const zenflow::const_matrix_view mg[] = {grad.cview()};
+  const zenflow::const_vector_view vg[] = {zenflow::const_vector_view(bias_grad.data(), 4, dtype::f32)};
+  REQUIRE(opt.step(mg, vg));
+  const auto param_before = param.bytes;
+  const auto bias_before = bias;
+  std::vector<float> state_before(3 * 2 * rows), state_after(state_before.size());
+  opt.export_state(0, state_before);
+
+  const int skip = 1, no_skip = 0;
+  CHECK_FALSE(opt.step(mg, vg, 1.0f, nullptr, &skip));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(opt.step(mg, vg, 1.0f, &inf, &no_skip));
+  CHECK_FALSE(opt.step(mg, vg, 1.0f, &nan));
+  grad.set(3, 7, nan);  // a selected column
+  CHECK_FALSE(opt.step(mg, vg, 1.0f, nullptr, nullptr, true));
+  grad.set(3, 7, 0.0f);
+  bias_grad[2] = -inf;  // the vector
+  CHECK_FALSE(opt.step(mg, vg, 1.0f, nullptr, nullptr, true));
+  CHECK(opt.step_count() == 1);
+  CHECK(param.bytes == param_before);
+  CHECK(bias == bias_before);
+  opt.export_state(0, state_after);
+  CHECK(std::memcmp(state_after.data(), state_before.data(), state_after.size() * 4) == 0);
+
+  // A non-finite value in an unselected column is not read by the step: it applies.
+  bias_grad[2] = 0.0f;
+  grad.set(1, 3, inf);
+  CHECK(opt.step(mg, vg, 1.0f, nullptr, nullptr, true));
+  CHECK(opt.step_count() == 2);
+}
+
+TEST_CASE("bad input throws before touching state") {
+  std::mt19937 rng(1);
+  const index_t rows = 4, cols = 10;
+  dense_state cpu(rows, cols, rng);
+  tensor param(dtype::f32, rows, cols, true), grad(dtype::f32, rows, cols, true);
+  fill_random(grad, rng);
+  zenflow::host_sparse_adam opt(zenflow::adam_options{});
+  auto packed = [&](std::size_t k) { return std::vector<float>(3 * k * rows, 0.25f); };
+  auto throws_arg = [](auto&& f, const char* argument) {
+    try {
+      f();
+    } catch (const zenflow::error& e) {
+      CHECK(e.argument() == argument);
+      return;
+    }
+    FAIL("expected zenflow::error for ", argument);
+  };
+  // add_matrix
+  throws_arg([&] { opt.add_matrix(param.view(), std::vector<std::int32_t>{}, packed(0)); }, "initial_selection");
+  throws_arg([&] { opt.add_matrix(param.view(), std::vector<std::int32_t>(11, 0), packed(11)); }, "initial_selection");
+  throws_arg([&] { opt.add_matrix(param.view(), std::vector<std::int32_t>{3, 2}, packed(2)); }, "initial_selection");
+  throws_arg([&] { opt.add_matrix(param.view(), std::vector<std::int32_t>{2, 2}, packed(2)); }, "initial_selection");
+  throws_arg([&] { opt.add_matrix(param.view(), std::vector<std::int32_t>{2, 10}, packed(2)); }, "initial_selection");
+  throws_arg([&] { opt.add_matrix(param.view(), std::vector<std::int32_t>{-1, 2}, packed(2)); }, "initial_selection");
+  throws_arg([&] { opt.add_matrix(param.view(), std::vector<std::int32_t>{1, 2}, packed(1)); }, "initial_state_packed");
+  auto device_view = param.view();
+  device_view.space = zenflow::memory_space::device;
+  throws_arg([&] { opt.add_matrix(device_view, std::vector<std::int32_t>{1}, packed(1)); }, "param");
+  CHECK(opt.parameter_count() == 0);
+
+  const std::vector<std::int32_t> sel = {1, 5, 6};
+  opt.add_matrix(param.view(), sel, cpu.packed(sel));
+  const zenflow::const_matrix_view good[] = {grad.cview()};
+  REQUIRE(opt.step(good, {}));
+  const auto param_before = param.bytes;
+  std::vector<float> before(3 * 3 * rows), after(before.size());
+  opt.export_state(0, before);
+
+  // step: gradient count, shape, memory space, scale.
+  tensor wrong(dtype::f32, rows, cols + 1, true);
+  const zenflow::const_matrix_view bad_shape[] = {wrong.cview()};
+  throws_arg([&] { opt.step(bad_shape, {}); }, "matrix_grads");
+  throws_arg([&] { opt.step({}, {}); }, "matrix_grads");
+  auto gdev = grad.cview();
+  gdev.space = zenflow::memory_space::device;
+  const zenflow::const_matrix_view bad_space[] = {gdev};
+  throws_arg([&] { opt.step(bad_space, {}); }, "matrix_grads");
+  std::vector<float> extra(3);
+  const zenflow::const_vector_view extra_vector[] = {zenflow::const_vector_view(extra.data(), 3, dtype::f32)};
+  throws_arg([&] { opt.step(good, extra_vector); }, "vector_grads");
+  throws_arg([&] { opt.step(good, {}, -1.0f); }, "grad_scale");
+  throws_arg([&] { opt.step(good, {}, std::numeric_limits<float>::infinity()); }, "grad_scale");
+
+  // reselect: k, order, duplicates, range, buffers, vectors.
+  std::vector<float> big(3 * 3 * rows), small(3 * rows);
+  throws_arg([&] { opt.reselect(0, std::vector<std::int32_t>{1, 5}, big, big); }, "new_selection");
+  throws_arg([&] { opt.reselect(0, std::vector<std::int32_t>{5, 1, 6}, big, big); }, "new_selection");
+  throws_arg([&] { opt.reselect(0, std::vector<std::int32_t>{1, 1, 6}, big, big); }, "new_selection");
+  throws_arg([&] { opt.reselect(0, std::vector<std::int32_t>{1, 5, 10}, big, big); }, "new_selection");
+  throws_arg([&] { opt.reselect(0, std::vector<std::int32_t>{0, 2, 3}, small, big); }, "entering_in");
+  throws_arg([&] { opt.reselect(0, std::vector<std::int32_t>{0, 2, 3}, big, small); }, "leaving_out");
+  throws_arg([&] { opt.reselect(3, std::vector<std::int32_t>{0, 2, 3}, big, big); }, "i");
+  throws_arg([&] { opt.export_state(0, small); }, "packed_out");
+  throws_arg([&] { opt.import_state(0, small); }, "packed_in");
+  std::vector<float> bias(2);
+  const auto v = opt.add_vector(zenflow::vector_view(bias.data(), 2, dtype::f32), bias);
+  throws_arg([&] { opt.reselect(v, std::vector<std::int32_t>{0}, big, big); }, "i");
+  throws_arg(
+      [&] {
+        opt.add_vector(zenflow::vector_view(bias.data(), 2, dtype::f32), std::span<const float>(small).subspan(0, 1));
+      },
+      "initial_master");
+  zenflow::adam_options bad;
+  bad.beta1 = 1.0f;
+  throws_arg([&] { opt.set_options(bad); }, "beta1");
+  throws_arg([&] { opt.set_step_count(-1); }, "step");
+
+  CHECK(param.bytes == param_before);
+  opt.export_state(0, after);
+  CHECK(after == before);
+  CHECK(std::vector<std::int32_t>(opt.selection(0).begin(), opt.selection(0).end()) == sel);
+  CHECK(opt.step_count() == 1);
+}
+
+TEST_CASE("gather and scatter columns: layouts, scale, dtype conversion") {
+  std::mt19937 rng(9);
+  for (bool row_major : {true, false})
+    for (dtype st : {dtype::f32, dtype::bf16, dtype::f16})
+      for (dtype dt : {dtype::f32, dtype::bf16, dtype::f16}) {
+        CAPTURE(row_major);
+        const index_t rows = 70, cols = 23;  // more rows than one gather block
+        tensor src(st, rows, cols, row_major);
+        fill_random(src, rng);
+        const std::vector<std::int32_t> columns = {0, 4, 5, 17, 22};
+        std::vector<std::byte> compact(columns.size() * rows * zenflow::dtype_size(dt));
+        zenflow::gather_columns(src.cview(), columns, compact.data(), dt, 0.375f);
+        bool ok = true;
+        for (std::size_t i = 0; i < columns.size(); ++i)
+          for (index_t r = 0; r < rows; ++r) {
+            const float expect = src.get(r, columns[i]) * 0.375f;
+            std::byte e[4] = {};
+            sa::store_from_float(e, dt, 0, expect);
+            ok &=
+                std::memcmp(e, compact.data() + (i * rows + r) * zenflow::dtype_size(dt), zenflow::dtype_size(dt)) == 0;
+          }
+        CHECK(ok);
+
+        tensor dst(dt, rows, cols, !row_major);
+        fill_random(dst, rng);
+        const auto before = dst;
+        std::vector<float> values(columns.size() * rows);
+        for (auto& x : values) x = std::normal_distribution<float>(0.0f, 3.0f)(rng);
+        zenflow::scatter_columns(values.data(), dtype::f32, columns, dst.view());
+        for (index_t c = 0; c < cols; ++c) {
+          const auto it = std::find(columns.begin(), columns.end(), c);
+          for (index_t r = 0; r < rows; ++r) {
+            if (it == columns.end())
+              ok &= dst.bits(r, c) == before.bits(r, c);
+            else
+              ok &= dst.bits(r, c) == rounded_bits(values[(it - columns.begin()) * rows + r], dt);
+          }
+        }
+        CHECK(ok);
+      }
+  // Bad input.
+  tensor src(dtype::f32, 3, 4, true);
+  std::vector<float> buf(12);
+  CHECK_THROWS_AS(zenflow::gather_columns(src.cview(), std::vector<std::int32_t>{4}, buf.data(), dtype::f32),
+                  zenflow::error);
+  CHECK_THROWS_AS(zenflow::scatter_columns(buf.data(), dtype::f32, std::vector<std::int32_t>{-1}, src.view()),
+                  zenflow::error);
+  auto dev = src.view();
+  dev.space = zenflow::memory_space::device;
+  CHECK_THROWS_AS(zenflow::scatter_columns(buf.data(), dtype::f32, std::vector<std::int32_t>{1}, dev), zenflow::error);
+}
+
+TEST_CASE("complement_columns") {
+  CHECK(zenflow::complement_columns(std::vector<std::int32_t>{1, 3}, 5) == std::vector<std::int32_t>{0, 2, 4});
+  CHECK(zenflow::complement_columns(std::vector<std::int32_t>{}, 3) == std::vector<std::int32_t>{0, 1, 2});
+  CHECK(zenflow::complement_columns(std::vector<std::int32_t>{0, 1, 2}, 3).empty());
+  CHECK_THROWS_AS(zenflow::complement_columns(std::vector<std::int32_t>{2, 1}, 3), zenflow::error);
+  CHECK_THROWS_AS(zenflow::complement_columns(std::vector<std::int32_t>{3}, 3), zenflow::error);
+}
