@@ -78,7 +78,7 @@ class host_copy_engine {
 
  private:
   std::size_t stride_;
-  mapped_region memory_;           // outlives copy_, whose destructor drains the copies
+  mapped_region memory_;  // outlives copy_, whose destructor drains the copies
   std::vector<host_event> events_;
   copy_hook hook_;
   host_stream copy_;  // last: destroyed first, finishing every queued copy before the slots go

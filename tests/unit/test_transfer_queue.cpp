@@ -167,8 +167,8 @@ TEST_CASE("host_to_device: a slot frees itself only after its copy completed") {
   std::memset(s1.data, 2, 32);
   q.submit_host_to_device(s0, dst0.data(), 32, stream);
   q.submit_host_to_device(s1, dst1.data(), 32, stream);
-  CHECK(q.idle());           // nobody holds a slot ...
-  CHECK(!q.try_acquire());   // ... but both copies are still in flight
+  CHECK(q.idle());          // nobody holds a slot ...
+  CHECK(!q.try_acquire());  // ... but both copies are still in flight
   std::atomic<bool> got{false};
   auto waiter = std::async(std::launch::async, [&] {
     auto s = q.acquire();  // blocks on the oldest slot's copy
@@ -414,9 +414,9 @@ TEST_CASE("releasing or submitting a slot one does not hold throws, before any c
   check_argument([&] { q.submit_device_to_host(s, src.data(), 65, stream); }, "bytes");  // too big
   check_argument([&] { q.submit_device_to_host(s, nullptr, 64, stream); }, "src");
   check_argument([&] { q.submit_host_to_device(s, nullptr, 64, stream); }, "direction");
-  q.submit_device_to_host(s, src.data(), 64, stream);                                      // still acquired: fine
-  check_argument([&] { q.release(s); }, "slot");                                          // in flight
-  check_argument([&] { q.submit_device_to_host(s, src.data(), 64, stream); }, "slot");    // twice
+  q.submit_device_to_host(s, src.data(), 64, stream);                                   // still acquired: fine
+  check_argument([&] { q.release(s); }, "slot");                                        // in flight
+  check_argument([&] { q.submit_device_to_host(s, src.data(), 64, stream); }, "slot");  // twice
   const auto r = q.next();
   q.release(r);
   check_argument([&] { q.release(r); }, "slot");  // double release

@@ -48,11 +48,11 @@ inline const char* to_string(transfer_direction d) noexcept {
 
 /// A handle to one slot of a transfer queue, valid while its holder holds it.
 struct transfer_slot {
-  std::size_t index = 0;        ///< the slot's position in its queue
-  std::byte* data = nullptr;    ///< the slot's (pinned, in the CUDA backend) buffer
-  std::size_t capacity = 0;     ///< the slot's size in bytes (the queue's slot_bytes())
-  std::size_t bytes = 0;        ///< bytes filled: 0 from acquire(), the copied size from next()
-  std::uint64_t sequence = 0;   ///< the queue's acquire() order; identifies this use of the slot
+  std::size_t index = 0;       ///< the slot's position in its queue
+  std::byte* data = nullptr;   ///< the slot's (pinned, in the CUDA backend) buffer
+  std::size_t capacity = 0;    ///< the slot's size in bytes (the queue's slot_bytes())
+  std::size_t bytes = 0;       ///< bytes filled: 0 from acquire(), the copied size from next()
+  std::uint64_t sequence = 0;  ///< the queue's acquire() order; identifies this use of the slot
 };
 
 /// What a queue has moved in its direction (counted when a copy is submitted).
@@ -68,8 +68,8 @@ namespace detail {
 inline constexpr std::size_t slot_alignment = 256;
 
 inline std::size_t slot_stride(std::size_t slot_bytes, std::size_t slot_count) {
-  expects(slot_bytes <= std::numeric_limits<std::size_t>::max() - (slot_alignment - 1), "slot_bytes", "too large: ",
-          slot_bytes);
+  expects(slot_bytes <= std::numeric_limits<std::size_t>::max() - (slot_alignment - 1), "slot_bytes",
+          "too large: ", slot_bytes);
   const std::size_t stride = (slot_bytes + slot_alignment - 1) & ~(slot_alignment - 1);
   expects(stride <= std::numeric_limits<std::size_t>::max() / slot_count, "slot_count", "slot_count ", slot_count,
           " x slot_bytes ", slot_bytes, " overflows size_t");
