@@ -199,10 +199,7 @@ class cuda_copy_engine {
 
   bool query(std::size_t i) const {
     const cudaError_t status = cudaEventQuery(events_[i]);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error; do not leave it behind
-      return false;
-    }
+    if (status == cudaErrorNotReady) return false;  // not recorded as the last error
     ZENFLOW_CUDA_TRY(status);
     return true;
   }

@@ -99,6 +99,8 @@ class basic_transfer_queue {
   basic_transfer_queue& operator=(const basic_transfer_queue&) = delete;
 
   /// Waits for every copy still in flight (the engine's destructor), then frees the slots.
+  /// Outstanding slot handles become invalid. No other thread may be inside a member function
+  /// (a consumer blocked in next() included). Never throws.
   ~basic_transfer_queue() = default;
 
   [[nodiscard]] transfer_direction direction() const noexcept { return direction_; }
