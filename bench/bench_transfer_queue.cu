@@ -53,7 +53,7 @@ struct fixture {
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(nullptr));  // setup: the legacy stream's memset
   }
   static fixture& get() {
-    static fixture f;
+    static fixture& f = *new fixture;  // never destroyed: no CUDA calls after the runtime unloads
     return f;
   }
 };
