@@ -30,19 +30,35 @@ concept importance_selector = requires(const S& cs, std::size_t i) {
   { cs.k(i) } -> std::convertible_to<std::int64_t>;
 };
 
-/// 2. transfer_queue: N >= 2 fixed-size slots moving bytes in one direction.
-///    R1 `Q::slot_type` — a handle to one slot.
-///    R2 `slot_count()`, `slot_bytes()` — the queue's geometry.
+/// 2. transfer_queue: N >= 2 fixed-size slots moving bytes in one direction (transfer_queue.hpp:
+///    host_transfer_queue; transfer_queue.cuh: cuda_transfer_queue).
+///    R1 `Q::slot_type` — a handle to one slot; `Q::stream_type` — the caller's stream handle.
+///    R2 `slot_count()`, `slot_bytes()` — the queue's geometry; `direction()` — which way it moves.
 ///    R3 `acquire()` blocks until a slot is free; `try_acquire()` returns std::nullopt instead.
 ///    R4 `release(slot)` hands the slot back to the producer side.
+///    R5 `submit_device_to_host(slot, src, bytes, stream)` / `submit_host_to_device(slot, dst,
+///       bytes, stream)` — enqueue the slot's copy, ordered through events on `stream`.
+///    R6 `next()` waits for the oldest submitted slot's copy; `try_next()` returns std::nullopt
+///       instead; `drain()` waits for every submitted copy.
+///    R7 `counters()` — `.bytes` and `.transfers` submitted in the queue's direction.
 template <class Q>
-concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot) {
+concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot, typename Q::stream_type stream,
+                                  void* dst, const void* src, std::size_t bytes) {
   typename Q::slot_type;
+  typename Q::stream_type;
   { cq.slot_count() } -> std::convertible_to<std::size_t>;
   { cq.slot_bytes() } -> std::convertible_to<std::size_t>;
+  cq.direction();
   { q.acquire() } -> std::same_as<typename Q::slot_type>;
   { q.try_acquire() } -> std::same_as<std::optional<typename Q::slot_type>>;
   q.release(slot);
+  q.submit_device_to_host(slot, src, bytes, stream);
+  q.submit_host_to_device(slot, dst, bytes, stream);
+  { q.next() } -> std::same_as<typename Q::slot_type>;
+  { q.try_next() } -> std::same_as<std::optional<typename Q::slot_type>>;
+  q.drain();
+  { cq.counters().bytes } -> std::convertible_to<std::uint64_t>;
+  { cq.counters().transfers } -> std::convertible_to<std::uint64_t>;
 };
 
 /// 3. host_optimizer: the CPU Adam/AdamW that owns fp32 master, m, v of every column.

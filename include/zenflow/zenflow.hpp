@@ -11,3 +11,4 @@
 #include "zenflow/version.hpp"
 #include "zenflow/view.hpp"
 #include "zenflow/host_stream.hpp"
+#include "zenflow/transfer_queue.hpp"

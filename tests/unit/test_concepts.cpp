@@ -24,18 +24,40 @@ struct selector_without_k {
 
 struct model_queue {
   using slot_type = int;
+  using stream_type = int;
+  struct counters_type {
+    std::uint64_t bytes = 0, transfers = 0;
+  };
   std::size_t slot_count() const { return 2; }
   std::size_t slot_bytes() const { return 64; }
+  int direction() const { return 0; }
   int acquire() { return 0; }
   std::optional<int> try_acquire() { return 0; }
   void release(int) {}
+  void submit_device_to_host(int, const void*, std::size_t, int) {}
+  void submit_host_to_device(int, void*, std::size_t, int) {}
+  int next() { return 0; }
+  std::optional<int> try_next() { return 0; }
+  void drain() {}
+  counters_type counters() const { return {}; }
 };
 struct queue_without_try_acquire {
   using slot_type = int;
+  using stream_type = int;
+  struct counters_type {
+    std::uint64_t bytes = 0, transfers = 0;
+  };
   std::size_t slot_count() const { return 2; }
   std::size_t slot_bytes() const { return 64; }
+  int direction() const { return 0; }
   int acquire() { return 0; }
   void release(int) {}
+  void submit_device_to_host(int, const void*, std::size_t, int) {}
+  void submit_host_to_device(int, void*, std::size_t, int) {}
+  int next() { return 0; }
+  std::optional<int> try_next() { return 0; }
+  void drain() {}
+  counters_type counters() const { return {}; }
 };
 
 struct model_host_optimizer {

@@ -1,0 +1,260 @@
+// The pinned double-buffer transfer queue: CUDA backend, and the pinned memory it stands on.
+//
+//   pinned_buffer        owning, move-only page-locked host memory of an exact size
+//   pinned_pool          ONE pinned allocation per queue, carved into 256-byte-aligned slots
+//   cuda_transfer_queue  the transfer queue with stream_type = cudaStream_t
+//
+// The queue's schedule is the host backend's (transfer_queue.hpp, where it is documented): the
+// two share the slot bookkeeping. Here the copy stream is the queue's own cudaStreamNonBlocking
+// stream and each slot has one cudaEvent_t (cudaEventDisableTiming):
+//   device_to_host: cudaEventRecord(ev, caller); cudaStreamWaitEvent(copy, ev);
+//                   cudaMemcpyAsync(slot <- src, copy); cudaEventRecord(ev, copy)
+//   host_to_device: cudaMemcpyAsync(dst <- slot, copy); cudaEventRecord(ev, copy);
+//                   cudaStreamWaitEvent(caller, ev)
+//   consumer / reclaim: cudaEventSynchronize(ev) of that slot only.
+// (cudaStreamWaitEvent captures the event's latest record when it is called, so re-recording the
+// same event on the copy stream right after is safe: one event per slot is enough.)
+// Never cudaDeviceSynchronize, never a synchronize of the caller's stream. CUDA errors throw
+// zenflow::cuda_error (ZENFLOW_CUDA_TRY); destructors only assert (ZENFLOW_CUDA_ASSERT).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "zenflow/detail/transfer_queue/basic_queue.hpp"
+#include "zenflow/detail/transfer_queue/mapped_region.hpp"
+#include "zenflow/error.hpp"
+#include "zenflow/transfer_queue.hpp"
+
+namespace zenflow {
+
+/// How a pinned_buffer gets its page-locked memory.
+enum class pinned_allocation : std::uint8_t {
+  host_alloc,      ///< cudaHostAlloc (portable): the default, good for both directions
+  write_combined,  ///< cudaHostAlloc with cudaHostAllocWriteCombined: faster host->device DMA
+                   ///< for memory the CPU only writes (CPU reads from it are very slow)
+  registered,      ///< the library mmaps page-aligned memory, pre-faults it in parallel and
+                   ///< pins it with cudaHostRegister (portable); the mapping is rounded up to
+                   ///< the page size only
+};
+
+/// Owning, move-only page-locked host memory of exactly `size()` bytes (no power-of-two
+/// rounding: a 4 GB request costs 4 GB). Freed exactly once — by the destructor, reset(), or a
+/// move-assignment — also when construction fails half-way.
+class pinned_buffer {
+ public:
+  pinned_buffer() noexcept = default;
+
+  /// Allocates `bytes` (> 0) bytes. Throws zenflow::error naming `bytes`, or
+  /// zenflow::cuda_error. Synchronizes (the allocation calls may synchronize the device, as
+  /// cudaHostAlloc does: allocate up front, never in a training step).
+  explicit pinned_buffer(std::size_t bytes, pinned_allocation kind = pinned_allocation::host_alloc) : kind_(kind) {
+    expects(bytes > 0, "bytes", "must be positive, got 0");
+    expects(kind == pinned_allocation::host_alloc || kind == pinned_allocation::write_combined ||
+                kind == pinned_allocation::registered,
+            "kind", "not a pinned_allocation value: ", static_cast<int>(kind));
+    if (kind == pinned_allocation::registered) {
+      detail::mapped_region region(bytes);  // unmapped by its destructor if registering throws
+      ZENFLOW_CUDA_TRY(cudaHostRegister(region.data(), region.mapped_bytes(), cudaHostRegisterPortable));
+      region_ = std::move(region);
+      data_ = region_.data();
+    } else {
+      unsigned flags = cudaHostAllocPortable;
+      if (kind == pinned_allocation::write_combined) flags |= cudaHostAllocWriteCombined;
+      void* p = nullptr;
+      ZENFLOW_CUDA_TRY(cudaHostAlloc(&p, bytes, flags));
+      data_ = static_cast<std::byte*>(p);
+    }
+    size_ = bytes;
+  }
+
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  pinned_buffer(pinned_buffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        kind_(other.kind_),
+        region_(std::move(other.region_)) {}
+  pinned_buffer& operator=(pinned_buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      kind_ = other.kind_;
+      region_ = std::move(other.region_);
+    }
+    return *this;
+  }
+  ~pinned_buffer() { reset(); }
+
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] pinned_allocation allocation() const noexcept { return kind_; }
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+
+  /// Frees now (idempotent). Never throws. Synchronizes like cudaFreeHost.
+  void reset() noexcept {
+    if (data_ == nullptr) return;
+    if (kind_ == pinned_allocation::registered) {
+      ZENFLOW_CUDA_ASSERT(cudaHostUnregister(data_));
+      region_.reset();
+    } else {
+      ZENFLOW_CUDA_ASSERT(cudaFreeHost(data_));
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  pinned_allocation kind_ = pinned_allocation::host_alloc;
+  detail::mapped_region region_;  // the mapping behind a `registered` buffer
+};
+
+/// One pinned allocation carved into `slot_count` slots of `slot_bytes` bytes, each starting on
+/// a 256-byte boundary: slot_count * round_up(slot_bytes, 256) bytes in all, allocated once.
+class pinned_pool {
+ public:
+  /// Throws zenflow::error naming the bad argument before allocating. Synchronizes (allocation).
+  pinned_pool(std::size_t slot_bytes, std::size_t slot_count, pinned_allocation kind = pinned_allocation::host_alloc)
+      : slot_bytes_(checked_slot_bytes(slot_bytes)),
+        slot_count_(checked_slot_count(slot_count)),
+        stride_(detail::slot_stride(slot_bytes, slot_count)),
+        buffer_(stride_ * slot_count, kind) {}
+
+  [[nodiscard]] std::byte* slot(std::size_t i) const noexcept { return buffer_.data() + i * stride_; }
+  [[nodiscard]] std::size_t slot_bytes() const noexcept { return slot_bytes_; }
+  [[nodiscard]] std::size_t slot_count() const noexcept { return slot_count_; }
+  /// Distance between two slots' starts (slot_bytes rounded up to 256).
+  [[nodiscard]] std::size_t stride() const noexcept { return stride_; }
+  [[nodiscard]] const pinned_buffer& buffer() const noexcept { return buffer_; }
+
+ private:
+  static std::size_t checked_slot_bytes(std::size_t n) {
+    expects(n > 0, "slot_bytes", "must be positive, got 0");
+    return n;
+  }
+  static std::size_t checked_slot_count(std::size_t n) {
+    expects(n > 0, "slot_count", "must be positive, got 0");
+    return n;
+  }
+
+  std::size_t slot_bytes_;
+  std::size_t slot_count_;
+  std::size_t stride_;
+  pinned_buffer buffer_;
+};
+
+namespace detail {
+
+/// The CUDA engine: a pinned_pool, the queue's own non-blocking copy stream on the device
+/// current at construction, one timing-free event per slot. See basic_queue.hpp.
+class cuda_copy_engine {
+ public:
+  using stream_type = cudaStream_t;
+
+  cuda_copy_engine(std::size_t slot_bytes, std::size_t slot_count, pinned_allocation kind)
+      : pool_(slot_bytes, slot_count, kind) {
+    try {
+      ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+      events_.reserve(slot_count);
+      for (std::size_t i = 0; i < slot_count; ++i) {
+        cudaEvent_t event = nullptr;
+        ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        events_.push_back(event);
+      }
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  cuda_copy_engine(const cuda_copy_engine&) = delete;
+  cuda_copy_engine& operator=(const cuda_copy_engine&) = delete;
+  /// Waits for every copy (slot events only), then destroys events, stream and memory.
+  ~cuda_copy_engine() { destroy(); }
+
+  std::byte* slot_data(std::size_t i) const noexcept { return pool_.slot(i); }
+  cudaStream_t copy_stream() const noexcept { return copy_; }
+
+  void submit_device_to_host(std::size_t i, const void* src, std::size_t n, cudaStream_t caller) {
+    cudaEvent_t event = events_[i];
+    ZENFLOW_CUDA_TRY(cudaEventRecord(event, caller));
+    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(copy_, event, 0));
+    if (n > 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(pool_.slot(i), src, n, cudaMemcpyDeviceToHost, copy_));
+    ZENFLOW_CUDA_TRY(cudaEventRecord(event, copy_));
+  }
+
+  void submit_host_to_device(std::size_t i, void* dst, std::size_t n, cudaStream_t caller) {
+    cudaEvent_t event = events_[i];
+    if (n > 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, pool_.slot(i), n, cudaMemcpyHostToDevice, copy_));
+    ZENFLOW_CUDA_TRY(cudaEventRecord(event, copy_));
+    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(caller, event, 0));
+  }
+
+  void wait(std::size_t i) const { ZENFLOW_CUDA_TRY(cudaEventSynchronize(events_[i])); }
+
+  bool query(std::size_t i) const {
+    const cudaError_t status = cudaEventQuery(events_[i]);
+    if (status == cudaErrorNotReady) return false;  // not recorded as the last error
+    ZENFLOW_CUDA_TRY(status);
+    return true;
+  }
+
+ private:
+  void destroy() noexcept {
+    for (cudaEvent_t event : events_) {
+      ZENFLOW_CUDA_ASSERT(cudaEventSynchronize(event));  // no DMA into or out of freed memory
+      ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event));
+    }
+    events_.clear();
+    if (copy_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(copy_));
+    copy_ = nullptr;
+  }
+
+  pinned_pool pool_;  // first: freed after the events were waited for
+  cudaStream_t copy_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+};
+
+}  // namespace detail
+
+/// CUDA backend of the transfer queue (models zenflow::transfer_queue), the same interface as
+/// host_transfer_queue with stream_type = cudaStream_t (any stream of the device current at
+/// construction, the legacy default stream included). Thread-safe like the host backend.
+/// Consumers wait with cudaEventSynchronize, which spins a CPU thread for the lowest latency.
+class cuda_transfer_queue final : public detail::basic_transfer_queue<detail::cuda_copy_engine> {
+ public:
+  /// `slot_count` (>= 2) slots of `slot_bytes` (> 0) bytes in one pinned allocation of kind
+  /// `kind` (write_combined suits host_to_device staging). Throws zenflow::error naming the bad
+  /// argument before allocating, zenflow::cuda_error on a CUDA failure. Synchronizes (allocation).
+  cuda_transfer_queue(transfer_direction direction, std::size_t slot_bytes, std::size_t slot_count = 2,
+                      pinned_allocation kind = pinned_allocation::host_alloc)
+      : basic_transfer_queue(direction, slot_bytes, slot_count, kind) {}
+
+  /// The queue's own cudaStreamNonBlocking copy stream (for profiling or extra ordering).
+  [[nodiscard]] cudaStream_t copy_stream() const noexcept { return engine().copy_stream(); }
+};
+
+/// Device -> host through the slots of `q` (an idle device_to_host queue), pipelined: the DMA of
+/// chunk k+1 overlaps the CPU copy of chunk k out of its pinned slot into `dst` (any host
+/// memory, pageable is fine). Ordered after the work already enqueued on `stream`.
+/// Synchronizes: returns once `dst` holds the bytes (slot events only, never `stream`).
+inline void pipelined_copy_to_host(cuda_transfer_queue& q, void* dst, const void* src, std::size_t bytes,
+                                   cudaStream_t stream) {
+  detail::pipelined_copy_to_host(q, dst, src, bytes, stream);
+}
+
+/// Host -> device through the slots of `q` (a host_to_device queue), pipelined: the CPU copy of
+/// chunk k+1 from `src` (any host memory) into a pinned slot overlaps the DMA of chunk k. Work
+/// enqueued on `stream` afterwards is ordered after the copies (event waits). Synchronizes:
+/// returns once the copies completed (slot events only, never `stream`).
+inline void pipelined_copy_to_device(cuda_transfer_queue& q, void* dst, const void* src, std::size_t bytes,
+                                     cudaStream_t stream) {
+  detail::pipelined_copy_to_device(q, dst, src, bytes, stream);
+}
+
+}  // namespace zenflow
