@@ -37,6 +37,14 @@
 
 namespace zenflow {
 
+namespace detail {
+/// A half-open byte range [lo, hi) and the task (or tensor) it belongs to.
+struct byte_range {
+  std::uintptr_t lo = 0, hi = 0;
+  std::size_t task = 0;
+};
+}  // namespace detail
+
 /// Construction settings of a `cpu_adam`.
 struct cpu_adam_config {
   std::size_t threads = 0;                            ///< pool participants; 0: the CPUs this process may run on
@@ -171,7 +179,8 @@ class cpu_adam {
   std::int64_t step_count_ = 0;
   std::vector<tensor_state> tensors_;
   std::unique_ptr<thread_pool> pool_;
-  std::vector<segment> segments_;  // scratch of step()
+  std::vector<segment> segments_;                 // scratch of step()
+  std::vector<detail::byte_range> state_ranges_;  // every tensor's state, sorted (validation)
 };
 
 }  // namespace zenflow

@@ -28,11 +28,6 @@ inline bool aligned_to(const void* p, std::size_t alignment) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
 }
 
-/// A half-open byte range [lo, hi) with the task it belongs to.
-struct byte_range {
-  std::uintptr_t lo = 0, hi = 0;
-  std::size_t task = 0;
-};
 inline byte_range make_range(const void* p, std::size_t bytes, std::size_t task) noexcept {
   const auto lo = reinterpret_cast<std::uintptr_t>(p);
   return {lo, lo + bytes, task};
@@ -104,7 +99,7 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
 inline void cpu_adam::validate_tasks(std::span<const cpu_adam_task> tasks) {
   using detail::fail_task;
   std::vector<bool> seen(tensors_.size(), false);
-  std::vector<detail::byte_range> state, outs, grads;
+  std::vector<detail::byte_range> outs, grads;
   for (std::size_t i = 0; i < tasks.size(); ++i) {
     const cpu_adam_task& t = tasks[i];
     if (t.tensor >= tensors_.size())
@@ -140,13 +135,17 @@ inline void cpu_adam::validate_tasks(std::span<const cpu_adam_task> tasks) {
   }
   // Overlaps: a copy_out may overlap nothing (other copy_outs, gradients, any tensor's state);
   // a gradient may not overlap the state. Gradients may share memory with each other.
-  for (std::size_t k = 0; k < tensors_.size(); ++k)
-    for (int w = 0; w < 3; ++w) {
-      const auto s = tensors_[k].span(w);
-      state.push_back(detail::make_range(s.data(), s.size_bytes(), k));
-    }
   const auto by_lo = [](const detail::byte_range& a, const detail::byte_range& b) { return a.lo < b.lo; };
-  std::sort(state.begin(), state.end(), by_lo);  // disjoint (separate allocations)
+  if (state_ranges_.size() != 3 * tensors_.size()) {  // tensors were added: rebuild the sorted cache
+    state_ranges_.clear();
+    for (std::size_t k = 0; k < tensors_.size(); ++k)
+      for (int w = 0; w < 3; ++w) {
+        const auto s = tensors_[k].span(w);
+        state_ranges_.push_back(detail::make_range(s.data(), s.size_bytes(), k));
+      }
+    std::sort(state_ranges_.begin(), state_ranges_.end(), by_lo);  // disjoint (separate allocations)
+  }
+  const std::vector<detail::byte_range>& state = state_ranges_;
   std::sort(outs.begin(), outs.end(), by_lo);
   std::sort(grads.begin(), grads.end(), by_lo);
   const auto hits_state = [&](const detail::byte_range& r) {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define ZENFLOW_CPU_ADAM_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
@@ -46,6 +46,7 @@ inline cpu_isa detect_cpu_isa_uncached() noexcept {
   if (!(osxsave && avx && fma && f16c)) return cpu_isa::scalar;
   unsigned xcr0_lo = 0, xcr0_hi = 0;
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  (void)xcr0_hi;
   const bool os_ymm = (xcr0_lo & 0x6u) == 0x6u;    // SSE and AVX state
   const bool os_zmm = (xcr0_lo & 0xe6u) == 0xe6u;  // plus opmask, ZMM_Hi256, Hi16_ZMM
   if (!os_ymm) return cpu_isa::scalar;
