@@ -64,10 +64,17 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
 /// 3. host_optimizer: the CPU Adam/AdamW that owns fp32 master, m, v of every column.
 ///    R1 `options()` — the Adam hyper-parameters in use.
 ///    R2 `step_count()` — the number of updates it has applied (64-bit).
+///    R3 `tensor_count()` — number of registered tensors.
+///    R4 `params(t)` — tensor t's fp32 master parameters, column-contiguous (column c of a
+///       rows x cols tensor at [c*rows, (c+1)*rows)), readable on the host.
+///    R5 `set_step_count(n)` — restores the counter (checkpoints).
 template <class O>
-concept host_optimizer = requires(const O& co) {
+concept host_optimizer = requires(O& o, const O& co, std::size_t t, std::int64_t n) {
   { co.options() } -> std::convertible_to<const adam_options&>;
   { co.step_count() } -> std::convertible_to<std::int64_t>;
+  { co.tensor_count() } -> std::convertible_to<std::size_t>;
+  { co.params(t) } -> std::convertible_to<std::span<const float>>;
+  o.set_step_count(n);
 };
 
 /// 4. device_optimizer: the sparse-column Adam that owns the compact state of the selected columns.

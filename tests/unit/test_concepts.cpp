@@ -62,8 +62,12 @@ struct queue_without_try_acquire {
 
 struct model_host_optimizer {
   zenflow::adam_options opts;
+  std::vector<float> p;
   const zenflow::adam_options& options() const { return opts; }
   std::int64_t step_count() const { return 0; }
+  std::size_t tensor_count() const { return 1; }
+  std::span<const float> params(std::size_t) const { return p; }
+  void set_step_count(std::int64_t) {}
 };
 struct optimizer_without_step_count {
   zenflow::adam_options opts;

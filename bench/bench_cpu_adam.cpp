@@ -1,0 +1,324 @@
+// CPU Adam at the memory roofline. Every step mode reports params/s, effective GB/s from its byte
+// count and its fraction of an Adam-shaped roofline measured in the same binary: the same loads
+// and stores (same buffers' shape, same thread pool, same chunking), with trivial arithmetic.
+//
+//   roofline_adam        read p, g, m, v (fp32), write p, m, v         28 B/param
+//   roofline_mixed       read p, g (bf16), m, v, write p, m, v, out (bf16)  28 B/param
+//   roofline_accumulate  read acc, g (bf16), write acc                 10 B/param
+//   step_fp32            vs roofline_adam (bar 0.90)
+//   step_mixed           vs roofline_mixed (bar 0.90)
+//   accumulate_bf16      vs roofline_accumulate (bar 0.90)
+//   step_masked_90pct    90% of the columns, full-layout grad, vs roofline_adam per param
+//   step_multi_tensor    4096 tensors of 16K params in one call, vs roofline_adam (bar 0.80)
+//   step_fp32_checked    step_fp32 with the non-finite pre-pass (32 B/param read+written)
+//
+// Size: 64M parameters (ZENFLOW_BENCH_PARAMS overrides); threads: every CPU this process may use.
+#include <zenflow/cpu_adam.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace {
+
+using zenflow::bfloat16;
+using zenflow::dtype;
+
+std::size_t param_count() {
+  if (const char* s = std::getenv("ZENFLOW_BENCH_PARAMS")) return std::strtoull(s, nullptr, 10);
+  return std::size_t{1} << 26;  // 64M
+}
+
+// 2 MiB-aligned, huge-page-advised buffers, as cpu_adam allocates its state.
+template <class T>
+struct big_buffer {
+  struct deleter {
+    void operator()(T* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<T[], deleter> data;
+  std::size_t n = 0;
+  explicit big_buffer(std::size_t count) : n(count) {
+    const std::size_t a = std::size_t{2} << 20, bytes = (count * sizeof(T) + a - 1) / a * a;
+    data.reset(static_cast<T*>(std::aligned_alloc(a, bytes)));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(data.get(), bytes, MADV_HUGEPAGE);
+#endif
+    std::memset(static_cast<void*>(data.get()), 0, bytes);
+  }
+  T* get() const {
+    return data.get();
+  }
+};
+
+void fill_random(float* x, std::size_t n, std::uint32_t seed, float scale) {
+  std::uint32_t s = seed;
+  for (std::size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    x[i] = scale * (static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f);
+  }
+}
+void fill_random(bfloat16* x, std::size_t n, std::uint32_t seed, float scale) {
+  std::uint32_t s = seed;
+  for (std::size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    x[i] = zenflow::to_bfloat16(scale * (static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f));
+  }
+}
+
+zenflow::cpu_adam_config bench_config() {
+  return {};
+}  // all CPUs, automatic ISA, default chunk
+
+// The rooflines' measured rates (params/s, best of the repetitions), keyed by shape.
+std::map<std::string, double>& roofline_rate() {
+  static std::map<std::string, double> r;
+  return r;
+}
+
+// Runs `body` per iteration, timing it; reports the counters. Returns params/s of this run.
+template <class Body>
+double run_timed(benchmark::State& state, std::size_t params, double bytes_per_param, const std::string& roofline,
+                 Body&& body) {
+  double seconds = 0;
+  std::size_t iterations = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++iterations;
+  }
+  const double rate = static_cast<double>(params) * static_cast<double>(iterations) / seconds;
+  state.counters["params_per_s"] = rate;
+  state.counters["GB_per_s"] = rate * bytes_per_param * 1e-9;
+  if (!roofline.empty()) {
+    const auto it = roofline_rate().find(roofline);
+    state.counters["roofline_fraction"] = it == roofline_rate().end() ? 0.0 : rate / it->second;
+  }
+  return rate;
+}
+void record_roofline(const std::string& name, double rate) {
+  auto& r = roofline_rate()[name];
+  r = std::max(r, rate);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Roofline kernels: the step's memory traffic with one add per stream. AVX-512 when available
+// (as fast as this machine streams), else plain loops.
+// ---------------------------------------------------------------------------------------------
+#if ZENFLOW_CPU_ADAM_X86
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 bug 105593, see kernels.hpp
+ZENFLOW_TARGET_AVX512 void shape_adam_512(float* p, const float* g, float* m, float* v, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    _mm512_storeu_ps(p + i, _mm512_add_ps(_mm512_loadu_ps(p + i), gv));
+    _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gv));
+    _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), gv));
+  }
+  for (; i < n; ++i) p[i] += g[i], m[i] += g[i], v[i] += g[i];
+}
+ZENFLOW_TARGET_AVX512 void shape_mixed_512(float* p, const bfloat16* g, float* m, float* v, bfloat16* out,
+                                           std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i))), 16));
+    const __m512 pv = _mm512_add_ps(_mm512_loadu_ps(p + i), gv);
+    _mm512_storeu_ps(p + i, pv);
+    _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gv));
+    _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), gv));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(pv), 16)));
+  }
+  for (; i < n; ++i) {
+    const float gf = zenflow::to_float(g[i]);
+    p[i] += gf, m[i] += gf, v[i] += gf;
+    out[i].bits = static_cast<std::uint16_t>(zenflow::detail::float_to_bits(p[i]) >> 16);
+  }
+}
+ZENFLOW_TARGET_AVX512 void shape_accumulate_512(float* acc, const bfloat16* g, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i))), 16));
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), gv));
+  }
+  for (; i < n; ++i) acc[i] += zenflow::to_float(g[i]);
+}
+#pragma GCC diagnostic pop
+#endif
+void shape_adam(float* p, const float* g, float* m, float* v, std::size_t n) {
+#if ZENFLOW_CPU_ADAM_X86
+  if (zenflow::detect_cpu_isa() == zenflow::cpu_isa::avx512) return shape_adam_512(p, g, m, v, n);
+#endif
+  for (std::size_t i = 0; i < n; ++i) p[i] += g[i], m[i] += g[i], v[i] += g[i];
+}
+void shape_mixed(float* p, const bfloat16* g, float* m, float* v, bfloat16* out, std::size_t n) {
+#if ZENFLOW_CPU_ADAM_X86
+  if (zenflow::detect_cpu_isa() == zenflow::cpu_isa::avx512) return shape_mixed_512(p, g, m, v, out, n);
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gf = zenflow::to_float(g[i]);
+    p[i] += gf, m[i] += gf, v[i] += gf;
+    out[i].bits = static_cast<std::uint16_t>(zenflow::detail::float_to_bits(p[i]) >> 16);
+  }
+}
+void shape_accumulate(float* acc, const bfloat16* g, std::size_t n) {
+#if ZENFLOW_CPU_ADAM_X86
+  if (zenflow::detect_cpu_isa() == zenflow::cpu_isa::avx512) return shape_accumulate_512(acc, g, n);
+#endif
+  for (std::size_t i = 0; i < n; ++i) acc[i] += zenflow::to_float(g[i]);
+}
+
+// Same pool and chunking as cpu_adam.
+template <class Fn>
+void chunked(zenflow::thread_pool& pool, std::size_t n, std::size_t chunk, Fn&& fn) {
+  pool.parallel_for((n + chunk - 1) / chunk, [&](std::size_t k) {
+    const std::size_t lo = k * chunk;
+    fn(lo, std::min(n, lo + chunk) - lo);
+  });
+}
+
+void roofline_adam(benchmark::State& state) {
+  const std::size_t n = param_count();
+  zenflow::thread_pool pool(bench_config().threads);
+  const std::size_t chunk = bench_config().chunk_elements;
+  big_buffer<float> p(n), g(n), m(n), v(n);
+  fill_random(g.get(), n, 1, 1e-3f);
+  const double rate = run_timed(state, n, 28, "", [&] {
+    chunked(pool, n, chunk, [&](std::size_t lo, std::size_t c) {
+      shape_adam(p.get() + lo, g.get() + lo, m.get() + lo, v.get() + lo, c);
+    });
+  });
+  record_roofline("adam", rate);
+  state.counters["threads"] = static_cast<double>(pool.size());
+}
+void roofline_mixed(benchmark::State& state) {
+  const std::size_t n = param_count();
+  zenflow::thread_pool pool(bench_config().threads);
+  const std::size_t chunk = bench_config().chunk_elements;
+  big_buffer<float> p(n), m(n), v(n);
+  big_buffer<bfloat16> g(n), out(n);
+  fill_random(g.get(), n, 1, 1e-3f);
+  const double rate = run_timed(state, n, 28, "", [&] {
+    chunked(pool, n, chunk, [&](std::size_t lo, std::size_t c) {
+      shape_mixed(p.get() + lo, g.get() + lo, m.get() + lo, v.get() + lo, out.get() + lo, c);
+    });
+  });
+  record_roofline("mixed", rate);
+}
+void roofline_accumulate(benchmark::State& state) {
+  const std::size_t n = param_count();
+  zenflow::thread_pool pool(bench_config().threads);
+  const std::size_t chunk = bench_config().chunk_elements;
+  big_buffer<float> acc(n);
+  big_buffer<bfloat16> g(n);
+  fill_random(g.get(), n, 1, 1e-3f);
+  const double rate = run_timed(state, n, 10, "", [&] {
+    chunked(pool, n, chunk, [&](std::size_t lo, std::size_t c) { shape_accumulate(acc.get() + lo, g.get() + lo, c); });
+  });
+  record_roofline("accumulate", rate);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The optimizer.
+// ---------------------------------------------------------------------------------------------
+std::unique_ptr<zenflow::cpu_adam> make_optimizer(std::size_t tensors, zenflow::index_t rows, zenflow::index_t cols) {
+  zenflow::adam_options o;
+  o.weight_decay = 0.01f;
+  auto opt = std::make_unique<zenflow::cpu_adam>(o, bench_config());
+  std::vector<float> init(static_cast<std::size_t>(rows * cols));
+  fill_random(init.data(), init.size(), 7, 0.2f);
+  for (std::size_t t = 0; t < tensors; ++t) opt->add_tensor(init, rows, cols);
+  return opt;
+}
+
+void step_fp32(benchmark::State& state, bool check_finite) {
+  const std::size_t n = param_count();
+  auto opt = make_optimizer(1, static_cast<zenflow::index_t>(n / 1024), 1024);
+  big_buffer<float> g(n);
+  fill_random(g.get(), n, 3, 1e-2f);
+  const zenflow::cpu_adam_task task{0, g.get(), dtype::f32, {}};
+  run_timed(state, n, check_finite ? 32 : 28, "adam", [&] { opt->step({&task, 1}, 1.0f, check_finite); });
+  state.counters["threads"] = static_cast<double>(opt->pool().size());
+}
+void step_fp32_plain(benchmark::State& state) {
+  step_fp32(state, false);
+}
+void step_fp32_checked(benchmark::State& state) {
+  step_fp32(state, true);
+}
+
+void step_mixed(benchmark::State& state) {
+  const std::size_t n = param_count();
+  auto opt = make_optimizer(1, static_cast<zenflow::index_t>(n / 1024), 1024);
+  big_buffer<bfloat16> g(n), out(n);
+  fill_random(g.get(), n, 3, 1e-2f);
+  zenflow::cpu_adam_task task{0, g.get(), dtype::bf16, {}};
+  task.copy_out = out.get();
+  task.copy_out_type = dtype::bf16;
+  run_timed(state, n, 28, "mixed", [&] { opt->step({&task, 1}, 1.0f, false); });
+}
+
+void accumulate_bf16(benchmark::State& state) {
+  const std::size_t n = param_count();
+  auto opt = std::make_unique<zenflow::cpu_adam>(zenflow::adam_options{}, bench_config());
+  big_buffer<float> acc(n);
+  big_buffer<bfloat16> g(n);
+  fill_random(g.get(), n, 3, 1e-2f);
+  run_timed(state, n, 10, "accumulate", [&] {
+    benchmark::DoNotOptimize(opt->accumulate(acc.get(), g.get(), dtype::bf16, static_cast<zenflow::index_t>(n), 0.25f));
+  });
+}
+
+void step_masked(benchmark::State& state) {
+  const std::size_t n = param_count();
+  const zenflow::index_t rows = 4096, cols = static_cast<zenflow::index_t>(n / 4096);
+  auto opt = make_optimizer(1, rows, cols);
+  big_buffer<float> g(n);
+  fill_random(g.get(), n, 3, 1e-2f);
+  std::vector<std::int32_t> columns;  // 90% of the columns: every 10th one stays on the GPU
+  for (std::int32_t c = 0; c < cols; ++c)
+    if (c % 10 != 3) columns.push_back(c);
+  const zenflow::cpu_adam_task task{0, g.get(), dtype::f32, columns};
+  const std::size_t updated = columns.size() * static_cast<std::size_t>(rows);
+  run_timed(state, updated, 28, "adam", [&] { opt->step({&task, 1}, 1.0f, false); });
+}
+
+void step_multi_tensor(benchmark::State& state) {
+  const std::size_t per = 16384, tensors = std::max<std::size_t>(1, param_count() / per);
+  auto opt = make_optimizer(tensors, 128, 128);
+  big_buffer<float> g(tensors * per);
+  fill_random(g.get(), tensors * per, 3, 1e-2f);
+  std::vector<zenflow::cpu_adam_task> tasks;
+  for (std::size_t t = 0; t < tensors; ++t) tasks.push_back({t, g.get() + t * per, dtype::f32, {}});
+  run_timed(state, tensors * per, 28, "adam", [&] { opt->step(tasks, 1.0f, false); });
+  state.counters["tensors"] = static_cast<double>(tensors);
+}
+
+}  // namespace
+
+// Rooflines first: the step benchmarks divide by the best roofline rate measured before them.
+BENCHMARK(roofline_adam)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(roofline_mixed)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(roofline_accumulate)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(step_fp32_plain)->Name("step_fp32")->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(step_mixed)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(accumulate_bf16)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(step_masked)->Name("step_masked_90pct")->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(step_multi_tensor)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(step_fp32_checked)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,311 @@
+// Definitions of zenflow::cpu_adam (declared in zenflow/cpu_adam.hpp).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "zenflow/cpu_adam.hpp"
+
+namespace zenflow {
+
+namespace detail {
+/// zenflow::error for field `field` of tasks[i].
+template <class... Reason>
+[[noreturn]] inline void fail_task(std::size_t i, const char* field, const Reason&... reason) {
+  throw error(concat("tasks[", i, "].", field), concat(reason...));
+}
+
+inline bool aligned_to(const void* p, std::size_t alignment) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
+}
+
+inline byte_range make_range(const void* p, std::size_t bytes, std::size_t task) noexcept {
+  const auto lo = reinterpret_cast<std::uintptr_t>(p);
+  return {lo, lo + bytes, task};
+}
+inline bool overlaps(const byte_range& a, const byte_range& b) noexcept {
+  return a.lo < b.hi && b.lo < a.hi;
+}
+
+/// The element range of a task's buffer in the given layout: full layout spans first..last listed
+/// column, compact spans the listed count.
+inline std::size_t layout_first(const cpu_adam_task& t, bool compact, std::size_t rows) noexcept {
+  return (t.columns.empty() || compact) ? 0 : static_cast<std::size_t>(t.columns.front()) * rows;
+}
+inline std::size_t layout_end(const cpu_adam_task& t, bool compact, std::size_t rows, std::size_t cols) noexcept {
+  if (t.columns.empty()) return rows * cols;
+  if (compact) return t.columns.size() * rows;
+  return (static_cast<std::size_t>(t.columns.back()) + 1) * rows;
+}
+}  // namespace detail
+
+inline void cpu_adam::aligned_free::operator()(float* p) const noexcept {
+  std::free(p);
+}
+
+inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& config) {
+  options.validate();
+  expects(config.chunk_elements >= 1, "config.chunk_elements", "must be >= 1, got ", config.chunk_elements);
+  expects(config.threads <= 4096, "config.threads", "must be <= 4096, got ", config.threads);
+  expects(config.isa == cpu_isa::automatic || config.isa == cpu_isa::scalar || config.isa == cpu_isa::avx2 ||
+              config.isa == cpu_isa::avx512,
+          "config.isa", "unknown value");
+  expects(cpu_isa_supported(config.isa), "config.isa", "this CPU does not support ", cpu_isa_name(config.isa),
+          " (best: ", cpu_isa_name(detect_cpu_isa()), ")");
+  options_ = options;
+  isa_ = detail::resolve_isa(config.isa);
+  chunk_ = config.chunk_elements;
+  pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
+}
+
+inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, index_t rows, index_t cols) {
+  expects(rows >= 1, "rows", "must be >= 1, got ", rows);
+  expects(cols >= 1, "cols", "must be >= 1, got ", cols);
+  expects(rows <= std::numeric_limits<std::int32_t>::max() && cols <= std::numeric_limits<std::int32_t>::max(), "rows",
+          "rows and cols must fit in int32, got ", rows, " x ", cols);
+  const auto size = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  expects(initial_params.size() == size, "initial_params", "has ", initial_params.size(),
+          " elements, rows x cols = ", size);
+  tensor_state ts;
+  ts.rows = rows;
+  ts.cols = cols;
+  ts.size = size;
+  ts.stride = (size + 15) / 16 * 16;  // keeps each of the three arrays 64-byte aligned
+  const std::size_t bytes = 3 * ts.stride * sizeof(float);
+  // Large tensors: 2 MiB alignment and transparent huge pages (fewer TLB misses when streaming).
+  const std::size_t alignment = bytes >= (std::size_t{4} << 20) ? (std::size_t{2} << 20) : 64;
+  const std::size_t alloc = (bytes + alignment - 1) / alignment * alignment;
+  auto* raw = static_cast<float*>(std::aligned_alloc(alignment, alloc));
+  if (raw == nullptr) throw error("initial_params", detail::concat("cannot allocate ", alloc, " bytes of state"));
+  ts.data.reset(raw);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (alignment > 64) (void)madvise(raw, alloc, MADV_HUGEPAGE);
+#endif
+  std::memcpy(raw, initial_params.data(), size * sizeof(float));
+  std::memset(raw + ts.stride, 0, 2 * ts.stride * sizeof(float));
+  tensors_.push_back(std::move(ts));
+  return tensors_.size() - 1;
+}
+
+inline void cpu_adam::validate_tasks(std::span<const cpu_adam_task> tasks) {
+  using detail::fail_task;
+  std::vector<bool> seen(tensors_.size(), false);
+  std::vector<detail::byte_range> outs, grads;
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const cpu_adam_task& t = tasks[i];
+    if (t.tensor >= tensors_.size())
+      fail_task(i, "tensor", "index ", t.tensor, " out of range (", tensors_.size(), " tensors)");
+    if (seen[t.tensor]) fail_task(i, "tensor", "tensor ", t.tensor, " appears in more than one task");
+    seen[t.tensor] = true;
+    const tensor_state& ts = tensors_[t.tensor];
+    const auto rows = static_cast<std::size_t>(ts.rows), cols = static_cast<std::size_t>(ts.cols);
+    for (std::size_t j = 0; j < t.columns.size(); ++j) {
+      const std::int32_t c = t.columns[j];
+      if (c < 0 || static_cast<std::size_t>(c) >= cols)
+        fail_task(i, "columns", "column ", c, " at position ", j, " out of range [0, ", cols, ")");
+      if (j > 0 && c <= t.columns[j - 1])
+        fail_task(i, "columns", "must be strictly ascending, got ", t.columns[j - 1], " then ", c);
+    }
+    if (!is_valid(t.grad_type)) fail_task(i, "grad_type", "unknown dtype ", static_cast<int>(t.grad_type));
+    if (t.grad == nullptr) fail_task(i, "grad", "is null");
+    if (!detail::aligned_to(t.grad, dtype_size(t.grad_type)))
+      fail_task(i, "grad", "is not aligned to its element size ", dtype_size(t.grad_type));
+    const std::size_t gsz = dtype_size(t.grad_type);
+    const std::size_t g0 = detail::layout_first(t, t.grad_compact, rows);
+    const std::size_t g1 = detail::layout_end(t, t.grad_compact, rows, cols);
+    grads.push_back(detail::make_range(static_cast<const unsigned char*>(t.grad) + g0 * gsz, (g1 - g0) * gsz, i));
+    if (t.copy_out != nullptr) {
+      if (!is_valid(t.copy_out_type))
+        fail_task(i, "copy_out_type", "unknown dtype ", static_cast<int>(t.copy_out_type));
+      const std::size_t osz = dtype_size(t.copy_out_type);
+      if (!detail::aligned_to(t.copy_out, osz)) fail_task(i, "copy_out", "is not aligned to its element size ", osz);
+      const std::size_t o0 = detail::layout_first(t, t.out_compact, rows);
+      const std::size_t o1 = detail::layout_end(t, t.out_compact, rows, cols);
+      outs.push_back(detail::make_range(static_cast<unsigned char*>(t.copy_out) + o0 * osz, (o1 - o0) * osz, i));
+    }
+  }
+  // Overlaps: a copy_out may overlap nothing (other copy_outs, gradients, any tensor's state);
+  // a gradient may not overlap the state. Gradients may share memory with each other.
+  const auto by_lo = [](const detail::byte_range& a, const detail::byte_range& b) { return a.lo < b.lo; };
+  if (state_ranges_.size() != 3 * tensors_.size()) {  // tensors were added: rebuild the sorted cache
+    state_ranges_.clear();
+    for (std::size_t k = 0; k < tensors_.size(); ++k)
+      for (int w = 0; w < 3; ++w) {
+        const auto s = tensors_[k].span(w);
+        state_ranges_.push_back(detail::make_range(s.data(), s.size_bytes(), k));
+      }
+    std::sort(state_ranges_.begin(), state_ranges_.end(), by_lo);  // disjoint (separate allocations)
+  }
+  const std::vector<detail::byte_range>& state = state_ranges_;
+  std::sort(outs.begin(), outs.end(), by_lo);
+  std::sort(grads.begin(), grads.end(), by_lo);
+  const auto hits_state = [&](const detail::byte_range& r) {
+    auto it = std::upper_bound(state.begin(), state.end(), r, by_lo);  // first with lo > r.lo
+    if (it != state.end() && overlaps(*it, r)) return true;
+    return it != state.begin() && overlaps(*std::prev(it), r);
+  };
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    if (outs[k].lo == outs[k].hi) continue;
+    if (k + 1 < outs.size() && overlaps(outs[k], outs[k + 1]))
+      fail_task(outs[k + 1].task, "copy_out", "overlaps the copy_out of tasks[", outs[k].task, "]");
+    if (hits_state(outs[k])) fail_task(outs[k].task, "copy_out", "overlaps the optimizer state");
+  }
+  std::vector<std::uintptr_t> grad_max_hi(grads.size());
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    grad_max_hi[k] = std::max(grads[k].hi, k ? grad_max_hi[k - 1] : 0);
+    if (hits_state(grads[k])) fail_task(grads[k].task, "grad", "overlaps the optimizer state");
+  }
+  for (const auto& o : outs) {  // any gradient with lo < o.hi and hi > o.lo
+    const auto it = std::lower_bound(grads.begin(), grads.end(), o.hi,
+                                     [](const detail::byte_range& g, std::uintptr_t x) { return g.lo < x; });
+    const auto j = static_cast<std::size_t>(it - grads.begin());
+    if (j > 0 && grad_max_hi[j - 1] > o.lo) fail_task(o.task, "copy_out", "overlaps a gradient");
+  }
+}
+
+inline void cpu_adam::build_segments(std::span<const cpu_adam_task> tasks) {
+  segments_.clear();
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const cpu_adam_task& t = tasks[i];
+    const tensor_state& ts = tensors_[t.tensor];
+    const auto rows = static_cast<std::size_t>(ts.rows);
+    const std::size_t gsz = dtype_size(t.grad_type), osz = t.copy_out ? dtype_size(t.copy_out_type) : 0;
+    const auto add = [&](std::size_t state_off, std::size_t grad_off, std::size_t out_off, std::size_t n) {
+      segment s;
+      s.begin = begin;
+      s.n = n;
+      s.p = ts.span(0).data() + state_off;
+      s.m = ts.span(1).data() + state_off;
+      s.v = ts.span(2).data() + state_off;
+      s.g = static_cast<const unsigned char*>(t.grad) + grad_off * gsz;
+      s.out = t.copy_out ? static_cast<unsigned char*>(t.copy_out) + out_off * osz : nullptr;
+      s.task = static_cast<std::uint32_t>(i);
+      segments_.push_back(s);
+      begin += n;
+    };
+    if (t.columns.empty()) {
+      add(0, 0, 0, ts.size);
+      continue;
+    }
+    for (std::size_t j = 0; j < t.columns.size();) {  // runs of consecutive columns are contiguous
+      std::size_t e = j + 1;
+      while (e < t.columns.size() && t.columns[e] == t.columns[e - 1] + 1) ++e;
+      const auto c0 = static_cast<std::size_t>(t.columns[j]);
+      add(c0 * rows, (t.grad_compact ? j : c0) * rows, (t.out_compact ? j : c0) * rows, (e - j) * rows);
+      j = e;
+    }
+  }
+}
+
+// Splits [0, total) of the step's global index space into chunk_ pieces, runs them on the pool
+// and calls fn(segment, offset, count) for each part of a piece that lies in one segment.
+template <class Fn>
+void cpu_adam::for_each_piece(std::size_t total, Fn&& fn) {
+  const std::size_t pieces = (total + chunk_ - 1) / chunk_;
+  pool_->parallel_for(pieces, [&](std::size_t k) {
+    std::size_t lo = k * chunk_;
+    const std::size_t hi = std::min(total, lo + chunk_);
+    auto it = std::upper_bound(segments_.begin(), segments_.end(), lo,
+                               [](std::size_t x, const segment& s) { return x < s.begin; });
+    for (--it; lo < hi; ++it) {
+      if (it->n == 0) continue;
+      const std::size_t off = lo - it->begin;
+      const std::size_t count = std::min(hi, it->begin + it->n) - lo;
+      fn(*it, off, count);
+      lo += count;
+    }
+  });
+}
+
+inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
+  expects(step_count_ < std::numeric_limits<std::int64_t>::max(), "step_count", "would overflow");
+  const adam_step_constants c = make_adam_step_constants(options_, step_count_ + 1, grad_scale);  // validates
+  validate_tasks(tasks);
+  build_segments(tasks);
+  const std::size_t total = segments_.empty() ? 0 : segments_.back().begin + segments_.back().n;
+
+  struct kernels {
+    detail::adam_range_fn adam;
+    detail::nonfinite_range_fn scan;
+    std::size_t gsz, osz;
+  };
+  std::vector<kernels> k(tasks.size());
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const auto& t = tasks[i];
+    k[i] = {detail::select_adam_range(isa_, t.grad_type, t.copy_out != nullptr, t.copy_out_type),
+            detail::select_nonfinite_range(isa_, t.grad_type), dtype_size(t.grad_type),
+            t.copy_out ? dtype_size(t.copy_out_type) : 0};
+  }
+  if (check_finite && total > 0) {
+    std::atomic<bool> bad{false};
+    for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
+      if (bad.load(std::memory_order_relaxed)) return;
+      const kernels& kk = k[s.task];
+      if (kk.scan(s.g + off * kk.gsz, n, grad_scale)) bad.store(true, std::memory_order_relaxed);
+    });
+    if (bad.load()) return {false, step_count_};
+  }
+  for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
+    const kernels& kk = k[s.task];
+    kk.adam(s.p + off, s.g + off * kk.gsz, s.m + off, s.v + off, s.out ? s.out + off * kk.osz : nullptr, n, c);
+  });
+  ++step_count_;
+  return {true, step_count_};
+}
+
+inline bool cpu_adam::accumulate(float* acc, const void* grad, dtype grad_type, index_t n, float scale,
+                                 bool check_finite) {
+  expects(n >= 0, "n", "must be >= 0, got ", n);
+  expects(is_valid(grad_type), "grad_type", "unknown dtype ", static_cast<int>(grad_type));
+  expects(std::isfinite(scale), "scale", "must be finite, got ", scale);
+  if (n == 0) return true;
+  expects(acc != nullptr, "acc", "is null");
+  expects(grad != nullptr, "grad", "is null");
+  expects(detail::aligned_to(acc, alignof(float)), "acc", "is not 4-byte aligned");
+  expects(detail::aligned_to(grad, dtype_size(grad_type)), "grad", "is not aligned to its element size");
+  const auto un = static_cast<std::size_t>(n);
+  expects(!detail::overlaps(detail::make_range(acc, un * sizeof(float), 0),
+                            detail::make_range(grad, un * dtype_size(grad_type), 0)),
+          "grad", "overlaps acc");
+  const auto fn = detail::select_accumulate_range(isa_, grad_type);
+  const std::size_t gsz = dtype_size(grad_type);
+  const std::size_t pieces = (un + chunk_ - 1) / chunk_;
+  std::atomic<bool> bad{false};
+  pool_->parallel_for(pieces, [&](std::size_t k) {
+    const std::size_t lo = k * chunk_, cnt = std::min(un, lo + chunk_) - lo;
+    if (fn(acc + lo, static_cast<const unsigned char*>(grad) + lo * gsz, cnt, scale))
+      bad.store(true, std::memory_order_relaxed);
+  });
+  return !check_finite || !bad.load();
+}
+
+inline bool cpu_adam::all_finite(const void* grad, dtype grad_type, index_t n, float scale) {
+  expects(n >= 0, "n", "must be >= 0, got ", n);
+  expects(is_valid(grad_type), "grad_type", "unknown dtype ", static_cast<int>(grad_type));
+  expects(std::isfinite(scale), "scale", "must be finite, got ", scale);
+  if (n == 0) return true;
+  expects(grad != nullptr, "grad", "is null");
+  expects(detail::aligned_to(grad, dtype_size(grad_type)), "grad", "is not aligned to its element size");
+  const auto un = static_cast<std::size_t>(n);
+  const auto fn = detail::select_nonfinite_range(isa_, grad_type);
+  const std::size_t gsz = dtype_size(grad_type);
+  std::atomic<bool> bad{false};
+  pool_->parallel_for((un + chunk_ - 1) / chunk_, [&](std::size_t k) {
+    if (bad.load(std::memory_order_relaxed)) return;
+    const std::size_t lo = k * chunk_, cnt = std::min(un, lo + chunk_) - lo;
+    if (fn(static_cast<const unsigned char*>(grad) + lo * gsz, cnt, scale)) bad.store(true, std::memory_order_relaxed);
+  });
+  return !bad.load();
+}
+
+}  // namespace zenflow

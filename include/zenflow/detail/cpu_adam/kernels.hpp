@@ -1,0 +1,470 @@
+// The stateless per-range kernels of the CPU Adam: the Adam step, the fused accumulate and the
+// non-finite scan, each in a portable scalar version and AVX2+FMA+F16C and AVX-512 versions.
+//
+// Every version performs exactly the operations of `zenflow::adam_update` (adam_math.hpp), in
+// the same order, each a single IEEE-rounded fp32 operation (the vector fma, div and sqrt are
+// correctly rounded), so all versions are bit-identical element by element; vector tails are
+// masked (AVX-512) or run through a padded local block (AVX2) with the same code as the body.
+// bf16/fp16 loads and stores reproduce `to_float` / `from_float` exactly (round to nearest even,
+// NaN, infinity, overflow, subnormals): bf16 by integer arithmetic, fp16 with F16C's
+// round-to-nearest-even conversion.
+//
+// No mul feeds an add or sub directly (the mul results are fma addends), so floating-point
+// contraction by the compiler cannot change a result.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "zenflow/adam_math.hpp"
+#include "zenflow/detail/cpu_adam/isa.hpp"
+#include "zenflow/types.hpp"
+
+namespace zenflow::detail {
+
+/// Tag for "no low-precision copy-out".
+struct no_output {};
+
+// ----------------------------------------------------------------------------------------------
+// Portable scalar versions: the definition the SIMD versions are tested against.
+// ----------------------------------------------------------------------------------------------
+template <class G, class O>
+inline void adam_range_scalar(float* p, const G* g, float* m, float* v, O* out, std::size_t n,
+                              const adam_step_constants& c) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    adam_update(p[i], to_float(g[i]), m[i], v[i], c);
+    if constexpr (!std::is_same_v<O, no_output>) out[i] = from_float<O>(p[i]);
+  }
+}
+
+/// acc[i] = fma(scale, g[i], acc[i]); returns true when a resulting acc[i] is NaN or infinite.
+template <class G>
+inline bool accumulate_range_scalar(float* acc, const G* g, std::size_t n, float scale) noexcept {
+  bool bad = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    acc[i] = fma_rn(scale, to_float(g[i]), acc[i]);
+    bad |= !is_finite_bits(acc[i]);
+  }
+  return bad;
+}
+
+/// True when some g[i] * scale is NaN or infinite.
+template <class G>
+inline bool nonfinite_range_scalar(const G* g, std::size_t n, float scale) noexcept {
+  bool bad = false;
+  for (std::size_t i = 0; i < n; ++i) bad |= !is_finite_bits(mul_rn(to_float(g[i]), scale));
+  return bad;
+}
+
+#if ZENFLOW_CPU_ADAM_X86
+#define ZENFLOW_SIMD_INLINE inline __attribute__((always_inline))
+// GCC 12's intrinsic headers start many AVX-512 results from `_mm512_undefined_*()`, which
+// -Wmaybe-uninitialized reports once inlined (GCC bug 105593); the values are fully written.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// ----------------------------------------------------------------------------------------------
+// AVX-512: 16 floats per vector, masked tails.
+// ----------------------------------------------------------------------------------------------
+namespace avx512 {
+struct constants {
+  __m512 beta1, beta2, omb1, omb2, eps, step_size, inv_sqrt_bc2, lr_wd, l2, grad_scale;
+};
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE constants broadcast(const adam_step_constants& c) {
+  return {_mm512_set1_ps(c.beta1),           _mm512_set1_ps(c.beta2), _mm512_set1_ps(c.one_minus_beta1),
+          _mm512_set1_ps(c.one_minus_beta2), _mm512_set1_ps(c.eps),   _mm512_set1_ps(c.step_size),
+          _mm512_set1_ps(c.inv_sqrt_bc2),    _mm512_set1_ps(c.lr_wd), _mm512_set1_ps(c.l2),
+          _mm512_set1_ps(c.grad_scale)};
+}
+
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512 load(const float* x, __mmask16 k) {
+  if constexpr (Masked)
+    return _mm512_maskz_loadu_ps(k, x);
+  else
+    return _mm512_loadu_ps(x);
+}
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m256i load_half(const void* x, __mmask16 k) {
+  if constexpr (Masked)
+    return _mm256_maskz_loadu_epi16(k, x);
+  else
+    return _mm256_loadu_si256(static_cast<const __m256i*>(x));
+}
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512 load(const bfloat16* x, __mmask16 k) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load_half<Masked>(x, k)), 16));
+}
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512 load(const float16* x, __mmask16 k) {
+  return _mm512_cvtph_ps(load_half<Masked>(x, k));
+}
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void store(float* x, __m512 a, __mmask16 k) {
+  if constexpr (Masked)
+    _mm512_mask_storeu_ps(x, k, a);
+  else
+    _mm512_storeu_ps(x, a);
+}
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void store_half(void* x, __m256i h, __mmask16 k) {
+  if constexpr (Masked)
+    _mm256_mask_storeu_epi16(x, k, h);
+  else
+    _mm256_storeu_si256(static_cast<__m256i*>(x), h);
+}
+/// to_bfloat16 on 16 lanes: NaN -> (bits >> 16) | 0x40, else round to nearest even.
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m256i to_bf16(__m512 a) {
+  const __m512i x = _mm512_castps_si512(a);
+  const __m512i hi = _mm512_srli_epi32(x, 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, bias), 16);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void store(bfloat16* x, __m512 a, __mmask16 k) {
+  store_half<Masked>(x, to_bf16(a), k);
+}
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void store(float16* x, __m512 a, __mmask16 k) {
+  store_half<Masked>(x, _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), k);
+}
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __mmask16 nonfinite(__m512 a) {
+  const __m512i e = _mm512_set1_epi32(0x7f800000);
+  return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(a), e), e);
+}
+
+template <bool Masked, class G, class O>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void adam_block(float* p, const G* g, float* m, float* v, O* out,
+                                                          const constants& c, __mmask16 k) {
+  __m512 pv = load<Masked>(p, k);
+  __m512 gv = _mm512_mul_ps(load<Masked>(g, k), c.grad_scale);
+  gv = _mm512_fmadd_ps(c.l2, pv, gv);
+  const __m512 mv = _mm512_fmadd_ps(c.beta1, load<Masked>(m, k), _mm512_mul_ps(c.omb1, gv));
+  const __m512 vv = _mm512_fmadd_ps(c.beta2, load<Masked>(v, k), _mm512_mul_ps(_mm512_mul_ps(c.omb2, gv), gv));
+  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vv), c.inv_sqrt_bc2, c.eps);
+  pv = _mm512_sub_ps(pv, _mm512_fmadd_ps(c.step_size, _mm512_div_ps(mv, denom), _mm512_mul_ps(c.lr_wd, pv)));
+  store<Masked>(p, pv, k);
+  store<Masked>(m, mv, k);
+  store<Masked>(v, vv, k);
+  if constexpr (!std::is_same_v<O, no_output>) store<Masked>(out, pv, k);
+}
+
+template <class G, class O>
+ZENFLOW_TARGET_AVX512 inline void adam_range(float* p, const G* g, float* m, float* v, O* out, std::size_t n,
+                                             const adam_step_constants& sc) noexcept {
+  const constants c = broadcast(sc);
+  auto o = [out](std::size_t i) {
+    if constexpr (std::is_same_v<O, no_output>)
+      return out;
+    else
+      return out + i;
+  };
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    adam_block<false>(p + i, g + i, m + i, v + i, o(i), c, 0xffff);
+    adam_block<false>(p + i + 16, g + i + 16, m + i + 16, v + i + 16, o(i + 16), c, 0xffff);
+  }
+  for (; i < n; i += 16) {
+    const std::size_t left = n - i;
+    if (left >= 16)
+      adam_block<false>(p + i, g + i, m + i, v + i, o(i), c, 0xffff);
+    else
+      adam_block<true>(p + i, g + i, m + i, v + i, o(i), c, static_cast<__mmask16>((1u << left) - 1u));
+  }
+}
+
+template <bool Masked, class G>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __mmask16 accumulate_block(float* acc, const G* g, __m512 scale,
+                                                                     __mmask16 k) {
+  const __m512 a = _mm512_fmadd_ps(scale, load<Masked>(g, k), load<Masked>(acc, k));
+  store<Masked>(acc, a, k);
+  return nonfinite(a) & k;
+}
+template <class G>
+ZENFLOW_TARGET_AVX512 inline bool accumulate_range(float* acc, const G* g, std::size_t n, float scale) noexcept {
+  const __m512 s = _mm512_set1_ps(scale);
+  __mmask16 bad = 0;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    bad |= accumulate_block<false>(acc + i, g + i, s, 0xffff);
+    bad |= accumulate_block<false>(acc + i + 16, g + i + 16, s, 0xffff);
+  }
+  for (; i < n; i += 16) {
+    const std::size_t left = n - i;
+    if (left >= 16)
+      bad |= accumulate_block<false>(acc + i, g + i, s, 0xffff);
+    else
+      bad |= accumulate_block<true>(acc + i, g + i, s, static_cast<__mmask16>((1u << left) - 1u));
+  }
+  return bad != 0;
+}
+template <class G>
+ZENFLOW_TARGET_AVX512 inline bool nonfinite_range(const G* g, std::size_t n, float scale) noexcept {
+  const __m512 s = _mm512_set1_ps(scale);
+  __mmask16 bad = 0;
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) bad |= nonfinite(_mm512_mul_ps(load<false>(g + i, 0xffff), s));
+  if (i < n) {
+    const auto k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    bad |= nonfinite(_mm512_mul_ps(load<true>(g + i, k), s)) & k;
+  }
+  return bad != 0;
+}
+}  // namespace avx512
+
+// ----------------------------------------------------------------------------------------------
+// AVX2 + FMA + F16C: 8 floats per vector; the tail runs through a padded local block.
+// ----------------------------------------------------------------------------------------------
+namespace avx2 {
+struct constants {
+  __m256 beta1, beta2, omb1, omb2, eps, step_size, inv_sqrt_bc2, lr_wd, l2, grad_scale;
+};
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE constants broadcast(const adam_step_constants& c) {
+  return {_mm256_set1_ps(c.beta1),           _mm256_set1_ps(c.beta2), _mm256_set1_ps(c.one_minus_beta1),
+          _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.eps),   _mm256_set1_ps(c.step_size),
+          _mm256_set1_ps(c.inv_sqrt_bc2),    _mm256_set1_ps(c.lr_wd), _mm256_set1_ps(c.l2),
+          _mm256_set1_ps(c.grad_scale)};
+}
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE __m256 load(const float* x) {
+  return _mm256_loadu_ps(x);
+}
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE __m256 load(const bfloat16* x) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE __m256 load(const float16* x) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+}
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void store(float* x, __m256 a) {
+  _mm256_storeu_ps(x, a);
+}
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void store(bfloat16* x, __m256 a) {
+  const __m256i xi = _mm256_castps_si256(a);
+  const __m256i hi = _mm256_srli_epi32(xi, 16);
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(xi, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+  const __m256i r = _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(xi, bias), 16),
+                                       _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(x), _mm256_castsi256_si128(packed));
+}
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void store(float16* x, __m256 a) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(x), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE int nonfinite(__m256 a) {
+  const __m256i e = _mm256_set1_epi32(0x7f800000);
+  return _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(a), e), e));
+}
+
+template <class G, class O>
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void adam_block(float* p, const G* g, float* m, float* v, O* out,
+                                                        const constants& c) {
+  __m256 pv = load(p);
+  __m256 gv = _mm256_mul_ps(load(g), c.grad_scale);
+  gv = _mm256_fmadd_ps(c.l2, pv, gv);
+  const __m256 mv = _mm256_fmadd_ps(c.beta1, load(m), _mm256_mul_ps(c.omb1, gv));
+  const __m256 vv = _mm256_fmadd_ps(c.beta2, load(v), _mm256_mul_ps(_mm256_mul_ps(c.omb2, gv), gv));
+  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vv), c.inv_sqrt_bc2, c.eps);
+  pv = _mm256_sub_ps(pv, _mm256_fmadd_ps(c.step_size, _mm256_div_ps(mv, denom), _mm256_mul_ps(c.lr_wd, pv)));
+  store(p, pv);
+  store(m, mv);
+  store(v, vv);
+  if constexpr (!std::is_same_v<O, no_output>) store(out, pv);
+}
+
+template <class G, class O>
+ZENFLOW_TARGET_AVX2 inline void adam_range(float* p, const G* g, float* m, float* v, O* out, std::size_t n,
+                                           const adam_step_constants& sc) noexcept {
+  const constants c = broadcast(sc);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    if constexpr (std::is_same_v<O, no_output>)
+      adam_block(p + i, g + i, m + i, v + i, out, c);
+    else
+      adam_block(p + i, g + i, m + i, v + i, out + i, c);
+  }
+  if (i < n) {  // the same block on a zero-padded copy of the tail
+    const std::size_t left = n - i;
+    alignas(32) float tp[8] = {}, tm[8] = {}, tv[8] = {};
+    G tg[8] = {};
+    std::memcpy(tp, p + i, left * sizeof(float));
+    std::memcpy(tm, m + i, left * sizeof(float));
+    std::memcpy(tv, v + i, left * sizeof(float));
+    std::memcpy(tg, g + i, left * sizeof(G));
+    if constexpr (std::is_same_v<O, no_output>) {
+      adam_block(tp, tg, tm, tv, out, c);
+    } else {
+      O to[8] = {};
+      adam_block(tp, tg, tm, tv, to, c);
+      std::memcpy(out + i, to, left * sizeof(O));
+    }
+    std::memcpy(p + i, tp, left * sizeof(float));
+    std::memcpy(m + i, tm, left * sizeof(float));
+    std::memcpy(v + i, tv, left * sizeof(float));
+  }
+}
+
+template <class G>
+ZENFLOW_TARGET_AVX2 inline bool accumulate_range(float* acc, const G* g, std::size_t n, float scale) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
+  int bad = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_fmadd_ps(s, load(g + i), load(acc + i));
+    store(acc + i, a);
+    bad |= nonfinite(a);
+  }
+  if (i < n) {
+    const std::size_t left = n - i;
+    alignas(32) float ta[8] = {};
+    G tg[8] = {};
+    std::memcpy(ta, acc + i, left * sizeof(float));
+    std::memcpy(tg, g + i, left * sizeof(G));
+    const __m256 a = _mm256_fmadd_ps(s, load(tg), load(ta));
+    store(ta, a);
+    bad |= nonfinite(a) & static_cast<int>((1ull << (4 * left)) - 1u);
+    std::memcpy(acc + i, ta, left * sizeof(float));
+  }
+  return bad != 0;
+}
+template <class G>
+ZENFLOW_TARGET_AVX2 inline bool nonfinite_range(const G* g, std::size_t n, float scale) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
+  int bad = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) bad |= nonfinite(_mm256_mul_ps(load(g + i), s));
+  if (i < n) {
+    G tg[8] = {};
+    std::memcpy(tg, g + i, (n - i) * sizeof(G));
+    bad |= nonfinite(_mm256_mul_ps(load(tg), s));  // the zero padding is finite
+  }
+  return bad != 0;
+}
+}  // namespace avx2
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#undef ZENFLOW_SIMD_INLINE
+#endif  // ZENFLOW_CPU_ADAM_X86
+
+// ----------------------------------------------------------------------------------------------
+// Dispatch: pick the instantiation for (isa, gradient type, output type) once per range.
+// ----------------------------------------------------------------------------------------------
+using adam_range_fn = void (*)(float*, const void*, float*, float*, void*, std::size_t, const adam_step_constants&);
+using accumulate_range_fn = bool (*)(float*, const void*, std::size_t, float);
+using nonfinite_range_fn = bool (*)(const void*, std::size_t, float);
+
+template <cpu_isa Isa, class G, class O>
+void adam_range_erased(float* p, const void* g, float* m, float* v, void* out, std::size_t n,
+                       const adam_step_constants& c) noexcept {
+  const G* gt = static_cast<const G*>(g);
+  O* ot = nullptr;
+  if constexpr (!std::is_same_v<O, no_output>) ot = static_cast<O*>(out);
+  (void)out;
+#if ZENFLOW_CPU_ADAM_X86
+  if constexpr (Isa == cpu_isa::avx512) return avx512::adam_range(p, gt, m, v, ot, n, c);
+  if constexpr (Isa == cpu_isa::avx2) return avx2::adam_range(p, gt, m, v, ot, n, c);
+#endif
+  adam_range_scalar(p, gt, m, v, ot, n, c);
+}
+template <cpu_isa Isa, class G>
+bool accumulate_range_erased(float* acc, const void* g, std::size_t n, float scale) noexcept {
+#if ZENFLOW_CPU_ADAM_X86
+  if constexpr (Isa == cpu_isa::avx512) return avx512::accumulate_range(acc, static_cast<const G*>(g), n, scale);
+  if constexpr (Isa == cpu_isa::avx2) return avx2::accumulate_range(acc, static_cast<const G*>(g), n, scale);
+#endif
+  return accumulate_range_scalar(acc, static_cast<const G*>(g), n, scale);
+}
+template <cpu_isa Isa, class G>
+bool nonfinite_range_erased(const void* g, std::size_t n, float scale) noexcept {
+#if ZENFLOW_CPU_ADAM_X86
+  if constexpr (Isa == cpu_isa::avx512) return avx512::nonfinite_range(static_cast<const G*>(g), n, scale);
+  if constexpr (Isa == cpu_isa::avx2) return avx2::nonfinite_range(static_cast<const G*>(g), n, scale);
+#endif
+  return nonfinite_range_scalar(static_cast<const G*>(g), n, scale);
+}
+
+/// A concrete path: `automatic` becomes the detected one; a path the build cannot hold
+/// (non-x86) becomes scalar.
+inline cpu_isa resolve_isa(cpu_isa isa) noexcept {
+  if (isa == cpu_isa::automatic) return detect_cpu_isa();
+#if !ZENFLOW_CPU_ADAM_X86
+  return cpu_isa::scalar;
+#else
+  return isa;
+#endif
+}
+
+template <cpu_isa Isa>
+adam_range_fn select_adam_range_for(dtype g, bool has_out, dtype out) noexcept {
+  return dispatch_dtype(g, [&](auto gt) -> adam_range_fn {
+    using G = decltype(gt);
+    if (!has_out) return &adam_range_erased<Isa, G, no_output>;
+    return dispatch_dtype(out, [](auto ot) -> adam_range_fn { return &adam_range_erased<Isa, G, decltype(ot)>; });
+  });
+}
+
+/// The Adam kernel for a gradient type and an optional copy-out type. `isa` must be concrete
+/// and supported (see resolve_isa / cpu_isa_supported).
+inline adam_range_fn select_adam_range(cpu_isa isa, dtype g, bool has_out, dtype out) noexcept {
+  switch (isa) {
+    case cpu_isa::avx512:
+      return select_adam_range_for<cpu_isa::avx512>(g, has_out, out);
+    case cpu_isa::avx2:
+      return select_adam_range_for<cpu_isa::avx2>(g, has_out, out);
+    default:
+      return select_adam_range_for<cpu_isa::scalar>(g, has_out, out);
+  }
+}
+inline accumulate_range_fn select_accumulate_range(cpu_isa isa, dtype g) noexcept {
+  return dispatch_dtype(g, [&](auto gt) -> accumulate_range_fn {
+    using G = decltype(gt);
+    switch (isa) {
+      case cpu_isa::avx512:
+        return &accumulate_range_erased<cpu_isa::avx512, G>;
+      case cpu_isa::avx2:
+        return &accumulate_range_erased<cpu_isa::avx2, G>;
+      default:
+        return &accumulate_range_erased<cpu_isa::scalar, G>;
+    }
+  });
+}
+inline nonfinite_range_fn select_nonfinite_range(cpu_isa isa, dtype g) noexcept {
+  return dispatch_dtype(g, [&](auto gt) -> nonfinite_range_fn {
+    using G = decltype(gt);
+    switch (isa) {
+      case cpu_isa::avx512:
+        return &nonfinite_range_erased<cpu_isa::avx512, G>;
+      case cpu_isa::avx2:
+        return &nonfinite_range_erased<cpu_isa::avx2, G>;
+      default:
+        return &nonfinite_range_erased<cpu_isa::scalar, G>;
+    }
+  });
+}
+
+/// The stateless Adam kernel over one contiguous range, single-threaded: p, m, v fp32 (in place),
+/// g of type `g_type`, optional copy-out (out == nullptr: none) of type `out_type`. `isa`
+/// `automatic` picks the detected path. Does not validate (see cpu_adam::step). Synchronous.
+inline void cpu_adam_kernel(cpu_isa isa, float* p, const void* g, dtype g_type, float* m, float* v, void* out,
+                            dtype out_type, std::size_t n, const adam_step_constants& c) noexcept {
+  select_adam_range(resolve_isa(isa), g_type, out != nullptr, out_type)(p, g, m, v, out, n, c);
+}
+
+/// Stateless fused accumulate over one range: acc[i] = fma(scale, g[i], acc[i]); returns true
+/// when a resulting element is not finite. Single-threaded, synchronous.
+inline bool cpu_accumulate_kernel(cpu_isa isa, float* acc, const void* g, dtype g_type, std::size_t n,
+                                  float scale) noexcept {
+  return select_accumulate_range(resolve_isa(isa), g_type)(acc, g, n, scale);
+}
+
+}  // namespace zenflow::detail
