@@ -5,6 +5,7 @@
 #include "zenflow/concepts.hpp"
 #include "zenflow/config.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/importance_selector.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/types.hpp"
 #include "zenflow/version.hpp"
