@@ -23,11 +23,22 @@ namespace zenflow {
 ///    R2 `selected(i)` — the selected columns of parameter i, ascending, as int32 indices in host
 ///       memory (a copy the host can read without synchronizing).
 ///    R3 `k(i)` — how many columns are selected for parameter i.
+///    R4 `rows(i)`, `cols(i)` — the registered shape of parameter i.
+///    R5 `has_selection()` — whether every registered parameter has a selection.
+///    R6 `previous(i)`, `overlap(i)` — the selection before the last refresh (ascending, host) and
+///       the fraction of the current selection that was already selected (temporal locality).
+///    R7 `set_selection(i, columns)` — restores a selection (checkpoint resume).
 template <class S>
-concept importance_selector = requires(const S& cs, std::size_t i) {
+concept importance_selector = requires(S& s, const S& cs, std::size_t i, std::span<const std::int32_t> columns) {
   { cs.parameter_count() } -> std::convertible_to<std::size_t>;
   { cs.selected(i) } -> std::convertible_to<std::span<const std::int32_t>>;
   { cs.k(i) } -> std::convertible_to<std::int64_t>;
+  { cs.rows(i) } -> std::convertible_to<std::int64_t>;
+  { cs.cols(i) } -> std::convertible_to<std::int64_t>;
+  { cs.has_selection() } -> std::convertible_to<bool>;
+  { cs.previous(i) } -> std::convertible_to<std::span<const std::int32_t>>;
+  { cs.overlap(i) } -> std::convertible_to<double>;
+  s.set_selection(i, columns);
 };
 
 /// 2. transfer_queue: N >= 2 fixed-size slots moving bytes in one direction (transfer_queue.hpp:

@@ -16,6 +16,12 @@ struct model_selector {
   std::size_t parameter_count() const { return sel.size(); }
   std::span<const std::int32_t> selected(std::size_t i) const { return sel[i]; }
   std::int64_t k(std::size_t i) const { return static_cast<std::int64_t>(sel[i].size()); }
+  std::int64_t rows(std::size_t) const { return 1; }
+  std::int64_t cols(std::size_t) const { return 8; }
+  bool has_selection() const { return !sel.empty(); }
+  std::span<const std::int32_t> previous(std::size_t) const { return {}; }
+  double overlap(std::size_t) const { return 0.0; }
+  void set_selection(std::size_t i, std::span<const std::int32_t> c) { sel[i].assign(c.begin(), c.end()); }
 };
 struct selector_without_k {
   std::size_t parameter_count() const { return 0; }

@@ -1,0 +1,369 @@
+// The CUDA backend of the importance selector and the device gradient statistics.
+//
+// cuda_importance_selector has the host selector's registration and query API; select() takes
+// DEVICE gradient views and a stream and runs exactly two kernels for all parameters (column
+// scores, then a batched radix-select top-k; see detail/importance_selector/kernels.cuh), copies
+// the k indices of every parameter to host and synchronizes with that stream only
+// (cudaStreamSynchronize). Its selection equals host `topk_columns` applied to its own scores.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "zenflow/detail/importance_selector/kernels.cuh"
+#include "zenflow/error.hpp"
+#include "zenflow/importance_selector.hpp"
+
+namespace zenflow {
+
+/// device_score_communicator: a score_communicator that can also reduce DEVICE memory.
+///    R1 models score_communicator.
+///    R2 `c.all_reduce_sum(std::span<float> device_values, cudaStream_t)` — enqueued on the stream,
+///       in place, bitwise identical result on every rank.
+template <class C>
+concept device_score_communicator = score_communicator<C> &&
+    requires(C& c, std::span<float> values, cudaStream_t stream) {
+  c.all_reduce_sum(values, stream);
+};
+static_assert(device_score_communicator<identity_communicator>);
+
+namespace detail::selector {
+struct cuda_free_deleter {
+  void operator()(void* p) const noexcept { ZENFLOW_CUDA_ASSERT(cudaFree(p)); }
+};
+struct cuda_free_host_deleter {
+  void operator()(void* p) const noexcept { ZENFLOW_CUDA_ASSERT(cudaFreeHost(p)); }
+};
+struct cuda_stream_deleter {
+  void operator()(cudaStream_t s) const noexcept { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(s)); }
+};
+/// Owning device allocation (cudaMalloc / cudaFree exactly once).
+template <class T>
+class device_array {
+ public:
+  device_array() = default;
+  explicit device_array(std::size_t n) : size_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    ZENFLOW_CUDA_TRY(cudaMalloc(&p, n * sizeof(T)));
+    ptr_.reset(p);
+  }
+  [[nodiscard]] T* get() const noexcept { return static_cast<T*>(ptr_.get()); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::unique_ptr<void, cuda_free_deleter> ptr_;
+  std::size_t size_ = 0;
+};
+/// Owning pinned host allocation (cudaMallocHost / cudaFreeHost exactly once).
+template <class T>
+class pinned_array {
+ public:
+  pinned_array() = default;
+  explicit pinned_array(std::size_t n) : size_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    ZENFLOW_CUDA_TRY(cudaMallocHost(&p, n * sizeof(T)));
+    ptr_.reset(p);
+  }
+  [[nodiscard]] T* get() const noexcept { return static_cast<T*>(ptr_.get()); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::unique_ptr<void, cuda_free_host_deleter> ptr_;
+  std::size_t size_ = 0;
+};
+}  // namespace detail::selector
+
+/// The CUDA backend of the importance selector (models `zenflow::importance_selector`). Owns the
+/// device scores and selections (double-buffered: the current and the previous one), the
+/// workspace and the pinned staging buffers; all freed exactly once. Not thread-safe.
+template <class Communicator = identity_communicator>
+requires device_score_communicator<Communicator>
+class cuda_importance_selector {
+ public:
+  /// Throws ("topk_ratio") unless it is finite and in (0, 1]. Allocates nothing yet.
+  explicit cuda_importance_selector(double topk_ratio, score_norm norm = score_norm::l1, Communicator comm = {})
+      : state_(topk_ratio, norm), comm_(std::move(comm)) {}
+
+  /// Registers a rows x cols parameter (see host_importance_selector::add_parameter). Device
+  /// buffers grow at the next select() / set_selection().
+  std::size_t add_parameter(index_t rows, index_t cols) {
+    const auto i = state_.add_parameter(rows, cols);
+    buffers_stale_ = true;
+    return i;
+  }
+
+  [[nodiscard]] std::size_t parameter_count() const noexcept { return state_.parameter_count(); }
+  [[nodiscard]] index_t k(std::size_t i) const { return state_.k(i); }
+  [[nodiscard]] index_t rows(std::size_t i) const { return state_.rows(i); }
+  [[nodiscard]] index_t cols(std::size_t i) const { return state_.cols(i); }
+  [[nodiscard]] double topk_ratio() const noexcept { return state_.topk_ratio(); }
+  [[nodiscard]] score_norm norm() const noexcept { return state_.norm(); }
+
+  /// Scores every registered parameter from `grads[i]` (DEVICE memory, any layout, f32/bf16/f16)
+  /// in one kernel, all-reduces the scores through the communicator (one device call over all
+  /// parameters, only with world_size() > 1), selects the top k of each in one kernel, copies the
+  /// indices to host and calls cudaStreamSynchronize(stream). Throws ("grads") for a wrong count,
+  /// shape, memory space or a malformed view before any work, and ("grads") after the
+  /// synchronization if a parameter's scores contain NaN; on any throw the current and previous
+  /// selections and scores (host and device) are unchanged. The first call after add_parameter
+  /// allocates (cudaMalloc, which may synchronize the device).
+  void select(std::span<const const_matrix_view> grads, cudaStream_t stream) {
+    state_.validate_grads(grads, memory_space::device);
+    ensure_buffers(stream);
+    const std::size_t n = state_.parameter_count();
+    if (n == 0) return;
+    const int next = cur_ ^ 1;
+    auto* sdesc = reinterpret_cast<detail::selector::score_desc*>(h_desc_.get());
+    auto* tdesc = reinterpret_cast<detail::selector::topk_desc*>(sdesc + n);
+    long long blocks = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      sdesc[i] = plan(i, grads[i], blocks);
+      blocks += block_count(sdesc[i]);
+      tdesc[i] = {state_.score_offset(i), state_.k_offset(i), static_cast<int>(state_.cols(i)),
+                  static_cast<int>(state_.k(i))};
+    }
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_desc_.get(), h_desc_.get(), desc_bytes(n), cudaMemcpyHostToDevice, stream));
+    const auto* d_sdesc = reinterpret_cast<const detail::selector::score_desc*>(d_desc_.get());
+    const auto* d_tdesc = reinterpret_cast<const detail::selector::topk_desc*>(d_sdesc + n);
+    float* scores = d_scores_[next].get();
+    expects(blocks <= 0x7fffffffLL, "grads", "too many score blocks for one launch: ", blocks);
+    if (state_.norm() == score_norm::l1)
+      detail::selector::column_scores_kernel<score_norm::l1>
+          <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
+              d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
+    else
+      detail::selector::column_scores_kernel<score_norm::l2_squared>
+          <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
+              d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+    if (comm_.world_size() > 1)
+      comm_.all_reduce_sum(std::span<float>(scores, static_cast<std::size_t>(state_.total_score_size())), stream);
+    detail::selector::topk_kernel<<<static_cast<unsigned>(n), detail::selector::topk_threads, 0, stream>>>(
+        d_tdesc, scores, d_indices_[next].get(), d_nan_.get());
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+    const auto total_k = static_cast<std::size_t>(state_.total_k());
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_indices_.get(), d_indices_[next].get(), total_k * sizeof(std::int32_t),
+                                     cudaMemcpyDeviceToHost, stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_nan_.get(), d_nan_.get(), n * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+    for (std::size_t i = 0; i < n; ++i)
+      expects(h_nan_.get()[i] == 0, "grads", "parameter ", i, " has NaN column scores (non-finite gradient)");
+    state_.commit_indices(std::span<const std::int32_t>(h_indices_.get(), total_k));
+    cur_ = next;
+    host_scores_valid_ = false;
+  }
+
+  [[nodiscard]] bool has_selection() const noexcept { return state_.has_selection(); }
+  /// Host copy of parameter i's selection, ascending. No synchronization.
+  [[nodiscard]] std::span<const std::int32_t> selected(std::size_t i) const { return state_.selected(i); }
+  /// Host copy of the selection before the last select() (empty after the first and after
+  /// set_selection). No synchronization.
+  [[nodiscard]] std::span<const std::int32_t> previous(std::size_t i) const { return state_.previous(i); }
+  [[nodiscard]] double overlap(std::size_t i) const { return state_.overlap(i); }
+  /// Host copy of parameter i's scores from the last select(). The first call after a select()
+  /// copies every parameter's scores on an internal non-blocking stream and synchronizes with that
+  /// stream only (no race: select() finished writing them and the next select() writes the other
+  /// buffer). Empty-valued (zeros) before the first select().
+  [[nodiscard]] std::span<const float> scores(std::size_t i) const {
+    (void)state_.cols(i);  // validates i
+    if (!host_scores_valid_ && d_scores_[cur_].size() != 0) {
+      if (!copy_stream_) {
+        cudaStream_t s = nullptr;
+        ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        copy_stream_.reset(s);
+      }
+      auto dst = const_cast<detail::selector::selection_state&>(state_).mutable_scores();
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst.data(), d_scores_[cur_].get(), dst.size() * sizeof(float),
+                                       cudaMemcpyDeviceToHost, copy_stream_.get()));
+      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(copy_stream_.get()));
+      host_scores_valid_ = true;
+    }
+    return state_.scores(i);
+  }
+
+  /// Device copy of parameter i's current selection (k(i) ascending int32), valid until the
+  /// select() after next; nullptr before buffers exist.
+  [[nodiscard]] const std::int32_t* selected_device(std::size_t i) const {
+    return d_indices_[cur_].get() ? d_indices_[cur_].get() + state_.k_offset(i) : nullptr;
+  }
+  /// Device copy of previous(i) (meaningful only while previous(i) is not empty).
+  [[nodiscard]] const std::int32_t* previous_device(std::size_t i) const {
+    return d_indices_[cur_ ^ 1].get() ? d_indices_[cur_ ^ 1].get() + state_.k_offset(i) : nullptr;
+  }
+  /// Device copy of parameter i's scores (cols(i) floats, 16-byte aligned) from the last select().
+  [[nodiscard]] const float* scores_device(std::size_t i) const {
+    return d_scores_[cur_].get() ? d_scores_[cur_].get() + state_.score_offset(i) : nullptr;
+  }
+
+  /// Restores parameter i's selection (checkpoint resume) on host and device; validates like the
+  /// host selector before touching anything; copies on `stream` and synchronizes with it.
+  void set_selection(std::size_t i, std::span<const std::int32_t> columns, cudaStream_t stream = nullptr) {
+    state_.validate_selection(i, columns);
+    ensure_buffers(stream);
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_indices_[cur_].get() + state_.k_offset(i), columns.data(),
+                                     columns.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+    state_.set_selection(i, columns);
+  }
+
+ private:
+  static std::size_t desc_bytes(std::size_t n) {
+    return n * (sizeof(detail::selector::score_desc) + sizeof(detail::selector::topk_desc));
+  }
+
+  /// The launch plan of parameter i for this gradient view.
+  detail::selector::score_desc plan(std::size_t i, const const_matrix_view& g, long long first_block) const {
+    return detail::selector::make_score_desc(g, state_.score_offset(i), partial_offsets_[i], counter_offsets_[i],
+                                             first_block);
+  }
+  static long long block_count(const detail::selector::score_desc& d) { return detail::selector::score_blocks(d); }
+
+  /// (Re)allocates the device and pinned buffers after registrations, keeping the current
+  /// selection and scores of the parameters registered before (their offsets do not move).
+  void ensure_buffers(cudaStream_t stream) {
+    if (!buffers_stale_) return;
+    namespace sel = detail::selector;
+    const std::size_t n = state_.parameter_count();
+    std::vector<long long> partial_offsets(n), counter_offsets(n);
+    long long partials = 0, counters = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const long long rows = state_.rows(i), cols = state_.cols(i);
+      const long long segments = sel::row_sweep_segments(rows, cols);
+      partial_offsets[i] = partials, counter_offsets[i] = counters;
+      if (segments > 1) partials += segments * cols, counters += sel::row_sweep_max_tiles(cols);
+    }
+    const auto total_scores = static_cast<std::size_t>(state_.total_score_size());
+    const auto total_k = static_cast<std::size_t>(state_.total_k());
+    sel::device_array<float> scores[2] = {sel::device_array<float>(total_scores),
+                                          sel::device_array<float>(total_scores)};
+    sel::device_array<std::int32_t> indices[2] = {sel::device_array<std::int32_t>(total_k),
+                                                  sel::device_array<std::int32_t>(total_k)};
+    sel::device_array<float> partial_buf(static_cast<std::size_t>(partials));
+    sel::device_array<unsigned> counter_buf(static_cast<std::size_t>(counters));
+    sel::device_array<unsigned char> desc(desc_bytes(n));
+    sel::device_array<int> nan(n);
+    sel::pinned_array<unsigned char> h_desc(desc_bytes(n));
+    sel::pinned_array<std::int32_t> h_indices(total_k);
+    sel::pinned_array<int> h_nan(n);
+    for (int b = 0; b < 2; ++b) {
+      if (total_scores) ZENFLOW_CUDA_TRY(cudaMemsetAsync(scores[b].get(), 0, total_scores * sizeof(float), stream));
+      if (total_k) ZENFLOW_CUDA_TRY(cudaMemsetAsync(indices[b].get(), 0, total_k * sizeof(std::int32_t), stream));
+      if (d_scores_[b].size())
+        ZENFLOW_CUDA_TRY(cudaMemcpyAsync(scores[b].get(), d_scores_[b].get(), d_scores_[b].size() * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+      if (d_indices_[b].size())
+        ZENFLOW_CUDA_TRY(cudaMemcpyAsync(indices[b].get(), d_indices_[b].get(),
+                                         d_indices_[b].size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                                         stream));
+    }
+    if (counters) ZENFLOW_CUDA_TRY(cudaMemsetAsync(counter_buf.get(), 0, counters * sizeof(unsigned), stream));
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+    // Commit (nothing below throws).
+    for (int b = 0; b < 2; ++b) d_scores_[b] = std::move(scores[b]), d_indices_[b] = std::move(indices[b]);
+    d_partials_ = std::move(partial_buf), d_counters_ = std::move(counter_buf), d_desc_ = std::move(desc);
+    d_nan_ = std::move(nan), h_desc_ = std::move(h_desc), h_indices_ = std::move(h_indices), h_nan_ = std::move(h_nan);
+    partial_offsets_ = std::move(partial_offsets), counter_offsets_ = std::move(counter_offsets);
+    host_scores_valid_ = false;
+    buffers_stale_ = false;
+  }
+
+  detail::selector::selection_state state_;
+  Communicator comm_;
+  bool buffers_stale_ = true;
+  int cur_ = 0;
+  detail::selector::device_array<float> d_scores_[2];
+  detail::selector::device_array<std::int32_t> d_indices_[2];
+  detail::selector::device_array<float> d_partials_;
+  detail::selector::device_array<unsigned> d_counters_;
+  detail::selector::device_array<unsigned char> d_desc_;
+  detail::selector::device_array<int> d_nan_;
+  detail::selector::pinned_array<unsigned char> h_desc_;
+  detail::selector::pinned_array<std::int32_t> h_indices_;
+  detail::selector::pinned_array<int> h_nan_;
+  std::vector<long long> partial_offsets_, counter_offsets_;
+  mutable bool host_scores_valid_ = false;
+  mutable std::unique_ptr<CUstream_st, detail::selector::cuda_stream_deleter> copy_stream_;
+};
+
+static_assert(importance_selector<cuda_importance_selector<>>);
+
+// --- device gradient statistics ------------------------------------------------------------------
+
+/// The result of cuda_gradient_stats, in device memory.
+struct gradient_stats_device {
+  double sum_of_squares;               ///< sum of g*g (double) over the finite elements
+  unsigned long long nonfinite_count;  ///< elements that are +-inf or NaN
+};
+
+/// Sum of squares and non-finite count of many DEVICE tensors, written to `out` (device memory)
+/// on `stream`; no host synchronization. Each block of 16384 consecutive elements of one tensor
+/// (inner dimension fastest) writes a double partial (fixed-order warp and block reduction); a
+/// single-block kernel then adds the partials in order: the result is bitwise reproducible. Same
+/// definition as host_gradient_stats (within double rounding of the different order). Uses a
+/// stream-ordered scratch allocation (cudaMallocAsync / cudaFreeAsync); launches
+/// ceil(tensors / 48) + 1 kernels. Throws ("grads" / "vectors" / "out") for malformed, host or null
+/// input before any work.
+inline void cuda_gradient_stats(std::span<const const_matrix_view> grads, std::span<const const_vector_view> vectors,
+                                gradient_stats_device* out, cudaStream_t stream) {
+  namespace sel = detail::selector;
+  for (const auto& g : grads) g.validate("grads", memory_space::device);
+  for (const auto& v : vectors) v.validate("vectors", memory_space::device);
+  expects(out != nullptr, "out", "must point to device memory");
+  std::vector<sel::stats_tensor> tensors;
+  auto add = [&tensors](const void* data, index_t rows, index_t cols, index_t rs, index_t cs, dtype t) {
+    if (rows == 0 || cols == 0) return;
+    const bool rows_inner = cols == 1 || (rows > 1 && rs <= cs);
+    sel::stats_tensor d{};
+    d.data = data;
+    d.inner_n = rows_inner ? rows : cols, d.outer_n = rows_inner ? cols : rows;
+    d.inner_stride = rows_inner ? rs : cs, d.outer_stride = rows_inner ? cs : rs;
+    d.type = static_cast<int>(t);
+    d.contiguous = (d.inner_stride == 1 || d.inner_n == 1) && (d.outer_n == 1 || d.outer_stride == d.inner_n);
+    if (d.inner_n == 1) d.inner_stride = 1;  // a single inner element: any stride addresses it
+    tensors.push_back(d);
+  };
+  for (const auto& g : grads) add(g.data, g.rows, g.cols, g.row_stride, g.col_stride, g.type);
+  for (const auto& v : vectors) add(v.data, 1, v.size, v.size * v.stride, v.stride, v.type);
+  long long chunks = 0;
+  std::vector<long long> first(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    first[i] = chunks;
+    chunks += (tensors[i].inner_n * tensors[i].outer_n + sel::stats_chunk - 1) / sel::stats_chunk;
+  }
+  double* partial_sum = nullptr;
+  unsigned long long* partial_bad = nullptr;
+  if (chunks > 0) {
+    void* p = nullptr;
+    ZENFLOW_CUDA_TRY(cudaMallocAsync(&p, static_cast<std::size_t>(chunks) * 16, stream));
+    partial_sum = static_cast<double*>(p);
+    partial_bad = reinterpret_cast<unsigned long long*>(partial_sum + chunks);
+  }
+  for (std::size_t b = 0; b < tensors.size(); b += sel::stats_max_tensors) {
+    sel::stats_batch batch{};
+    batch.count = static_cast<int>(std::min<std::size_t>(sel::stats_max_tensors, tensors.size() - b));
+    batch.partial_base = first[b];
+    for (int j = 0; j < batch.count; ++j) {
+      batch.tensors[j] = tensors[b + static_cast<std::size_t>(j)];
+      batch.tensors[j].first_chunk = first[b + static_cast<std::size_t>(j)] - first[b];
+    }
+    const std::size_t end = b + static_cast<std::size_t>(batch.count);
+    const long long grid = (end < tensors.size() ? first[end] : chunks) - first[b];
+    sel::stats_partials_kernel<<<static_cast<unsigned>(grid), sel::stats_threads, 0, stream>>>(batch, partial_sum,
+                                                                                               partial_bad);
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+  }
+  sel::stats_final_kernel<<<1, sel::stats_final_threads, 0, stream>>>(partial_sum, partial_bad, chunks, out);
+  ZENFLOW_CUDA_TRY(cudaGetLastError());
+  if (partial_sum) ZENFLOW_CUDA_TRY(cudaFreeAsync(partial_sum, stream));
+}
+
+}  // namespace zenflow

@@ -1,0 +1,289 @@
+// The CUDA importance selector against the host reference (needs a GPU; label gpu).
+//   - device scores within 1e-5 relative of an fp64 host reference;
+//   - device top-k == host topk_columns applied to the DEVICE's own scores, exactly;
+//   - random and adversarial inputs (ties, all-equal, zeros, extremes, k = 1, k = cols), both
+//     layouts, f32/bf16/f16, L1 and L2 squared, many parameters in one select();
+//   - device gradient statistics vs host_gradient_stats.
+#include <zenflow/importance_selector.cuh>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+using zenflow::const_matrix_view;
+using zenflow::dtype;
+using zenflow::index_t;
+using zenflow::memory_space;
+using zenflow::score_norm;
+
+static_assert(zenflow::importance_selector<zenflow::cuda_importance_selector<>>);
+
+namespace {
+
+#define CHECK_CUDA(call) REQUIRE((call) == cudaSuccess)
+
+struct device_grad {
+  index_t rows = 0, cols = 0;
+  dtype type = dtype::f32;
+  bool row_major = true;
+  index_t pad = 0;            // extra elements per leading-dimension stride (breaks 16-byte vectors when odd)
+  std::vector<float> values;  // logical [r * cols + c], exactly representable in `type`
+  std::vector<unsigned char> bytes;
+  void* device = nullptr;
+  const_matrix_view view, host_view;
+
+  device_grad() = default;
+  device_grad(const device_grad&) = delete;
+  device_grad& operator=(const device_grad&) = delete;
+  ~device_grad() { cudaFree(device); }
+};
+
+enum class fill { normal, ties, all_equal, zeros, extremes, sparse };
+
+void make(device_grad& g, index_t rows, index_t cols, dtype t, bool row_major, fill f, std::mt19937& rng,
+          index_t pad = 0) {
+  g.rows = rows, g.cols = cols, g.type = t, g.row_major = row_major, g.pad = pad;
+  const index_t rs = row_major ? cols + pad : 1, cs = row_major ? 1 : rows + pad;
+  const index_t extent = row_major ? rows * rs : cols * cs;
+  const std::size_t es = zenflow::dtype_size(t);
+  g.bytes.assign(static_cast<std::size_t>(extent) * es, 0);
+  g.values.assign(static_cast<std::size_t>(rows * cols), 0.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float big = t == dtype::f16 ? 6.0e4f : t == dtype::bf16 ? 1.0e30f : 1.0e30f;
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) {
+      float x = 0.0f;
+      switch (f) {
+        case fill::normal:
+          x = normal(rng) * (1.0f + static_cast<float>(c % 11));
+          break;
+        case fill::ties:
+          x = static_cast<float>(static_cast<int>(rng() % 3)) - 1.0f;
+          break;
+        case fill::all_equal:
+          x = 0.75f;
+          break;
+        case fill::zeros:
+          x = (rng() % 2) ? -0.0f : 0.0f;
+          break;
+        case fill::extremes: {
+          const unsigned pick = rng() % 4;
+          x = pick == 0 ? big : pick == 1 ? -big : pick == 2 ? 1e-30f : 0.0f;
+          if (t == dtype::f16 && pick == 2) x = 6e-8f;  // a subnormal half
+          break;
+        }
+        case fill::sparse:
+          x = (rng() % 64 == 0) ? normal(rng) : 0.0f;
+          break;
+      }
+      const std::size_t at = static_cast<std::size_t>(r * rs + c * cs);
+      if (t == dtype::f32) {
+        std::memcpy(&g.bytes[at * 4], &x, 4);
+      } else {
+        const std::uint16_t bits = t == dtype::bf16 ? zenflow::to_bfloat16(x).bits : zenflow::to_float16(x).bits;
+        x = t == dtype::bf16 ? zenflow::to_float(zenflow::bfloat16{bits}) : zenflow::to_float(zenflow::float16{bits});
+        std::memcpy(&g.bytes[at * 2], &bits, 2);
+      }
+      g.values[static_cast<std::size_t>(r * cols + c)] = x;
+    }
+  CHECK_CUDA(cudaMalloc(&g.device, g.bytes.size() + 16));
+  CHECK_CUDA(cudaMemcpy(g.device, g.bytes.data(), g.bytes.size(), cudaMemcpyHostToDevice));
+  g.view = const_matrix_view(g.device, rows, cols, rs, cs, t, memory_space::device);
+  g.host_view = const_matrix_view(g.bytes.data(), rows, cols, rs, cs, t, memory_space::host);
+}
+
+std::vector<double> fp64_scores(const device_grad& g, score_norm norm) {
+  std::vector<double> s(static_cast<std::size_t>(g.cols), 0.0);
+  for (index_t r = 0; r < g.rows; ++r)
+    for (index_t c = 0; c < g.cols; ++c) {
+      const double x = g.values[static_cast<std::size_t>(r * g.cols + c)];
+      s[static_cast<std::size_t>(c)] += norm == score_norm::l1 ? std::fabs(x) : x * x;
+    }
+  return s;
+}
+
+// Checks one select() of `sel` over `grads` against the host.
+template <class Selector>
+void check_selection(Selector& sel, const std::vector<device_grad*>& grads, score_norm norm, cudaStream_t stream,
+                     bool exact_scores = true) {
+  std::vector<const_matrix_view> views;
+  for (auto* g : grads) views.push_back(g->view);
+  sel.select(views, stream);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const auto& g = *grads[i];
+    CAPTURE(i);
+    CAPTURE(g.rows);
+    CAPTURE(g.cols);
+    CAPTURE(static_cast<int>(g.type));
+    CAPTURE(g.row_major);
+    // Device scores (copied straight from device memory, not through the cached host copy).
+    std::vector<float> dev(static_cast<std::size_t>(g.cols));
+    CHECK_CUDA(cudaMemcpy(dev.data(), sel.scores_device(i), dev.size() * 4, cudaMemcpyDeviceToHost));
+    const auto host_copy = sel.scores(i);
+    CHECK(std::equal(dev.begin(), dev.end(), host_copy.begin(), host_copy.end()));
+    if (exact_scores) {
+      const auto ref = fp64_scores(g, norm);
+      int bad = 0;
+      for (std::size_t c = 0; c < dev.size(); ++c) {
+        const double tol = 1e-5 * std::fabs(ref[c]) + 1e-37;
+        if (std::isinf(ref[c]) ? dev[c] != ref[c] : std::fabs(dev[c] - ref[c]) > tol) ++bad;
+      }
+      CHECK(bad == 0);
+    }
+    // Device top-k == host top-k of the device's own scores, exactly.
+    std::vector<std::int32_t> expect(static_cast<std::size_t>(sel.k(i)));
+    zenflow::topk_columns(dev, sel.k(i), expect);
+    const auto got = sel.selected(i);
+    CHECK(std::vector<std::int32_t>(got.begin(), got.end()) == expect);
+    std::vector<std::int32_t> got_dev(expect.size());
+    CHECK_CUDA(cudaMemcpy(got_dev.data(), sel.selected_device(i), got_dev.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK(got_dev == expect);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device selection matches the host over layouts, dtypes, norms and adversarial fills") {
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937 rng(2024);
+  const fill fills[] = {fill::normal, fill::ties, fill::all_equal, fill::zeros, fill::extremes, fill::sparse};
+  for (score_norm norm : {score_norm::l1, score_norm::l2_squared})
+    for (double ratio : {1e-9, 0.05, 0.1, 0.5, 1.0})
+      for (fill f : fills) {
+        zenflow::cuda_importance_selector<> sel(ratio, norm);
+        std::vector<std::unique_ptr<device_grad>> owned;
+        std::vector<device_grad*> grads;
+        int n = 0;
+        for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+          for (bool row_major : {true, false})
+            for (index_t pad : {index_t{0}, index_t{1}}) {
+              // Shapes that exercise full tiles, partial vectors and tiles, one row / one column,
+              // and several row segments.
+              const index_t shapes[][2] = {{1, 1}, {1, 300}, {300, 1}, {7, 33}, {64, 257}, {513, 1000}, {1500, 96}};
+              const auto& s = shapes[(n++) % 7];
+              owned.push_back(std::make_unique<device_grad>());
+              make(*owned.back(), s[0], s[1], t, row_major, f, rng, pad);
+              grads.push_back(owned.back().get());
+              sel.add_parameter(s[0], s[1]);
+            }
+        CAPTURE(static_cast<int>(f));
+        CAPTURE(ratio);
+        // Extremes can overflow fp32 partial sums to +inf in different places than fp64: compare
+        // the selection only (it is computed from the device scores either way).
+        check_selection(sel, grads, norm, stream, f != fill::extremes);
+      }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("device selection: large shapes, many parameters in one launch, repeated selects and overlap") {
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937 rng(99);
+  zenflow::cuda_importance_selector<> sel(0.1, score_norm::l1);
+  std::vector<std::unique_ptr<device_grad>> owned;
+  std::vector<device_grad*> grads;
+  const index_t shapes[][2] = {{4096, 512}, {512, 4096}, {2048, 3000}, {33, 65536}, {8192, 64}};
+  for (int i = 0; i < 20; ++i) {
+    const auto& s = shapes[i % 5];
+    owned.push_back(std::make_unique<device_grad>());
+    make(*owned.back(), s[0], s[1],
+         i % 3 == 0   ? dtype::f32
+         : i % 3 == 1 ? dtype::bf16
+                      : dtype::f16,
+         i % 2 == 0, fill::normal, rng);
+    grads.push_back(owned.back().get());
+    sel.add_parameter(s[0], s[1]);
+  }
+  check_selection(sel, grads, score_norm::l1, stream);
+  const std::vector<std::int32_t> first(sel.selected(0).begin(), sel.selected(0).end());
+  check_selection(sel, grads, score_norm::l1, stream);  // same gradients: same selection, overlap 1
+  for (std::size_t i = 0; i < grads.size(); ++i) CHECK(sel.overlap(i) == 1.0);
+  CHECK(std::vector<std::int32_t>(sel.previous(0).begin(), sel.previous(0).end()) == first);
+  std::vector<std::int32_t> prev_dev(first.size());
+  CHECK_CUDA(cudaMemcpy(prev_dev.data(), sel.previous_device(0), prev_dev.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(prev_dev == first);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("device selector: bad input throws before touching state") {
+  std::mt19937 rng(1);
+  device_grad a, nan_grad;
+  make(a, 16, 40, dtype::bf16, true, fill::normal, rng);
+  make(nan_grad, 16, 40, dtype::bf16, true, fill::normal, rng);
+  const std::uint16_t nan_bits = zenflow::to_bfloat16(std::nanf("")).bits;
+  CHECK_CUDA(cudaMemcpy(static_cast<char*>(nan_grad.device) + 2 * 5, &nan_bits, 2, cudaMemcpyHostToDevice));
+  zenflow::cuda_importance_selector<> sel(0.25);
+  sel.add_parameter(16, 40);
+  sel.select(std::span(&a.view, 1), nullptr);
+  const std::vector<std::int32_t> before(sel.selected(0).begin(), sel.selected(0).end());
+  const std::vector<float> scores_before(sel.scores(0).begin(), sel.scores(0).end());
+  CHECK_THROWS_AS(sel.select(std::span(&a.host_view, 1), nullptr), zenflow::error);    // host memory
+  CHECK_THROWS_AS(sel.select(std::span(&nan_grad.view, 1), nullptr), zenflow::error);  // NaN score
+  CHECK(std::vector<std::int32_t>(sel.selected(0).begin(), sel.selected(0).end()) == before);
+  CHECK(std::vector<float>(sel.scores(0).begin(), sel.scores(0).end()) == scores_before);
+  std::vector<std::int32_t> dev(before.size());
+  CHECK_CUDA(cudaMemcpy(dev.data(), sel.selected_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(dev == before);
+  const std::vector<std::int32_t> unsorted{5, 1, 2, 3, 4, 6, 7, 8, 9, 10};
+  CHECK_THROWS_AS(sel.set_selection(0, unsorted), zenflow::error);
+  std::vector<std::int32_t> restore(10);
+  for (int j = 0; j < 10; ++j) restore[static_cast<std::size_t>(j)] = 3 * j;
+  sel.set_selection(0, restore);
+  CHECK_CUDA(cudaMemcpy(dev.data(), sel.selected_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(dev == restore);
+}
+
+TEST_CASE("device gradient statistics match the host reference") {
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937 rng(5);
+  std::vector<std::unique_ptr<device_grad>> owned;
+  std::vector<const_matrix_view> dev_views, host_views;
+  for (int i = 0; i < 60; ++i) {  // more than one 48-tensor batch
+    owned.push_back(std::make_unique<device_grad>());
+    const index_t rows = 1 + (i * 37) % 300, cols = 1 + (i * 53) % 700;
+    make(*owned.back(), rows, cols,
+         i % 3 == 0   ? dtype::f32
+         : i % 3 == 1 ? dtype::bf16
+                      : dtype::f16,
+         i % 2 == 0, fill::normal, rng, i % 4 == 3 ? 1 : 0);
+    dev_views.push_back(owned.back()->view);
+    host_views.push_back(owned.back()->host_view);
+  }
+  device_grad vec;
+  make(vec, 1, 5000, dtype::bf16, true, fill::normal, rng);
+  // a strided vector: every other element
+  std::vector<zenflow::const_vector_view> dev_vecs{
+      zenflow::const_vector_view(vec.device, 2500, dtype::bf16, memory_space::device, 2)};
+  std::vector<zenflow::const_vector_view> host_vecs{
+      zenflow::const_vector_view(vec.bytes.data(), 2500, dtype::bf16, memory_space::host, 2)};
+  zenflow::gradient_stats_device* out = nullptr;
+  CHECK_CUDA(cudaMalloc(&out, sizeof(*out)));
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) {  // plant non-finite values
+      const float inf = std::numeric_limits<float>::infinity();
+      CHECK_CUDA(cudaMemcpy(owned[0]->device, &inf, 4, cudaMemcpyHostToDevice));  // tensor 0 is f32
+      std::memcpy(owned[0]->bytes.data(), &inf, 4);
+    }
+    zenflow::cuda_gradient_stats(dev_views, dev_vecs, out, stream);
+    zenflow::gradient_stats_device got{};
+    CHECK_CUDA(cudaMemcpyAsync(&got, out, sizeof(got), cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const auto expect = zenflow::host_gradient_stats(host_views, host_vecs);
+    CHECK(got.nonfinite_count == static_cast<unsigned long long>(expect.nonfinite_count));
+    CHECK(got.sum_of_squares == doctest::Approx(expect.sum_of_squares).epsilon(1e-12));
+    // Deterministic: a second run gives the same bits.
+    zenflow::cuda_gradient_stats(dev_views, dev_vecs, out, stream);
+    zenflow::gradient_stats_device again{};
+    CHECK_CUDA(cudaMemcpyAsync(&again, out, sizeof(again), cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK(std::memcmp(&again, &got, sizeof(got)) == 0);
+  }
+  CHECK_CUDA(cudaFree(out));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
