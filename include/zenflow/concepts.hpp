@@ -14,6 +14,7 @@
 #include <span>
 
 #include "zenflow/options.hpp"
+#include "zenflow/view.hpp"
 
 namespace zenflow {
 
@@ -104,14 +105,21 @@ concept device_optimizer = requires(const O& co, std::size_t i) {
 };
 
 /// 5. offload_coordinator: the bounded-async schedule a trainer drives once per step.
-///    R1 `options()` — the zenflow options in use.
-///    R2 `step()` — ends the current training step.
-///    R3 `step_count()` — training steps completed.
+///    R1 `C::stream_type` — the trainer's stream type (cudaStream_t, host_stream*).
+///    R2 `options()` — the zenflow options in use.
+///    R3 `submit_gradient(i, grad, stream)` — hands over parameter i's gradient of this step.
+///    R4 `step(stream)` — ends the current training step.
+///    R5 `step_count()` — training steps completed.
+///    R6 `metrics()` — what the last step did and cost.
 template <class C>
-concept offload_coordinator = requires(C& c, const C& cc) {
+concept offload_coordinator = requires(C& c, const C& cc, typename C::stream_type stream, std::size_t i,
+                                       const_matrix_view grad) {
+  typename C::stream_type;
   { cc.options() } -> std::convertible_to<const zenflow_options&>;
-  c.step();
+  c.submit_gradient(i, grad, stream);
+  c.step(stream);
   { cc.step_count() } -> std::convertible_to<std::int64_t>;
+  cc.metrics();
 };
 
 }  // namespace zenflow

@@ -138,6 +138,9 @@ struct cuda_backend {
     cudaStream_t stream_ = nullptr;
   };
 
+  /// The stream argument the transfer queues take.
+  static cudaStream_t queue_stream(stream_type stream) noexcept { return stream; }
+
   static void record(event_type& event, stream_type stream) { ZENFLOW_CUDA_TRY(cudaEventRecord(event.get(), stream)); }
   static void wait(stream_type stream, event_type& event) {
     ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(stream, event.get(), 0));

@@ -343,7 +343,7 @@ class basic_coordinator {
   void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
   void reselect(stream_type stream);
   void end_interval(stream_type stream, bool synchronous, std::int64_t last_step);
-  void write_back(std::int64_t interval, stream_type stream, const char* reason);
+  void write_back(std::int64_t interval, stream_type stream, const char* reason, std::int64_t at_end_of);
   void setup_buffers(parameter& p, stream_type stream);
   [[nodiscard]] bool has_cpu_columns() const noexcept {
     for (const auto& p : params_)

@@ -90,16 +90,21 @@ struct device_optimizer_without_selection : model_host_optimizer {
 };
 
 struct model_coordinator {
+  using stream_type = int;
   zenflow::zenflow_options opts;
   const zenflow::zenflow_options& options() const { return opts; }
-  void step() {}
+  void submit_gradient(std::size_t, zenflow::const_matrix_view, int) {}
+  void step(int) {}
   std::int64_t step_count() const { return 0; }
+  int metrics() const { return 0; }
 };
-struct coordinator_with_adam_options {
-  zenflow::adam_options opts;
-  const zenflow::adam_options& options() const { return opts; }
-  void step() {}
+struct coordinator_without_submit {
+  using stream_type = int;
+  zenflow::zenflow_options opts;
+  const zenflow::zenflow_options& options() const { return opts; }
+  void step(int) {}
   std::int64_t step_count() const { return 0; }
+  int metrics() const { return 0; }
 };
 
 static_assert(zenflow::importance_selector<model_selector>);
@@ -112,7 +117,7 @@ static_assert(zenflow::device_optimizer<model_device_optimizer>);
 static_assert(!zenflow::device_optimizer<model_host_optimizer>);  // lacks parameter_count
 static_assert(!zenflow::device_optimizer<device_optimizer_without_selection>);
 static_assert(zenflow::offload_coordinator<model_coordinator>);
-static_assert(!zenflow::offload_coordinator<coordinator_with_adam_options>);
+static_assert(!zenflow::offload_coordinator<coordinator_without_submit>);
 
 }  // namespace
 

@@ -139,7 +139,8 @@ template <class Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
   // A selection change moves optimizer state: first complete and write back every CPU update,
   // so no accumulated gradient is lost and no stale result lands on a column the GPU now owns.
-  if (pending_interval_) write_back(*pending_interval_, stream, "reselection");
+  // Before any of this step's work: the write-back happens at the end of the previous step.
+  if (pending_interval_) write_back(*pending_interval_, stream, "reselection", step_ - 1);
   if (interval_.steps > 0) end_interval(stream, /*synchronous=*/true, step_ - 1);
   std::vector<const_matrix_view> grads;
   for (const auto& p : params_)
@@ -191,16 +192,17 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
   cv_.notify_all();
   metrics_.cpu_update_launched = true;
   // The deadline of the previous interval's update is the end of this one.
-  if (pending_interval_) write_back(*pending_interval_, stream, "staleness bound");
+  if (pending_interval_) write_back(*pending_interval_, stream, "staleness bound", last_step);
   if (synchronous)
-    write_back(i, stream, "synchronous CPU update");
+    write_back(i, stream, "synchronous CPU update", last_step);
   else
     pending_interval_ = i;
   interval_ = {i + 1, last_step + 1, 0};
 }
 
 template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, stream_type stream, const char* reason) {
+void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, stream_type stream, const char* reason,
+                                                           std::int64_t at_end_of) {
   stall_until([&] { return updated_interval_ >= i; }, reason);
   bool applied;
   {
@@ -208,7 +210,7 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
     applied = accumulated_counts_[i] > 0;
     for (auto& r : trace_)
       if (r.interval == i) {
-        r.written_back_at = step_;
+        r.written_back_at = at_end_of;
         ++r.write_backs;
       }
   }
@@ -325,7 +327,7 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
 template <class Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
   rethrow_worker_error();
-  if (pending_interval_) write_back(*pending_interval_, stream, "finish");
+  if (pending_interval_) write_back(*pending_interval_, stream, "finish", step_ - 1);
   if (interval_.steps > 0 && has_cpu_columns()) end_interval(stream, /*synchronous=*/true, step_ - 1);
   Backend::synchronize(stream);
 }
@@ -384,7 +386,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
           slot = d2h_.try_acquire();
           if (!slot && flight.empty()) slot = d2h_.acquire();
         }
-        d2h_.submit_device_to_host(*slot, job.src + off, n, offload_stream_.get());
+        d2h_.submit_device_to_host(*slot, job.src + off, n, Backend::queue_stream(offload_stream_.get()));
         flight.push_back({job, off, n});
       }
     }
@@ -446,7 +448,7 @@ void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job
     for (auto& p : params_) {
       if (p.is_vector || p.complement.empty()) continue;
       pipelined_copy_to_device(h2d_, p.writeback_dev[b].data(), p.out_stage[b].data(), p.out_stage[b].size(),
-                               writeback_stream_.get());
+                               Backend::queue_stream(writeback_stream_.get()));
       std::fill(p.accumulator[b].begin(), p.accumulator[b].end(), 0.0f);
     }
     Backend::synchronize(writeback_stream_.get());

@@ -60,6 +60,9 @@ struct host_backend {
     host_stream stream_;
   };
 
+  /// The stream argument the transfer queues take.
+  static host_stream& queue_stream(stream_type stream) noexcept { return *stream; }
+
   static void record(event_type& event, stream_type stream) { event.record(*stream); }
   static void wait(stream_type stream, const event_type& event) { stream->wait(event); }
   static void synchronize(const event_type& event) { event.synchronize(); }
