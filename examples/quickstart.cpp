@@ -1,23 +1,28 @@
-// Quickstart: the shared Adam math fitting y = 3x - 2 by least squares. The README shows this file.
-#include <zenflow/zenflow.hpp>
+// Quickstart: ZenFlow on the host backend. One weight W[8, 16], its gradient handed over each step.
+#include <zenflow/coordinator.hpp>
 
-#include <cstdio>
+#include <cmath>
+#include <iostream>
+#include <vector>
 
 int main() {
-  zenflow::adam_options opts;  // torch.optim.AdamW defaults
-  opts.lr = 0.05f;
-  float w = 0.0f, b = 0.0f, mw = 0.0f, vw = 0.0f, mb = 0.0f, vb = 0.0f;
-  for (std::int64_t step = 1; step <= 500; ++step) {
-    float gw = 0.0f, gb = 0.0f;  // gradient of the mean squared error over x in [-1, 1]
-    for (int i = 0; i <= 20; ++i) {
-      const float x = -1.0f + 0.1f * static_cast<float>(i), err = w * x + b - (3.0f * x - 2.0f);
-      gw += 2.0f * err * x / 21.0f;
-      gb += 2.0f * err / 21.0f;
-    }
-    const auto c = zenflow::make_adam_step_constants(opts, step);  // bias corrections in double
-    zenflow::adam_update(w, gw, mw, vw, c);
-    zenflow::adam_update(b, gb, mb, vb, c);
+  using namespace zenflow;
+  zenflow_options opts;  // DeepSpeed's names and defaults; the async CPU update is on
+  opts.topk_ratio = 0.25f;  // 4 of 16 columns updated on the "GPU" every step
+  opts.update_interval = interval_option::fixed(2);  // the other 12 on the CPU every 2 steps
+  opts.adam.lr = 0.05f;
+  std::vector<float> w(8 * 16, 0.0f), g(w.size()), w0(w.size(), 0.0f);  // the trainer's tensors
+  host_stream stream;  // stands in for the trainer's CUDA stream (cuda_coordinator: a cudaStream_t)
+  host_coordinator zf(opts);
+  zf.register_parameter("W", matrix_view::row_major(w.data(), 8, 16, dtype::f32),
+                        const_matrix_view::row_major(w0.data(), 8, 16, dtype::f32), dtype::f32);
+  for (int step = 0; step < 400; ++step) {
+    stream.synchronize();  // the "backward" below reads the weights the last step wrote
+    for (std::size_t i = 0; i < w.size(); ++i) g[i] = w[i] - static_cast<float>(i % 16) / 16.0f;
+    zf.submit_gradient(0, const_matrix_view::row_major(g.data(), 8, 16, dtype::f32), &stream);
+    zf.step(&stream);  // GPU columns now; CPU columns asynchronously, written back within one interval
   }
-  std::printf("fitted w = %.4f (3), b = %.4f (-2)\n", w, b);
-  return (w > 2.95f && w < 3.05f && b > -2.05f && b < -1.95f) ? 0 : 1;
+  zf.finish(&stream);  // completes and writes back the last CPU update
+  std::cout << "W[3, 12] = " << w[3 * 16 + 12] << " (target 0.75); last step: " << zf.metrics() << '\n';
+  return std::abs(w[3 * 16 + 12] - 0.75f) < 0.02f ? 0 : 1;
 }

@@ -25,7 +25,7 @@ namespace zenflow {
 namespace detail {
 /// One thread turns the device-side gradient statistics into the step's flags (same rule as
 /// host_backend::make_step_flags).
-__global__ inline void make_step_flags_kernel(const gradient_stats_device* stats, float max_norm, step_flags* flags) {
+static __global__ void make_step_flags_kernel(const gradient_stats_device* stats, float max_norm, step_flags* flags) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const double sum_of_squares = static_cast<double>(stats->sum_of_squares);
   step_flags f;

@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(score_threads)
 }
 
 /// One block per parameter; see the header comment. `nan_flags[p]` = 1 when a score was NaN.
-__global__ void __launch_bounds__(topk_threads)
+static __global__ void __launch_bounds__(topk_threads)
     topk_kernel(const topk_desc* descs, const float* scores, std::int32_t* out, int* nan_flags) {
   using scan32 = cub::BlockScan<unsigned, topk_threads>;
   using scan64 = cub::BlockScan<unsigned long long, topk_threads>;
@@ -475,7 +475,7 @@ ZENFLOW_DEVICE void stats_chunk_sum(const stats_tensor& t, long long chunk, doub
   }
 }
 
-__global__ void __launch_bounds__(stats_threads)
+static __global__ void __launch_bounds__(stats_threads)
     stats_partials_kernel(stats_batch batch, double* partial_sum, unsigned long long* partial_bad) {
   __shared__ double shared_sum[stats_threads / 32];
   __shared__ unsigned long long shared_bad[stats_threads / 32];

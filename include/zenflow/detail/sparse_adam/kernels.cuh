@@ -155,7 +155,7 @@ __device__ ZENFLOW_FORCEINLINE void update_tile_grad(const param_desc& d, const 
 /// non-finite flag, effective scale) and computes the step constants from the device step
 /// counter in double; the decision is the same in every block. The last block to finish
 /// advances the counter, after every block has read it.
-__global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads,
+static __global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads,
                                                                     int count, std::int64_t tiles, step_control ctl) {
   __shared__ adam_step_constants constants;
   __shared__ int apply;
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const param_
 
 /// Sets control->nonfinite if any gradient value the update would read is NaN or infinite.
 /// Integer atomicOr: the result does not depend on the order.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     sparse_adam_nonfinite_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
                                  control_block* control) {
   bool bad = false;
@@ -226,7 +226,7 @@ struct state_arrays {
 /// New state (layout `layout`) from old state and packed entering columns. source[j] >= 0: slot j
 /// keeps old slot source[j]; source[j] < 0: slot j takes packed column -source[j] - 1 of
 /// `entering`. source == nullptr: every slot j takes packed column j (import; may be in place).
-__global__ void rebuild_state_kernel(state_arrays old_state, state_arrays new_state, state_layout layout,
+static __global__ void rebuild_state_kernel(state_arrays old_state, state_arrays new_state, state_layout layout,
                                      const std::int32_t* source, const float* entering) {
   const index_t n = layout.size();
   for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
@@ -241,7 +241,7 @@ __global__ void rebuild_state_kernel(state_arrays old_state, state_arrays new_st
 }
 
 /// Packs slots `slots[0..n)` (or 0..n when slots == nullptr) of a state into the packed format.
-__global__ void pack_state_kernel(state_arrays state, state_layout layout, const std::int32_t* slots, index_t n,
+static __global__ void pack_state_kernel(state_arrays state, state_layout layout, const std::int32_t* slots, index_t n,
                                   float* packed) {
   const index_t total = 3 * layout.rows * n;
   for (index_t q = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; q < total;
@@ -257,7 +257,7 @@ __global__ void pack_state_kernel(state_arrays state, state_layout layout, const
 
 /// Gather/scatter, column-contiguous path: block (column i = blockIdx.x, rows blockIdx.y * kTile ...): both sides
 /// contiguous along rows.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     gather_columns_direct_kernel(const void* src, dtype src_type, index_t rows, index_t cols, index_t row_stride,
                                  index_t col_stride, const std::int32_t* columns, void* dst, dtype dst_type,
                                  float scale, const float* scale_ptr) {
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(kThreads)
                      scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s));
 }
 
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     scatter_columns_direct_kernel(const void* src, dtype src_type, const std::int32_t* columns, void* dst,
                                   dtype dst_type, index_t rows, index_t cols, index_t row_stride, index_t col_stride) {
   const index_t i = blockIdx.x;
@@ -288,7 +288,7 @@ inline constexpr int kTransposeRows = 8;
 /// Row-major path: a 32 x 32 tile (32 listed columns x 32 rows) through shared memory, so that
 /// the source is read along rows (consecutive listed columns of one row) and the compact buffer
 /// written along columns, both coalesced.
-__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+static __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
     gather_columns_transpose_kernel(const void* src, dtype src_type, index_t rows, index_t cols, index_t row_stride,
                                     index_t col_stride, const std::int32_t* columns, index_t n, void* dst,
                                     dtype dst_type, float scale, const float* scale_ptr) {
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
   }
 }
 
-__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+static __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
     scatter_columns_transpose_kernel(const void* src, dtype src_type, const std::int32_t* columns, index_t n, void* dst,
                                      dtype dst_type, index_t rows, index_t cols, index_t row_stride,
                                      index_t col_stride) {

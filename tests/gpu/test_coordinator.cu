@@ -1,0 +1,129 @@
+// The CUDA coordinator against the host coordinator (the oracle that CI runs): the same model,
+// the same gradients, the same options. The schedule (intervals, write-back steps) must be
+// identical; parameters must agree to within one rounding of their dtype (the device computes
+// its bias corrections with its own pow, which may differ from glibc's in the last bit).
+#include <zenflow/coordinator.cuh>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+using namespace zenflow;
+
+namespace {
+
+struct device_memory {
+  void* ptr = nullptr;
+  explicit device_memory(std::size_t bytes) { ZENFLOW_CUDA_TRY(cudaMalloc(&ptr, bytes)); }
+  ~device_memory() { ZENFLOW_CUDA_ASSERT(cudaFree(ptr)); }
+};
+
+constexpr index_t rows = 48, cols = 96, bias_size = 48;
+
+std::vector<bfloat16> gradient(std::int64_t step) {
+  std::mt19937 rng(static_cast<std::uint32_t>(77 + step));
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<bfloat16> g(rows * cols);
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) g[r * cols + c] = to_bfloat16((c % 7 == 0 ? 5.0f : 0.3f) * n01(rng));
+  return g;
+}
+std::vector<float> bias_gradient(std::int64_t step) {
+  std::mt19937 rng(static_cast<std::uint32_t>(991 + step));
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> g(bias_size);
+  for (auto& x : g) x = n01(rng);
+  return g;
+}
+
+void compare_modes(const zenflow_options& options, std::int64_t steps) {
+  std::vector<float> w0(rows * cols);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n01(0.0f, 0.1f);
+  for (auto& x : w0) x = n01(rng);
+  std::vector<bfloat16> w_host(w0.size());
+  for (std::size_t i = 0; i < w0.size(); ++i) w_host[i] = to_bfloat16(w0[i]);
+  std::vector<float> b_host(bias_size, 0.0f), b0(bias_size, 0.0f);
+
+  device_memory w_dev(w_host.size() * 2), g_dev(w_host.size() * 2), b_dev(bias_size * 4), gb_dev(bias_size * 4);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.ptr, w_host.data(), w_host.size() * 2, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.ptr, b_host.data(), bias_size * 4, cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  coordinator_config config;
+  config.record_trace = true;
+  config.d2h_slot_bytes = 4096;
+  config.h2d_slot_bytes = 4096;
+  cuda_coordinator gpu(options, config);
+  host_coordinator cpu(options, config);
+  const auto initial = const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32);
+  gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
+                         initial, dtype::bf16);
+  gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, b0);
+  cpu.register_parameter("w", matrix_view::row_major(w_host.data(), rows, cols, dtype::bf16), initial, dtype::bf16);
+  cpu.register_parameter("b", vector_view{b_host.data(), bias_size, dtype::f32}, b0);
+
+  host_stream host;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    auto g = gradient(s);
+    auto gb = bias_gradient(s);
+    host.synchronize();
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the staging copies below reuse g_dev
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.ptr, g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(gb_dev.ptr, gb.data(), bias_size * 4, cudaMemcpyHostToDevice, stream));
+    gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
+                        stream);
+    gpu.submit_gradient(1, const_vector_view{gb_dev.ptr, bias_size, dtype::f32, memory_space::device}, stream);
+    gpu.step(stream);
+    cpu.submit_gradient(0, const_matrix_view::row_major(g.data(), rows, cols, dtype::bf16), &host);
+    cpu.submit_gradient(1, const_vector_view{gb.data(), bias_size, dtype::f32}, &host);
+    cpu.step(&host);
+    host.synchronize();  // g and gb are about to go out of scope
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  gpu.finish(stream);
+  cpu.finish(&host);
+
+  std::vector<bfloat16> w_back(w_host.size());
+  ZENFLOW_CUDA_TRY(cudaMemcpy(w_back.data(), w_dev.ptr, w_back.size() * 2, cudaMemcpyDeviceToHost));
+  int far = 0;
+  for (std::size_t i = 0; i < w_back.size(); ++i) {
+    const int d = std::abs(static_cast<int>(w_back[i].bits) - static_cast<int>(w_host[i].bits));
+    if (d > 1) ++far;
+  }
+  CHECK(far == 0);
+  const auto gt = gpu.trace(), ct = cpu.trace();
+  REQUIRE(gt.size() == ct.size());
+  for (std::size_t i = 0; i < gt.size(); ++i) {
+    CHECK(gt[i].first_step == ct[i].first_step);
+    CHECK(gt[i].last_step == ct[i].last_step);
+    CHECK(gt[i].written_back_at == ct[i].written_back_at);
+    CHECK(gt[i].write_backs == 1);
+  }
+  CHECK(gpu.metrics().bytes_device_to_host == cpu.metrics().bytes_device_to_host);
+  ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+TEST_CASE("cuda_coordinator follows the host coordinator: ZenFlow async") {
+  zenflow_options o;
+  o.topk_ratio = 0.1f;
+  o.update_interval = interval_option::fixed(3);
+  o.select_interval = interval_option::fixed(9);
+  compare_modes(o, 25);
+}
+
+TEST_CASE("cuda_coordinator follows the host coordinator: ZeRO-Offload, dense and ZenFlow sync") {
+  compare_modes(zenflow_options::zero_offload(), 8);
+  compare_modes(zenflow_options::dense(), 8);
+  zenflow_options sync;
+  sync.overlap_step = false;
+  sync.update_interval = interval_option::fixed(2);
+  sync.select_interval = interval_option::fixed(6);
+  sync.full_warm_up_rounds = 2;
+  compare_modes(sync, 14);
+}
