@@ -61,8 +61,8 @@ struct step_metrics {
   double stall_seconds = 0.0;            ///< time the trainer thread waited on CPU-side work
   std::string stall_reason;              ///< why it waited ("" when it did not)
   double cpu_update_seconds = 0.0;       ///< duration of the last completed CPU update
-  std::uint64_t bytes_device_to_host = 0;  ///< moved during this step's call (offload queue)
-  std::uint64_t bytes_host_to_device = 0;  ///< moved during this step's call (write-back queue, migration)
+  std::uint64_t bytes_device_to_host = 0;  ///< offloaded by this step: its CPU-column gradients, migration
+  std::uint64_t bytes_host_to_device = 0;  ///< written back by this step: CPU-updated columns, migration
   double selection_overlap = 1.0;        ///< mean overlap of the last selection with the one before
   std::int64_t interval = 1;             ///< length (steps) of the current update interval
   bool reselected = false;
@@ -376,8 +376,6 @@ class basic_coordinator {
   std::int64_t interval_target_ = 1;
   std::optional<std::int64_t> pending_interval_;  // CPU update launched, not yet written back
   step_metrics metrics_{};
-  std::uint64_t d2h_bytes_seen_ = 0;
-  std::uint64_t h2d_bytes_seen_ = 0;
   double last_overlap_ = 1.0;
 
   // Shared with the workers (mutex_).

@@ -217,6 +217,7 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
   if (applied) {
     for (auto& p : params_) {
       if (p.is_vector || p.complement.empty()) continue;
+      metrics_.bytes_host_to_device += p.writeback_dev[i % 2].bytes();
       Backend::scatter(p.writeback_dev[i % 2].data(), p.matrix.type, p.complement,
                        reinterpret_cast<const std::int32_t*>(p.complement_dev.data()), p.matrix, stream);
     }
@@ -234,7 +235,6 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
             ") in step ", step_);
   metrics_ = step_metrics{};
   metrics_.step = step_;
-  const auto d2h_before = d2h_.counters().bytes, h2d_before = h2d_.counters().bytes;
   if (!started_) start(stream);
   const int parity = static_cast<int>(step_ % 2);
   // The flags and gradient staging of this parity were last used two steps ago.
@@ -290,7 +290,10 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   Backend::wait(offload_stream_.get(), gathered_[parity]);
   {
     std::lock_guard lock(mutex_);
-    for (auto& j : jobs) offload_jobs_.push_back(j);
+    for (auto& j : jobs) {
+      offload_jobs_.push_back(j);
+      metrics_.bytes_device_to_host += j.bytes;
+    }
     offload_job marker;  // end of this step's gradients
     marker.step = step_;
     marker.interval = interval_.index;
@@ -313,8 +316,6 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   if (!warm_up() && !options_.update_interval.is_auto && interval_.steps == 0)
     interval_target_ = options_.update_interval.value;
 
-  metrics_.bytes_device_to_host += d2h_.counters().bytes - d2h_before;
-  metrics_.bytes_host_to_device += h2d_.counters().bytes - h2d_before;
   metrics_.selection_overlap = last_overlap_;
   metrics_.interval = interval_target_;
   {
