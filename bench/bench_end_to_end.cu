@@ -21,10 +21,10 @@ namespace {
 
 using namespace zenflow;
 
-#define ZENFLOW_CUBLAS_TRY(call)                                                                  \
-  do {                                                                                            \
-    const cublasStatus_t zf_status_ = (call);                                                     \
-    if (zf_status_ != CUBLAS_STATUS_SUCCESS)                                                      \
+#define ZENFLOW_CUBLAS_TRY(call)                                                                                 \
+  do {                                                                                                           \
+    const cublasStatus_t zf_status_ = (call);                                                                    \
+    if (zf_status_ != CUBLAS_STATUS_SUCCESS)                                                                     \
       throw zenflow::error(#call, std::string("cuBLAS status ") + std::to_string(static_cast<int>(zf_status_))); \
   } while (0)
 
@@ -109,8 +109,12 @@ struct model {
 zenflow_options mode_options(int mode) {
   zenflow_options o;
   switch (mode) {
-    case 0: o = zenflow_options::dense(); break;
-    case 1: o = zenflow_options::zero_offload(); break;
+    case 0:
+      o = zenflow_options::dense();
+      break;
+    case 1:
+      o = zenflow_options::zero_offload();
+      break;
     default:
       o.topk_ratio = 0.1f;
       o.update_interval = interval_option::fixed(4);

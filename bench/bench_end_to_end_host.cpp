@@ -66,8 +66,12 @@ struct stack {
 zenflow::zenflow_options mode_options(int mode) {
   zenflow::zenflow_options o;
   switch (mode) {
-    case 0: o = zenflow::zenflow_options::dense(); break;
-    case 1: o = zenflow::zenflow_options::zero_offload(); break;
+    case 0:
+      o = zenflow::zenflow_options::dense();
+      break;
+    case 1:
+      o = zenflow::zenflow_options::zero_offload();
+      break;
     default:
       o.topk_ratio = 0.1f;
       o.update_interval = zenflow::interval_option::fixed(4);
@@ -109,8 +113,8 @@ void BM_end_to_end(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     for (index_t l = layers; l-- > 0;) {
       stream.enqueue([&model, l] { model.layer_step(l); });  // backward of layer l on the "GPU"
-      c.submit_gradient(2 * l, zenflow::const_matrix_view::row_major(model.g[l].data(), hidden, hidden,
-                                                                     zenflow::dtype::bf16),
+      c.submit_gradient(2 * l,
+                        zenflow::const_matrix_view::row_major(model.g[l].data(), hidden, hidden, zenflow::dtype::bf16),
                         &stream);
       c.submit_gradient(2 * l + 1, zenflow::const_vector_view{model.gb[l].data(), hidden, zenflow::dtype::f32},
                         &stream);

@@ -13,6 +13,8 @@
 // Usage: finetune_mlp [digits.csv] [epochs]
 #include <zenflow/coordinator.hpp>
 
+#include "finetune_mlp/common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,43 +32,19 @@
 
 namespace {
 
+using finetune::dataset;
+using finetune::load_digits;
+using finetune::mode_result;
 using zenflow::bfloat16;
 using zenflow::index_t;
 
-struct dataset {
-  std::vector<float> x;  // n x 64, scaled to [0, 1]
-  std::vector<int> y;
-  std::size_t n = 0;
-};
-
-dataset load_digits(const std::string& path) {
-  std::ifstream in(path);
-  zenflow::expects(static_cast<bool>(in), "digits.csv", "cannot open '", path, "'");
-  dataset d;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::stringstream ss(line);
-    std::string cell;
-    std::vector<float> row;
-    while (std::getline(ss, cell, ',')) row.push_back(std::stof(cell));
-    zenflow::expects(row.size() == 65, "digits.csv", "line ", d.n + 1, " has ", row.size(), " fields, expected 65");
-    for (int i = 0; i < 64; ++i) d.x.push_back(row[i] / 16.0f);
-    d.y.push_back(static_cast<int>(row[64]));
-    ++d.n;
-  }
-  zenflow::expects(d.n > 100, "digits.csv", "too few samples: ", d.n);
-  return d;
-}
-
-// One linear layer with bf16 weight W[out, in] (row-major, like nn.Linear), fp32 bias, and their
-// gradients in the same dtypes; the coordinator updates them in place.
 struct linear {
   index_t in, out;
   std::vector<bfloat16> w, gw;
   std::vector<float> b, gb;
   std::vector<float> w0;  // fp32 initial values (the optimizer's master starts from these)
-  linear(index_t in_, index_t out_, std::mt19937& rng) : in(in_), out(out_), w(in_ * out_), gw(in_ * out_), b(out_), gb(out_) {
+  linear(index_t in_, index_t out_, std::mt19937& rng)
+      : in(in_), out(out_), w(in_ * out_), gw(in_ * out_), b(out_), gb(out_) {
     std::normal_distribution<float> n01(0.0f, 1.0f);
     const float scale = std::sqrt(2.0f / static_cast<float>(in));  // He initialisation
     w0.resize(w.size());
@@ -161,13 +139,6 @@ struct mlp {
   }
 };
 
-struct mode_result {
-  std::string name;
-  double accuracy = 0.0, final_loss = 0.0, stall_ms = 0.0, seconds = 0.0;
-  std::uint64_t bytes_d2h = 0, bytes_h2d = 0;
-  std::int64_t steps = 0;
-};
-
 mode_result train(const std::string& name, zenflow::zenflow_options options, const dataset& data,
                   const std::vector<std::size_t>& train_idx, const std::vector<std::size_t>& test_idx, int epochs,
                   std::ofstream& csv) {
@@ -209,9 +180,8 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
       const float loss = model.run(xb.data(), yb.data(), batch, true, nullptr);
       for (std::size_t l = 0; l < model.layers.size(); ++l) {
         auto& L = model.layers[l];
-        coordinator.submit_gradient(2 * l, zenflow::const_matrix_view::row_major(L.gw.data(), L.out, L.in,
-                                                                                 zenflow::dtype::bf16),
-                                    &stream);
+        coordinator.submit_gradient(
+            2 * l, zenflow::const_matrix_view::row_major(L.gw.data(), L.out, L.in, zenflow::dtype::bf16), &stream);
         coordinator.submit_gradient(2 * l + 1, zenflow::const_vector_view{L.gb.data(), L.out, zenflow::dtype::f32},
                                     &stream);
       }
@@ -248,6 +218,29 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
 
 }  // namespace
 
+#if !defined(ZENFLOW_FINETUNE_GPU)
+// Built without CUDA: the GPU half is absent.
+bool finetune::gpu_available() {
+  return false;
+}
+finetune::mode_result finetune::train_gpu(const std::string&, zenflow::zenflow_options, const dataset&,
+                                          const std::vector<std::size_t>&, const std::vector<std::size_t>&, int,
+                                          std::ofstream&) {
+  throw zenflow::error("train_gpu", "this build has no CUDA");
+}
+#endif
+
+namespace {
+void print_table(const std::vector<mode_result>& results) {
+  std::printf("\n%-18s %9s %10s %12s %14s %14s %8s\n", "mode", "accuracy", "final loss", "stall ms", "D2H bytes",
+              "H2D bytes", "seconds");
+  for (const auto& r : results)
+    std::printf("%-18s %8.2f%% %10.4f %12.2f %14llu %14llu %8.2f\n", r.name.c_str(), r.accuracy, r.final_loss,
+                r.stall_ms, static_cast<unsigned long long>(r.bytes_d2h), static_cast<unsigned long long>(r.bytes_h2d),
+                r.seconds);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : ZENFLOW_DIGITS_CSV;
   const int epochs = argc > 2 ? std::stoi(argv[2]) : 20;
@@ -260,10 +253,10 @@ int main(int argc, char** argv) {
   const std::size_t n_test = data.n / 5;
   const std::vector<std::size_t> test_idx(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n_test));
   const std::vector<std::size_t> train_idx(idx.begin() + static_cast<std::ptrdiff_t>(n_test), idx.end());
-  std::printf("zenflow %d.%d.%d fine-tune: 3-layer MLP 64-256-256-10 (bf16) on %zu optical digits (%zu train, %zu "
-              "held out), %d epochs, host backend\n",
-              zenflow::version_major, zenflow::version_minor, zenflow::version_patch, data.n, train_idx.size(),
-              n_test, epochs);
+  std::printf(
+      "zenflow %d.%d.%d fine-tune: 3-layer MLP 64-256-256-10 (bf16) on %zu optical digits (%zu train, %zu "
+      "held out), %d epochs, host backend\n",
+      zenflow::version_major, zenflow::version_minor, zenflow::version_patch, data.n, train_idx.size(), n_test, epochs);
 
   std::ofstream csv("finetune_mlp.csv");
   csv << "mode,step,loss,stall_ms,bytes_d2h,bytes_h2d,interval,selection_overlap\n";
@@ -278,21 +271,33 @@ int main(int argc, char** argv) {
 
   std::vector<mode_result> results;
   results.push_back(train("dense", zenflow::zenflow_options::dense(), data, train_idx, test_idx, epochs, csv));
-  results.push_back(train("zero-offload", zenflow::zenflow_options::zero_offload(), data, train_idx, test_idx, epochs,
-                          csv));
+  results.push_back(
+      train("zero-offload", zenflow::zenflow_options::zero_offload(), data, train_idx, test_idx, epochs, csv));
   results.push_back(train("zenflow-sync", zenflow_sync, data, train_idx, test_idx, epochs, csv));
   results.push_back(train("zenflow-async", zenflow_async, data, train_idx, test_idx, epochs, csv));
 
-  std::printf("\n%-14s %9s %10s %12s %14s %14s %8s\n", "mode", "accuracy", "final loss", "stall ms", "D2H bytes",
-              "H2D bytes", "seconds");
-  for (const auto& r : results)
-    std::printf("%-14s %8.2f%% %10.4f %12.2f %14llu %14llu %8.2f\n", r.name.c_str(), r.accuracy, r.final_loss,
-                r.stall_ms, static_cast<unsigned long long>(r.bytes_d2h), static_cast<unsigned long long>(r.bytes_h2d),
-                r.seconds);
+  const bool on_gpu = finetune::gpu_available();
+  if (on_gpu) {
+    std::printf("\nA CUDA GPU is present: the same four runs through cuda_coordinator.\n");
+    results.push_back(
+        finetune::train_gpu("gpu-dense", zenflow::zenflow_options::dense(), data, train_idx, test_idx, epochs, csv));
+    results.push_back(finetune::train_gpu("gpu-zero-offload", zenflow::zenflow_options::zero_offload(), data, train_idx,
+                                          test_idx, epochs, csv));
+    results.push_back(finetune::train_gpu("gpu-zenflow-sync", zenflow_sync, data, train_idx, test_idx, epochs, csv));
+    results.push_back(finetune::train_gpu("gpu-zenflow-async", zenflow_async, data, train_idx, test_idx, epochs, csv));
+  } else {
+    std::printf("\n(no CUDA GPU in this build or on this machine: host backend only)\n");
+  }
+  print_table(results);
   std::printf("per-step rows written to finetune_mlp.csv (plot: python3 docs/plot_finetune.py finetune_mlp.csv)\n");
-  const double gap = results[0].accuracy - results[3].accuracy;
-  const bool ok = gap <= 1.0;
-  std::printf("ZenFlow async held-out accuracy is %.2f points %s dense: %s\n", std::fabs(gap),
-              gap >= 0 ? "below" : "above", ok ? "within 1 point (pass)" : "NOT within 1 point (fail)");
+  bool ok = true;
+  for (std::size_t base = 0; base < results.size(); base += 4) {
+    const double gap = results[base].accuracy - results[base + 3].accuracy;
+    const bool within = gap <= 1.0;
+    std::printf("%s held-out accuracy is %.2f points %s %s: %s\n", results[base + 3].name.c_str(), std::fabs(gap),
+                gap >= 0 ? "below" : "above", results[base].name.c_str(),
+                within ? "within 1 point (pass)" : "NOT within 1 point (fail)");
+    ok = ok && within;
+  }
   return ok ? 0 : 1;
 }

@@ -53,7 +53,8 @@ struct cuda_backend {
     explicit device_buffer(std::size_t bytes) : bytes_(bytes) {
       if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaMalloc(&data_, bytes_));
     }
-    device_buffer(device_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    device_buffer(device_buffer&& o) noexcept
+        : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
     device_buffer& operator=(device_buffer&& o) noexcept {
       if (this != &o) {
         reset();
@@ -83,7 +84,8 @@ struct cuda_backend {
     explicit host_buffer(std::size_t bytes) : bytes_(bytes) {
       if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaHostAlloc(&data_, bytes_, cudaHostAllocDefault));
     }
-    host_buffer(host_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    host_buffer(host_buffer&& o) noexcept
+        : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
     host_buffer& operator=(host_buffer&& o) noexcept {
       if (this != &o) {
         reset();
@@ -171,8 +173,8 @@ struct cuda_backend {
   }
   static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* columns_dev,
                      void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {
-    cuda_gather_columns(grad, std::span<const std::int32_t>(columns_dev, columns.size()), dst, dst_type,
-                        &flags->scale, stream);
+    cuda_gather_columns(grad, std::span<const std::int32_t>(columns_dev, columns.size()), dst, dst_type, &flags->scale,
+                        stream);
   }
   static void scatter(const void* src, dtype src_type, std::span<const std::int32_t> columns,
                       const std::int32_t* columns_dev, matrix_view param, stream_type stream) {

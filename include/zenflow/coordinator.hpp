@@ -57,14 +57,14 @@ struct coordinator_config {
 
 /// What one step did and what it cost. Printable.
 struct step_metrics {
-  std::int64_t step = -1;                ///< 0-based training step this describes
-  double stall_seconds = 0.0;            ///< time the trainer thread waited on CPU-side work
-  std::string stall_reason;              ///< why it waited ("" when it did not)
-  double cpu_update_seconds = 0.0;       ///< duration of the last completed CPU update
+  std::int64_t step = -1;                  ///< 0-based training step this describes
+  double stall_seconds = 0.0;              ///< time the trainer thread waited on CPU-side work
+  std::string stall_reason;                ///< why it waited ("" when it did not)
+  double cpu_update_seconds = 0.0;         ///< duration of the last completed CPU update
   std::uint64_t bytes_device_to_host = 0;  ///< offloaded by this step: its CPU-column gradients, migration
   std::uint64_t bytes_host_to_device = 0;  ///< written back by this step: CPU-updated columns, migration
-  double selection_overlap = 1.0;        ///< mean overlap of the last selection with the one before
-  std::int64_t interval = 1;             ///< length (steps) of the current update interval
+  double selection_overlap = 1.0;          ///< mean overlap of the last selection with the one before
+  std::int64_t interval = 1;               ///< length (steps) of the current update interval
   bool reselected = false;
   bool cpu_update_launched = false;
   bool written_back = false;
@@ -81,12 +81,12 @@ struct step_metrics {
 
 /// One CPU update as the staleness oracle sees it.
 struct update_record {
-  std::int64_t interval = 0;            ///< 0-based interval index
-  std::int64_t first_step = 0;          ///< first training step whose gradient it accumulated
-  std::int64_t last_step = 0;           ///< last one
-  std::int64_t accumulated_steps = 0;   ///< non-skipped steps averaged (0: no update applied)
-  std::int64_t written_back_at = -1;    ///< training step at whose end it reached the GPU parameters
-  int write_backs = 0;                  ///< how often it was written back (must be 1)
+  std::int64_t interval = 0;           ///< 0-based interval index
+  std::int64_t first_step = 0;         ///< first training step whose gradient it accumulated
+  std::int64_t last_step = 0;          ///< last one
+  std::int64_t accumulated_steps = 0;  ///< non-skipped steps averaged (0: no update applied)
+  std::int64_t written_back_at = -1;   ///< training step at whose end it reached the GPU parameters
+  int write_backs = 0;                 ///< how often it was written back (must be 1)
   bool synchronous = false;
 };
 
@@ -253,14 +253,14 @@ class basic_coordinator {
     dtype grad_type = dtype::f32;
     std::size_t cpu_tensor = 0;
     std::size_t selector_index = 0;
-    std::size_t device_index = npos;  // in the device optimizer (npos: no GPU columns yet)
-    std::vector<std::int32_t> selection;    // GPU columns (ascending)
-    std::vector<std::int32_t> complement;   // CPU columns (ascending)
-    device_buffer complement_dev;           // device copy of complement (int32)
-    device_buffer grad_stage[2];            // compact gathered gradient, per step parity
-    std::vector<float> accumulator[2];      // fp32 accumulated compact gradient, per interval parity
-    std::vector<std::byte> out_stage[2];    // CPU copy-out (param dtype, compact), per interval parity
-    device_buffer writeback_dev[2];         // the same on the device, per interval parity
+    std::size_t device_index = npos;       // in the device optimizer (npos: no GPU columns yet)
+    std::vector<std::int32_t> selection;   // GPU columns (ascending)
+    std::vector<std::int32_t> complement;  // CPU columns (ascending)
+    device_buffer complement_dev;          // device copy of complement (int32)
+    device_buffer grad_stage[2];           // compact gathered gradient, per step parity
+    std::vector<float> accumulator[2];     // fp32 accumulated compact gradient, per interval parity
+    std::vector<std::byte> out_stage[2];   // CPU copy-out (param dtype, compact), per interval parity
+    device_buffer writeback_dev[2];        // the same on the device, per interval parity
     const_matrix_view grad_matrix{};
     const_vector_view grad_vector{};
     bool has_grad = false;
@@ -366,7 +366,7 @@ class basic_coordinator {
   typename Backend::owned_stream writeback_stream_;
   std::vector<parameter> params_;
   device_buffer flags_dev_[2];
-  typename Backend::event_type gathered_[2];     // the step's gathers are done (per step parity)
+  typename Backend::event_type gathered_[2];      // the step's gathers are done (per step parity)
   typename Backend::event_type written_back_[2];  // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];
 
@@ -383,10 +383,10 @@ class basic_coordinator {
   std::condition_variable cv_;
   std::deque<offload_job> offload_jobs_;
   std::deque<update_job> update_jobs_;
-  std::int64_t offloaded_through_step_ = -1;     // every gradient of steps <= this is accumulated
-  std::int64_t accumulated_interval_ = -1;       // intervals <= this are fully accumulated
+  std::int64_t offloaded_through_step_ = -1;      // every gradient of steps <= this is accumulated
+  std::int64_t accumulated_interval_ = -1;        // intervals <= this are fully accumulated
   std::vector<std::int64_t> accumulated_counts_;  // non-skipped steps per interval (by index)
-  std::int64_t updated_interval_ = -1;           // CPU updates of intervals <= this are done
+  std::int64_t updated_interval_ = -1;            // CPU updates of intervals <= this are done
   std::vector<update_record> trace_;
   double last_update_seconds_ = 0.0;
   std::exception_ptr worker_error_;

@@ -60,8 +60,8 @@ void compare_modes(const zenflow_options& options, std::int64_t steps) {
   cuda_coordinator gpu(options, config);
   host_coordinator cpu(options, config);
   const auto initial = const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32);
-  gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
-                         initial, dtype::bf16);
+  gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device), initial,
+                         dtype::bf16);
   gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, b0);
   cpu.register_parameter("w", matrix_view::row_major(w_host.data(), rows, cols, dtype::bf16), initial, dtype::bf16);
   cpu.register_parameter("b", vector_view{b_host.data(), bias_size, dtype::f32}, b0);

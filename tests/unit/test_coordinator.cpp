@@ -34,7 +34,8 @@ struct toy_model {
     std::vector<float> column_scale;
     matrix_view view() {
       auto* d = storage.data();
-      return row_major ? matrix_view::row_major(d, rows, cols, type) : matrix_view::column_contiguous(d, rows, cols, type);
+      return row_major ? matrix_view::row_major(d, rows, cols, type)
+                       : matrix_view::column_contiguous(d, rows, cols, type);
     }
     const_matrix_view grad_view() const {
       auto* d = grad.data();
@@ -138,9 +139,8 @@ struct harness {
                                      w.type);
     }
     std::vector<float> b0(model.bias.size(), 0.0f);
-    coordinator.register_parameter("bias", vector_view{model.bias.data(), static_cast<index_t>(model.bias.size()),
-                                                       dtype::f32},
-                                   b0);
+    coordinator.register_parameter(
+        "bias", vector_view{model.bias.data(), static_cast<index_t>(model.bias.size()), dtype::f32}, b0);
   }
   static coordinator_config small_config() {
     coordinator_config c;
@@ -159,10 +159,9 @@ struct harness {
       model.make_gradients(coordinator.step_count(), coordinator.step_count() == poison_step);
       for (std::size_t i = 0; i < model.weights.size(); ++i)
         coordinator.submit_gradient(i, model.weights[i].grad_view(), &stream);
-      coordinator.submit_gradient(model.weights.size(),
-                                  const_vector_view{model.bias_grad.data(),
-                                                    static_cast<index_t>(model.bias_grad.size()), dtype::f32},
-                                  &stream);
+      coordinator.submit_gradient(
+          model.weights.size(),
+          const_vector_view{model.bias_grad.data(), static_cast<index_t>(model.bias_grad.size()), dtype::f32}, &stream);
       coordinator.step(&stream);
     }
   }
@@ -191,7 +190,7 @@ void check_staleness(const std::vector<update_record>& trace, std::int64_t steps
                      << r.written_back_at);
     CHECK(r.first_step == expected_first);  // every step's gradient lands in exactly one interval
     expected_first = r.last_step + 1;
-    CHECK(r.write_backs == 1);             // exactly once
+    CHECK(r.write_backs == 1);                // exactly once
     CHECK(r.written_back_at >= r.last_step);  // never before its interval ended
     CHECK(r.accumulated_steps == r.last_step - r.first_step + 1);
     if (r.synchronous || !overlap) {
@@ -366,8 +365,7 @@ TEST_CASE("a non-finite gradient skips the whole step") {
   offload.train(6, /*poison_step=*/2);
   offload.finish();
   CHECK(offload.coordinator.host_optimizer().step_count() == 5);
-  for (const auto& r : offload.coordinator.trace())
-    CHECK(r.accumulated_steps == (r.first_step == 2 ? 0 : 1));
+  for (const auto& r : offload.coordinator.trace()) CHECK(r.accumulated_steps == (r.first_step == 2 ? 0 : 1));
 }
 
 TEST_CASE("bad input is rejected before anything changes") {

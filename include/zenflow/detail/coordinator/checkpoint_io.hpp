@@ -45,13 +45,13 @@ inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
 class checkpoint_writer {
  public:
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put(const T& value) {
     const auto* p = reinterpret_cast<const std::byte*>(&value);
     payload_.insert(payload_.end(), p, p + sizeof(T));
   }
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put_array(std::span<const T> values) {
     put<std::uint64_t>(values.size());
     const auto* p = reinterpret_cast<const std::byte*>(values.data());
@@ -108,15 +108,15 @@ class checkpoint_reader {
     std::memcpy(&hash, file.data() + 24, 8);
     expects(version == checkpoint_version, "checkpoint", "format version ", version, " is not supported (expected ",
             checkpoint_version, ")");
-    expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated or has trailing data (",
-            file_size - checkpoint_header_bytes, " payload bytes, header says ", size, ")");
+    expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path,
+            "' is truncated or has trailing data (", file_size - checkpoint_header_bytes,
+            " payload bytes, header says ", size, ")");
     payload_.assign(file.begin() + checkpoint_header_bytes, file.end());
     expects(fnv1a64(payload_) == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
   }
 
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  T get() {
+  requires std::is_trivially_copyable_v<T> T get() {
     expects(pos_ + sizeof(T) <= payload_.size(), "checkpoint", "payload ends early");
     T value;
     std::memcpy(&value, payload_.data() + pos_, sizeof(T));
@@ -124,8 +124,7 @@ class checkpoint_reader {
     return value;
   }
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  std::vector<T> get_array() {
+  requires std::is_trivially_copyable_v<T> std::vector<T> get_array() {
     const auto n = get<std::uint64_t>();
     expects(n <= (payload_.size() - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
     std::vector<T> values(n);

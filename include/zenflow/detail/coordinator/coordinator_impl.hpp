@@ -88,7 +88,7 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
 
 template <class Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::set_selection(parameter& p, std::vector<std::int32_t> selection,
-                                                             stream_type stream) {
+                                                              stream_type stream) {
   const index_t rows = p.matrix.rows;
   const auto entering = detail::set_difference(selection, p.selection);
   const auto leaving = detail::set_difference(p.selection, selection);
@@ -499,9 +499,11 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
   // Drain: every offloaded gradient accumulated and every launched CPU update done. A pending
   // result stays pending (it is saved), exactly as in an uninterrupted run.
-  stall_until([&] {
-    return offloaded_through_step_ >= step_ - 1 && (!pending_interval_ || updated_interval_ >= *pending_interval_);
-  }, "checkpoint");
+  stall_until(
+      [&] {
+        return offloaded_through_step_ >= step_ - 1 && (!pending_interval_ || updated_interval_ >= *pending_interval_);
+      },
+      "checkpoint");
   Backend::synchronize(stream);
   detail::checkpoint_writer w;
   detail::put_options(w, options_);
@@ -641,8 +643,8 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     s.accumulator = r.get_array<float>();
     s.pending = r.get_array<std::byte>();
     s.values = r.get_array<std::byte>();
-    bool sorted = std::adjacent_find(s.selection.begin(), s.selection.end(), std::greater_equal<>()) ==
-                  s.selection.end();
+    bool sorted =
+        std::adjacent_find(s.selection.begin(), s.selection.end(), std::greater_equal<>()) == s.selection.end();
     for (auto c : s.selection) sorted = sorted && c >= 0 && c < cols;
     const std::size_t cpu_cols = static_cast<std::size_t>(cols) - s.selection.size();
     expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && sorted &&
