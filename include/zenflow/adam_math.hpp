@@ -38,13 +38,19 @@ struct adam_step_constants {
   float grad_scale = 1.0f;     ///< multiplies the raw gradient (1/accumulation count, unscale, clip)
 };
 
-/// Constants for step `step` (1-based: the first update is step 1) and a gradient scale factor.
-/// Throws `zenflow::error` for step < 1 or a non-finite / negative grad_scale; options are
-/// validated too.
-inline adam_step_constants make_adam_step_constants(const adam_options& o, std::int64_t step, float grad_scale = 1.0f) {
-  o.validate();
-  expects(step >= 1, "step", "must be >= 1 (1-based), got ", step);
-  expects(std::isfinite(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ", grad_scale);
+/// make_adam_step_constants without validation, callable in device code (the GPU sparse Adam
+/// computes the bias corrections of each launch from its device-side step counter). The bias
+/// corrections are computed in double and rounded once; CUDA's double pow may differ from glibc's
+/// in the last bit, far below that rounding.
+ZENFLOW_HOST_DEVICE inline adam_step_constants adam_step_constants_unchecked(const adam_options& o, std::int64_t step,
+                                                                             float grad_scale) noexcept {
+#if ZENFLOW_IS_DEVICE_CODE
+  using ::pow;
+  using ::sqrt;
+#else
+  using std::pow;
+  using std::sqrt;
+#endif
   adam_step_constants c;
   c.beta1 = o.beta1;
   c.beta2 = o.beta2;
@@ -52,14 +58,24 @@ inline adam_step_constants make_adam_step_constants(const adam_options& o, std::
   c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
   c.eps = o.eps;
   const double t = static_cast<double>(step);
-  const double bc1 = o.bias_correction ? 1.0 - std::pow(static_cast<double>(o.beta1), t) : 1.0;
-  const double bc2 = o.bias_correction ? 1.0 - std::pow(static_cast<double>(o.beta2), t) : 1.0;
+  const double bc1 = o.bias_correction ? 1.0 - pow(static_cast<double>(o.beta1), t) : 1.0;
+  const double bc2 = o.bias_correction ? 1.0 - pow(static_cast<double>(o.beta2), t) : 1.0;
   c.step_size = static_cast<float>(static_cast<double>(o.lr) / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / sqrt(bc2));
   c.lr_wd = o.adamw_mode ? static_cast<float>(static_cast<double>(o.lr) * o.weight_decay) : 0.0f;
   c.l2 = o.adamw_mode ? 0.0f : o.weight_decay;
   c.grad_scale = grad_scale;
   return c;
+}
+
+/// Constants for step `step` (1-based: the first update is step 1) and a gradient scale factor.
+/// Throws `zenflow::error` for step < 1 or a non-finite / negative grad_scale; options are
+/// validated too.
+inline adam_step_constants make_adam_step_constants(const adam_options& o, std::int64_t step, float grad_scale = 1.0f) {
+  o.validate();
+  expects(step >= 1, "step", "must be >= 1 (1-based), got ", step);
+  expects(std::isfinite(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ", grad_scale);
+  return adam_step_constants_unchecked(o, step, grad_scale);
 }
 
 namespace detail {

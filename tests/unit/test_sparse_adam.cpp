@@ -113,23 +113,6 @@ void fill_random(tensor& t, std::mt19937& rng, float sigma = 1.0f) {
 
 }  // namespace
 
-TEST_CASE("device step constants equal make_adam_step_constants bit for bit") {
-  for (bool adamw : {true, false})
-    for (bool bc : {true, false}) {
-      zenflow::adam_options o;
-      o.lr = 3e-4f;
-      o.beta2 = 0.95f;
-      o.weight_decay = 0.1f;
-      o.adamw_mode = adamw;
-      o.bias_correction = bc;
-      for (std::int64_t t : {1LL, 2LL, 3LL, 10LL, 255LL, 256LL, 257LL, 1000LL, 123456LL, 1LL << 40}) {
-        const auto a = zenflow::make_adam_step_constants(o, t, 0.25f);
-        const auto b = sa::step_constants_unchecked(o, t, 0.25f);
-        CHECK(std::memcmp(&a, &b, sizeof a) == 0);
-      }
-    }
-}
-
 TEST_CASE("sparse update equals dense Adam on the selected columns; the rest is untouched") {
   std::mt19937 rng(7);
   for (bool row_major : {true, false})

@@ -96,34 +96,4 @@ ZENFLOW_HOST_DEVICE ZENFLOW_FORCEINLINE float scaled(float x, float scale) noexc
   return detail::mul_rn(x, scale);
 }
 
-/// make_adam_step_constants without validation, callable in device code: the device computes the
-/// bias corrections of each launch from its own step counter. Same operations in double as
-/// make_adam_step_constants (the host tests check the two agree bit for bit on host; CUDA's
-/// double pow is within 2 ulp of glibc's, far below the final rounding to float).
-ZENFLOW_HOST_DEVICE inline adam_step_constants step_constants_unchecked(const adam_options& o, std::int64_t step,
-                                                                        float grad_scale) noexcept {
-#if ZENFLOW_IS_DEVICE_CODE
-  using ::pow;
-  using ::sqrt;
-#else
-  using std::pow;
-  using std::sqrt;
-#endif
-  adam_step_constants c;
-  c.beta1 = o.beta1;
-  c.beta2 = o.beta2;
-  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(o.beta1));
-  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
-  c.eps = o.eps;
-  const double t = static_cast<double>(step);
-  const double bc1 = o.bias_correction ? 1.0 - pow(static_cast<double>(o.beta1), t) : 1.0;
-  const double bc2 = o.bias_correction ? 1.0 - pow(static_cast<double>(o.beta2), t) : 1.0;
-  c.step_size = static_cast<float>(static_cast<double>(o.lr) / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / sqrt(bc2));
-  c.lr_wd = o.adamw_mode ? static_cast<float>(static_cast<double>(o.lr) * o.weight_decay) : 0.0f;
-  c.l2 = o.adamw_mode ? 0.0f : o.weight_decay;
-  c.grad_scale = grad_scale;
-  return c;
-}
-
 }  // namespace zenflow::detail::sparse_adam

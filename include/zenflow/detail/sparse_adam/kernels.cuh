@@ -163,7 +163,7 @@ static __global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const
     const float scale = effective_scale(ctl.grad_scale, ctl.scale_ptr);
     const bool ok = !(ctl.skip_flag != nullptr && *ctl.skip_flag != 0) &&
                     !(ctl.use_nonfinite && ctl.control->nonfinite != 0) && usable_scale(scale);
-    if (ok) constants = step_constants_unchecked(ctl.options, ctl.control->step + 1, scale);
+    if (ok) constants = adam_step_constants_unchecked(ctl.options, ctl.control->step + 1, scale);
     apply = ok ? 1 : 0;
   }
   __syncthreads();
