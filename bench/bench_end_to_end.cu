@@ -7,8 +7,10 @@
 //
 //   bench_end_to_end [--benchmark_filter=...]   env: ZENFLOW_E2E_LAYERS (8), ZENFLOW_E2E_TOKENS (4096)
 #include <benchmark/benchmark.h>
+
 #include <cublas_v2.h>
 #include <zenflow/coordinator.cuh>
+#include "end_to_end_modes.hpp"
 
 #include <chrono>
 #include <cstdlib>
@@ -106,33 +108,6 @@ struct model {
   }
 };
 
-zenflow_options mode_options(int mode) {
-  zenflow_options o;
-  switch (mode) {
-    case 0:
-      o = zenflow_options::dense();
-      break;
-    case 1:
-      o = zenflow_options::zero_offload();
-      break;
-    default:
-      o.topk_ratio = 0.1f;
-      o.update_interval = interval_option::fixed(4);
-      o.select_interval = interval_option::fixed(100);
-      o.overlap_step = mode == 3;
-  }
-  o.adam.lr = 1e-4f;
-  return o;
-}
-const char* mode_name(int mode) {
-  static const char* names[] = {"dense", "zero_offload", "zenflow_sync", "zenflow_async"};
-  return names[mode];
-}
-std::map<int, double>& step_seconds() {
-  static std::map<int, double> s;
-  return s;
-}
-
 void BM_end_to_end(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(0));
   cudaStream_t stream;
@@ -142,7 +117,7 @@ void BM_end_to_end(benchmark::State& state) {
     coordinator_config config;
     config.d2h_slot_bytes = std::size_t{16} << 20;
     config.h2d_slot_bytes = std::size_t{16} << 20;
-    cuda_coordinator c(mode_options(mode), config);
+    cuda_coordinator c(zenflow_bench::mode_options(mode, 1e-4f), config);
     for (index_t l = 0; l < m.layers; ++l)
       c.register_parameter("w" + std::to_string(l),
                            matrix_view::row_major(m.w[l]->ptr, hidden, hidden, dtype::bf16, memory_space::device),
@@ -174,16 +149,17 @@ void BM_end_to_end(benchmark::State& state) {
     }
     c.finish(stream);
     const double per_step = total / static_cast<double>(steps);
-    step_seconds()[mode] = per_step;
+    zenflow_bench::step_seconds()[mode] = per_step;
     state.counters["step_ms"] = per_step * 1e3;
     state.counters["stall_fraction"] = stall / total;
     state.counters["stall_ms_per_step"] = stall / static_cast<double>(steps) * 1e3;
     state.counters["d2h_MB_per_step"] = d2h / static_cast<double>(steps) / 1e6;
     state.counters["h2d_MB_per_step"] = h2d / static_cast<double>(steps) / 1e6;
-    if (step_seconds().count(0)) state.counters["fraction_of_dense"] = step_seconds()[0] / per_step;
-    if (mode == 3 && step_seconds().count(1))
-      state.counters["zero_offload_over_zenflow_async"] = step_seconds()[1] / per_step;
-    state.SetLabel(mode_name(mode));
+    if (zenflow_bench::step_seconds().count(0))
+      state.counters["fraction_of_dense"] = zenflow_bench::step_seconds()[0] / per_step;
+    if (mode == 3 && zenflow_bench::step_seconds().count(1))
+      state.counters["zero_offload_over_zenflow_async"] = zenflow_bench::step_seconds()[1] / per_step;
+    state.SetLabel(zenflow_bench::mode_name(mode));
   }
   ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
 }

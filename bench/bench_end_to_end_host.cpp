@@ -5,7 +5,9 @@
 // host-only version of the GPU end-to-end benchmark; the "GPU" and the CPU optimizer share the
 // same cores, so it shows the schedule's behaviour, not GPU speed-ups.
 #include <benchmark/benchmark.h>
+
 #include <zenflow/coordinator.hpp>
+#include "end_to_end_modes.hpp"
 
 #include <chrono>
 #include <map>
@@ -63,33 +65,6 @@ struct stack {
   }
 };
 
-zenflow::zenflow_options mode_options(int mode) {
-  zenflow::zenflow_options o;
-  switch (mode) {
-    case 0:
-      o = zenflow::zenflow_options::dense();
-      break;
-    case 1:
-      o = zenflow::zenflow_options::zero_offload();
-      break;
-    default:
-      o.topk_ratio = 0.1f;
-      o.update_interval = zenflow::interval_option::fixed(4);
-      o.select_interval = zenflow::interval_option::fixed(100);
-      o.overlap_step = mode == 3;
-  }
-  return o;
-}
-const char* mode_name(int mode) {
-  static const char* names[] = {"dense", "zero_offload", "zenflow_sync", "zenflow_async"};
-  return names[mode];
-}
-
-std::map<int, double>& step_seconds() {
-  static std::map<int, double> s;
-  return s;
-}
-
 void BM_end_to_end(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(0));
   stack model;
@@ -98,7 +73,7 @@ void BM_end_to_end(benchmark::State& state) {
   config.cpu_threads = 1;  // the other core plays the GPU
   config.d2h_slot_bytes = 1 << 20;
   config.h2d_slot_bytes = 1 << 20;
-  zenflow::host_coordinator c(mode_options(mode), config);
+  zenflow::host_coordinator c(zenflow_bench::mode_options(mode, 1e-3f), config);
   for (index_t l = 0; l < layers; ++l) {
     c.register_parameter("w" + std::to_string(l),
                          zenflow::matrix_view::row_major(model.w[l].data(), hidden, hidden, zenflow::dtype::bf16),
@@ -129,13 +104,14 @@ void BM_end_to_end(benchmark::State& state) {
   }
   c.finish(&stream);
   const double per_step = total / static_cast<double>(steps);
-  step_seconds()[mode] = per_step;
+  zenflow_bench::step_seconds()[mode] = per_step;
   state.counters["step_ms"] = per_step * 1e3;
   state.counters["stall_fraction"] = stall / total;
   state.counters["d2h_MB_per_step"] = static_cast<double>(d2h) / static_cast<double>(steps) / 1e6;
   state.counters["h2d_MB_per_step"] = static_cast<double>(h2d) / static_cast<double>(steps) / 1e6;
-  if (step_seconds().count(0)) state.counters["fraction_of_dense"] = step_seconds()[0] / per_step;
-  state.SetLabel(mode_name(mode));
+  if (zenflow_bench::step_seconds().count(0))
+    state.counters["fraction_of_dense"] = zenflow_bench::step_seconds()[0] / per_step;
+  state.SetLabel(zenflow_bench::mode_name(mode));
 }
 
 }  // namespace
