@@ -177,14 +177,19 @@ ZENFLOW_TARGET_AVX512 void shape_mixed_512(float* p, const bfloat16* g, float* m
   }
   _mm_sfence();
 }
+ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) void accumulate_block_512(float* acc, const bfloat16* g) {
+  const __m512 gv = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g))), 16));
+  _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc), gv));
+}
 ZENFLOW_TARGET_AVX512 void shape_accumulate_512(float* acc, const bfloat16* g, std::size_t n) {
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    ahead(acc + i), ahead(g + i);
-    const __m512 gv = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i))), 16));
-    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), gv));
+  for (; i + 32 <= n; i += 32) {  // one line of g and two of acc per iteration, as the step
+    ahead(acc + i), ahead(acc + i + 16), ahead(g + i);
+    accumulate_block_512(acc + i, g + i);
+    accumulate_block_512(acc + i + 16, g + i + 16);
   }
+  for (; i + 16 <= n; i += 16) accumulate_block_512(acc + i, g + i);
   for (; i < n; ++i) acc[i] += zenflow::to_float(g[i]);
 }
 #pragma GCC diagnostic pop
