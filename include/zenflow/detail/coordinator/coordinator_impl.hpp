@@ -9,15 +9,6 @@
 namespace zenflow {
 
 namespace detail {
-/// acc[j] += float(src[j]) for n elements of `type`.
-inline void accumulate_compact(float* acc, const std::byte* src, dtype type, std::size_t n) {
-  dispatch_dtype(type, [&](auto tag) {
-    using T = decltype(tag);
-    const T* g = reinterpret_cast<const T*>(src);
-    for (std::size_t j = 0; j < n; ++j) acc[j] += to_float(g[j]);
-  });
-}
-
 /// Packs [master, m, v] of `columns` (column-contiguous CPU state, `rows` per column).
 inline void pack_columns(std::span<const float> p, std::span<const float> m, std::span<const float> v, index_t rows,
                          std::span<const std::int32_t> columns, std::vector<float>& out) {
@@ -341,14 +332,15 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
     std::size_t bytes;
   };
   std::deque<in_flight> flight;
-  std::vector<std::int64_t> counted_steps;  // per interval parity bookkeeping is in accumulated_counts_
   auto consume_one = [&] {
     auto slot = d2h_.next();
     const in_flight f = flight.front();
     flight.pop_front();
+    // The CPU Adam's SIMD accumulate kernel, on this thread alone: the pool belongs to the update
+    // worker, which may be running the previous interval's update right now.
     if (!f.job.flags->skip)
-      detail::accumulate_compact(f.job.accumulator + f.offset / dtype_size(f.job.type), slot.data, f.job.type,
-                                 f.bytes / dtype_size(f.job.type));
+      detail::cpu_accumulate_kernel(cpu_isa::automatic, f.job.accumulator + f.offset / dtype_size(f.job.type),
+                                    slot.data, f.job.type, f.bytes / dtype_size(f.job.type), 1.0f);
     d2h_.release(slot);
   };
   try {
