@@ -109,6 +109,7 @@ class basic_coordinator {
         host_opt_(options.adam, cpu_adam_config{config.cpu_threads, config.pin_threads}),
         device_opt_(options.adam),
         selector_(options.topk_ratio),
+        policy_(options),
         d2h_(transfer_direction::device_to_host, nonzero(config.d2h_slot_bytes, "d2h_slot_bytes"), config.d2h_slots),
         h2d_(transfer_direction::host_to_device, nonzero(config.h2d_slot_bytes, "h2d_slot_bytes"), config.h2d_slots) {
     flags_dev_[0] = typename Backend::device_buffer(sizeof(step_flags));
@@ -360,6 +361,7 @@ class basic_coordinator {
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;
   selector_type selector_;
+  selection_policy policy_;
   queue_type d2h_;
   queue_type h2d_;
   typename Backend::owned_stream offload_stream_;

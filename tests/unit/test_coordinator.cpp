@@ -15,6 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 using namespace zenflow;
@@ -126,12 +129,13 @@ struct toy_model {
   }
 };
 
-struct harness {
+template <class Coordinator = host_coordinator>
+struct basic_harness {
   toy_model model;
   host_stream stream;
-  host_coordinator coordinator;
+  Coordinator coordinator;
 
-  harness(const zenflow_options& o, coordinator_config config = small_config()) : coordinator(o, config) {
+  basic_harness(const zenflow_options& o, coordinator_config config = small_config()) : coordinator(o, config) {
     for (std::size_t i = 0; i < model.weights.size(); ++i) {
       auto& w = model.weights[i];
       coordinator.register_parameter("w" + std::to_string(i), w.view(),
@@ -168,6 +172,18 @@ struct harness {
   std::vector<std::byte> finish() {
     coordinator.finish(&stream);
     return model.snapshot();
+  }
+};
+
+using harness = basic_harness<>;
+
+// A CPU optimizer that fails on its third update, to show worker errors reach the trainer.
+struct failing_cpu_adam : cpu_adam {
+  using cpu_adam::cpu_adam;
+  int calls = 0;
+  cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
+    if (++calls == 3) throw std::runtime_error("injected CPU update failure");
+    return cpu_adam::step(tasks, grad_scale, check_finite);
   }
 };
 
@@ -383,4 +399,32 @@ TEST_CASE("bad input is rejected before anything changes") {
   zenflow_options bad;
   bad.topk_ratio = 2.0f;
   CHECK_THROWS_AS(host_coordinator{bad}, zenflow::error);
+}
+
+TEST_CASE("an error on a worker thread reaches the trainer from the next call") {
+  for (bool overlap : {true, false}) {
+    auto o = base_options();
+    o.overlap_step = overlap;
+    basic_harness<basic_coordinator<host_backend, failing_cpu_adam>> h(o);
+    bool surfaced = false;
+    try {
+      h.train(20);
+    } catch (const std::runtime_error& e) {
+      surfaced = std::string(e.what()) == "injected CPU update failure";
+    }
+    CHECK(surfaced);
+    CHECK(h.coordinator.step_count() < 20);
+  }  // and destruction after the failure is clean
+}
+
+TEST_CASE("destruction with CPU work in flight is clean") {
+  for (int steps : {1, 5, 7, 9}) {
+    harness h(base_options());
+    h.train(steps);  // async: an update is pending or running, gradients are in the offload queue
+  }
+  harness h(base_options());
+  h.train(6);
+  h.coordinator.finish(&h.stream);
+  const auto trace = h.coordinator.trace();
+  for (const auto& r : trace) CHECK(r.write_backs == 1);
 }

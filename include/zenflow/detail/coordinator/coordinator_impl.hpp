@@ -236,10 +236,9 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
     bool boundary = false;
     for (const auto& p : params_)
       if (!p.is_vector && p.selection.empty()) boundary = true;
-    if (!boundary && options_.mode == offload_mode::zenflow) {
-      const std::int64_t since = step_ - options_.full_warm_up_rounds;
-      boundary = since > 0 && since % options_.select_interval_steps() == 0;
-    }
+    // The policy counts from the end of warm-up (its step 0 is the first selection above).
+    if (!boundary && options_.mode == offload_mode::zenflow)
+      boundary = policy_.should_select(step_ - options_.full_warm_up_rounds);
     if (boundary) reselect(stream);
   }
 
