@@ -156,12 +156,14 @@ struct cuda_backend {
     if (bytes != 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
   }
 
+  /// Device scratch the coordinator owns for step_statistics.
+  static constexpr std::size_t statistics_scratch_bytes = sizeof(gradient_stats_device);
+
+  /// Global gradient statistics of the step into `scratch`, then the flags (a one-thread kernel).
+  /// Asynchronous on `stream`.
   static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
-                              float max_norm, step_flags* flags, stream_type stream) {
-    // The statistics scratch lives right behind the flags in the same allocation is not
-    // guaranteed: keep one per-thread scratch owned here.
-    static thread_local device_buffer scratch(sizeof(gradient_stats_device));
-    auto* stats = reinterpret_cast<gradient_stats_device*>(scratch.data());
+                              float max_norm, step_flags* flags, std::byte* scratch, stream_type stream) {
+    auto* stats = reinterpret_cast<gradient_stats_device*>(scratch);
     cuda_gradient_stats(matrices, vectors, stats, stream);
     detail::make_step_flags_kernel<<<1, 1, 0, stream>>>(stats, max_norm, flags);
     ZENFLOW_CUDA_TRY(cudaGetLastError());

@@ -112,6 +112,7 @@ class basic_coordinator {
         policy_(options),
         d2h_(transfer_direction::device_to_host, nonzero(config.d2h_slot_bytes, "d2h_slot_bytes"), config.d2h_slots),
         h2d_(transfer_direction::host_to_device, nonzero(config.h2d_slot_bytes, "h2d_slot_bytes"), config.h2d_slots) {
+    statistics_scratch_ = typename Backend::device_buffer(Backend::statistics_scratch_bytes);
     flags_dev_[0] = typename Backend::device_buffer(sizeof(step_flags));
     flags_dev_[1] = typename Backend::device_buffer(sizeof(step_flags));
     flags_host_[0] = typename Backend::host_buffer(sizeof(step_flags));
@@ -368,6 +369,7 @@ class basic_coordinator {
   typename Backend::owned_stream writeback_stream_;
   std::vector<parameter> params_;
   device_buffer flags_dev_[2];
+  device_buffer statistics_scratch_;              // the backend's scratch for the step's gradient statistics
   typename Backend::event_type gathered_[2];      // the step's gathers are done (per step parity)
   typename Backend::event_type written_back_[2];  // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];

@@ -86,7 +86,8 @@ void basic_coordinator<Backend, HostOptimizer>::set_selection(parameter& p, std:
   auto params = host_opt_.params(p.cpu_tensor);
   auto m = host_opt_.exp_avg(p.cpu_tensor);
   auto v = host_opt_.exp_avg_sq(p.cpu_tensor);
-  if (!selection.empty()) {
+  const bool unchanged = p.device_index != npos && entering.empty() && leaving.empty();
+  if (!selection.empty() && !unchanged) {
     std::vector<float> packed;
     detail::pack_columns(params, m, v, rows, entering, packed);
     device_buffer entering_dev(packed.size() * sizeof(float));
@@ -255,7 +256,8 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   }
   auto* flags_dev = reinterpret_cast<step_flags*>(flags_dev_[parity].data());
   auto* flags_host = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  Backend::step_statistics(all_matrices, vectors, options_.max_grad_norm, flags_dev, stream);
+  Backend::step_statistics(all_matrices, vectors, options_.max_grad_norm, flags_dev, statistics_scratch_.data(),
+                           stream);
   Backend::copy_async(flags_host_[parity].data(), flags_dev, sizeof(step_flags), stream);
   if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);
 

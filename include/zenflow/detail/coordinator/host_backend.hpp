@@ -75,8 +75,11 @@ struct host_backend {
 
   /// Global gradient statistics of the step, then the flags: skip when a value is not finite,
   /// scale = min(1, max_norm / (norm + 1e-6)) when max_norm > 0.
+  /// The host backend computes the statistics inside the stream task: no scratch.
+  static constexpr std::size_t statistics_scratch_bytes = 0;
+
   static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
-                              float max_norm, step_flags* flags, stream_type stream) {
+                              float max_norm, step_flags* flags, std::byte* /*scratch*/, stream_type stream) {
     std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
     std::vector<const_vector_view> v(vectors.begin(), vectors.end());
     stream->enqueue([m = std::move(m), v = std::move(v), max_norm, flags] {
