@@ -113,6 +113,10 @@ class basic_coordinator {
         d2h_(transfer_direction::device_to_host, nonzero(config.d2h_slot_bytes, "d2h_slot_bytes"), config.d2h_slots),
         h2d_(transfer_direction::host_to_device, nonzero(config.h2d_slot_bytes, "h2d_slot_bytes"), config.h2d_slots) {
     statistics_scratch_ = typename Backend::device_buffer(Backend::statistics_scratch_bytes);
+    unit_flags_dev_ = typename Backend::device_buffer(sizeof(step_flags));
+    const step_flags unit{};
+    Backend::copy_async(unit_flags_dev_.data(), &unit, sizeof unit, offload_stream_.get());
+    Backend::synchronize(offload_stream_.get());
     flags_dev_[0] = typename Backend::device_buffer(sizeof(step_flags));
     flags_dev_[1] = typename Backend::device_buffer(sizeof(step_flags));
     flags_host_[0] = typename Backend::host_buffer(sizeof(step_flags));
@@ -211,7 +215,13 @@ class basic_coordinator {
             std::string(dtype_name(p.grad_type)));
     p.grad_matrix = grad;
     p.has_grad = true;
-    (void)stream;
+    // Without clipping, nothing about this gradient's CPU columns waits for the rest of backward:
+    // gather them now and let the copy overlap backward (not at a selection boundary, which may
+    // change the columns).
+    if (started_ && options_.max_grad_norm == 0.0f && !p.complement.empty() && !selection_boundary()) {
+      begin_step();
+      offload_gradient(p, reinterpret_cast<const step_flags*>(unit_flags_dev_.data()), stream);
+    }
   }
   void submit_gradient(std::size_t i, const_vector_view grad, stream_type stream) {
     rethrow_worker_error();
@@ -266,6 +276,7 @@ class basic_coordinator {
     const_matrix_view grad_matrix{};
     const_vector_view grad_vector{};
     bool has_grad = false;
+    bool offloaded = false;  // this step's CPU columns are already handed to the offload worker
   };
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
@@ -321,7 +332,7 @@ class basic_coordinator {
   }
   void fail(std::exception_ptr e) {
     std::lock_guard lock(mutex_);
-    if (!worker_error_) worker_error_ = e;
+    if (!worker_error_) worker_error_ = std::move(e);
     failed_ = true;
     cv_.notify_all();
   }
@@ -342,6 +353,9 @@ class basic_coordinator {
   }
 
   void start(stream_type stream);
+  void begin_step();
+  [[nodiscard]] bool selection_boundary() const;
+  void offload_gradient(parameter& p, const step_flags* scale, stream_type stream);
   void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
   void reselect(stream_type stream);
   void end_interval(stream_type stream, bool synchronous, std::int64_t last_step);
@@ -369,13 +383,18 @@ class basic_coordinator {
   typename Backend::owned_stream writeback_stream_;
   std::vector<parameter> params_;
   device_buffer flags_dev_[2];
-  device_buffer statistics_scratch_;              // the backend's scratch for the step's gradient statistics
+  device_buffer statistics_scratch_;
+  device_buffer unit_flags_dev_;                  // scale 1, no skip: for gathers during backward
+  typename Backend::event_type stats_ready_[2];   // the step's flags reached the host (per step parity)              //
+                                                  // the backend's scratch for the step's gradient statistics
   typename Backend::event_type gathered_[2];      // the step's gathers are done (per step parity)
   typename Backend::event_type written_back_[2];  // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];
 
   std::int64_t step_ = 0;
   bool started_ = false;
+  bool in_step_ = false;         // a gradient of step_ was handed over, or step() is running
+  bool step_offloaded_ = false;  // step_ handed at least one gradient to the offload worker
   interval_state interval_{};
   std::int64_t interval_target_ = 1;
   std::optional<std::int64_t> pending_interval_;  // CPU update launched, not yet written back
@@ -388,6 +407,7 @@ class basic_coordinator {
   std::deque<offload_job> offload_jobs_;
   std::deque<update_job> update_jobs_;
   std::int64_t offloaded_through_step_ = -1;      // every gradient of steps <= this is accumulated
+  std::int64_t stats_ready_step_ = -1;            // the flags of steps <= this are recorded (stats_ready_)
   std::int64_t accumulated_interval_ = -1;        // intervals <= this are fully accumulated
   std::vector<std::int64_t> accumulated_counts_;  // non-skipped steps per interval (by index)
   std::int64_t updated_interval_ = -1;            // CPU updates of intervals <= this are done

@@ -155,7 +155,7 @@ class host_stream {
       }
       t = task{};  // destroy captured state outside the lock
       lock.lock();
-      if (failure && !error_) error_ = failure;
+      if (failure && !error_) error_ = std::move(failure);
       busy_ = false;
       if (queue_.empty()) idle_cv_.notify_all();
     }

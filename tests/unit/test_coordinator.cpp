@@ -428,3 +428,25 @@ TEST_CASE("destruction with CPU work in flight is clean") {
   const auto trace = h.coordinator.trace();
   for (const auto& r : trace) CHECK(r.write_backs == 1);
 }
+
+TEST_CASE("clipping: one global norm over both paths; offloaded f32 gradients stay exact") {
+  // The global norm covers every gradient; the CPU columns get the same clip factor as the GPU
+  // ones. With f32 gradients the scaled gradient is rounded once on either path, so ZeRO-Offload
+  // and dense stay bit-identical on the f32 weight and the bias (the bf16 weight's offloaded
+  // gradient is rounded to bf16 after scaling, by design).
+  auto dense_opts = zenflow_options::dense();
+  dense_opts.max_grad_norm = 0.5f;
+  auto zero = zenflow_options::zero_offload();
+  zero.max_grad_norm = 0.5f;
+  harness a(dense_opts), b(zero);
+  a.train(9);
+  b.train(9);
+  a.finish();
+  b.finish();
+  CHECK(a.model.weights[1].storage == b.model.weights[1].storage);
+  CHECK(a.model.bias == b.model.bias);
+  harness unclipped(zenflow_options::dense());
+  unclipped.train(9);
+  unclipped.finish();
+  CHECK(unclipped.model.weights[1].storage != a.model.weights[1].storage);  // clipping was active
+}

@@ -220,28 +220,63 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
 }
 
 template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::begin_step() {
+  if (in_step_) return;
+  metrics_ = step_metrics{};
+  metrics_.step = step_;
+  in_step_ = true;
+  step_offloaded_ = false;
+  // The flags and gradient staging of this step's parity were last used two steps ago.
+  stall_until([&] { return offloaded_through_step_ >= step_ - 2; }, "offload backpressure");
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
+  if (warm_up()) return false;
+  for (const auto& p : params_)
+    if (!p.is_vector && p.selection.empty()) return true;  // the first step after warm-up
+  // The policy counts from the end of warm-up (its step 0 is the first selection).
+  return options_.mode == offload_mode::zenflow && policy_.should_select(step_ - options_.full_warm_up_rounds);
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, const step_flags* scale,
+                                                                 stream_type stream) {
+  const int parity = static_cast<int>(step_ % 2);
+  Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
+                  p.grad_stage[parity].data(), p.grad_type, scale, stream);
+  Backend::record(gathered_[parity], stream);
+  Backend::wait(offload_stream_.get(), gathered_[parity]);
+  offload_job j;
+  j.step = step_;
+  j.interval = interval_.index;
+  j.src = p.grad_stage[parity].data();
+  j.bytes = p.grad_stage[parity].bytes();
+  j.type = p.grad_type;
+  j.accumulator = p.accumulator[interval_.index % 2].data();
+  j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
+  {
+    std::lock_guard lock(mutex_);
+    offload_jobs_.push_back(j);
+  }
+  cv_.notify_all();
+  metrics_.bytes_device_to_host += j.bytes;
+  p.offloaded = true;
+  step_offloaded_ = true;
+}
+
+template <class Backend, host_optimizer HostOptimizer>
 const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream) {
   rethrow_worker_error();
   for (std::size_t i = 0; i < params_.size(); ++i)
     expects(params_[i].has_grad, "step", "no gradient was submitted for parameter ", i, " (", params_[i].name,
             ") in step ", step_);
-  metrics_ = step_metrics{};
-  metrics_.step = step_;
   if (!started_) start(stream);
+  begin_step();
   const int parity = static_cast<int>(step_ % 2);
-  // The flags and gradient staging of this parity were last used two steps ago.
-  stall_until([&] { return offloaded_through_step_ >= step_ - 2; }, "offload backpressure");
 
   // 1. Selection boundary: the first step after warm-up, then as the policy says.
-  if (!warm_up()) {
-    bool boundary = false;
-    for (const auto& p : params_)
-      if (!p.is_vector && p.selection.empty()) boundary = true;
-    // The policy counts from the end of warm-up (its step 0 is the first selection above).
-    if (!boundary && options_.mode == offload_mode::zenflow)
-      boundary = policy_.should_select(step_ - options_.full_warm_up_rounds);
-    if (boundary) reselect(stream);
-  }
+  if (selection_boundary()) reselect(stream);
 
   // 2. Statistics (global norm for clipping, non-finite check) and the GPU update.
   std::vector<const_matrix_view> all_matrices, device_matrices;
@@ -261,35 +296,23 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   Backend::copy_async(flags_host_[parity].data(), flags_dev, sizeof(step_flags), stream);
   if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);
 
-  // 3. Offload: gather the CPU columns (scaled), hand them to the offload worker.
-  std::vector<offload_job> jobs;
-  const int acc = static_cast<int>(interval_.index % 2);
-  for (auto& p : params_) {
-    if (p.is_vector || p.complement.empty()) continue;
-    Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
-                    p.grad_stage[parity].data(), p.grad_type, flags_dev, stream);
-    offload_job j;
-    j.step = step_;
-    j.interval = interval_.index;
-    j.src = p.grad_stage[parity].data();
-    j.bytes = p.grad_stage[parity].bytes();
-    j.type = p.grad_type;
-    j.accumulator = p.accumulator[acc].data();
-    j.flags = flags_host;
-    jobs.push_back(j);
-  }
-  Backend::record(gathered_[parity], stream);
-  Backend::wait(offload_stream_.get(), gathered_[parity]);
+  Backend::record(stats_ready_[parity], stream);
   {
     std::lock_guard lock(mutex_);
-    for (auto& j : jobs) {
-      offload_jobs_.push_back(j);
-      metrics_.bytes_device_to_host += j.bytes;
-    }
+    stats_ready_step_ = step_;
+  }
+  cv_.notify_all();
+
+  // 3. Offload the CPU columns not handed over during backward: gathered scaled by the step's
+  //    clip factor, then the end-of-step marker.
+  for (auto& p : params_)
+    if (!p.is_vector && !p.complement.empty() && !p.offloaded) offload_gradient(p, flags_dev, stream);
+  {
+    std::lock_guard lock(mutex_);
     offload_job marker;  // end of this step's gradients
     marker.step = step_;
     marker.interval = interval_.index;
-    marker.flags = jobs.empty() ? nullptr : flags_host;
+    marker.flags = step_offloaded_ ? flags_host : nullptr;
     offload_jobs_.push_back(marker);
   }
   cv_.notify_all();
@@ -302,7 +325,8 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
     else
       interval_ = {interval_.index + 1, step_ + 1, 0};
   }
-  for (auto& p : params_) p.has_grad = false;
+  for (auto& p : params_) p.has_grad = p.offloaded = false;
+  in_step_ = false;
   ++step_;
   // Leaving warm-up: the next interval follows the options.
   if (!warm_up() && !options_.update_interval.is_auto && interval_.steps == 0)
@@ -337,6 +361,19 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
     auto slot = d2h_.next();
     const in_flight f = flight.front();
     flight.pop_front();
+    // A gradient handed over during backward can land before step() has produced the step's
+    // flags: wait for them (abandoned at shutdown: then nothing is accumulated).
+    bool have_flags;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stats_ready_step_ >= f.job.step || stopping_ || failed_; });
+      have_flags = stats_ready_step_ >= f.job.step;
+    }
+    if (!have_flags) {
+      d2h_.release(slot);
+      return;
+    }
+    Backend::synchronize(stats_ready_[f.job.step % 2]);
     // The CPU Adam's SIMD accumulate kernel, on this thread alone: the pool belongs to the update
     // worker, which may be running the previous interval's update right now.
     if (!f.job.flags->skip)
@@ -344,6 +381,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
                                     slot.data, f.job.type, f.bytes / dtype_size(f.job.type), 1.0f);
     d2h_.release(slot);
   };
+  std::exception_ptr error;
   try {
     for (;;) {
       offload_job job;
@@ -386,12 +424,16 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
     }
     while (!flight.empty()) consume_one();
   } catch (...) {
-    fail(std::current_exception());
+    error = std::current_exception();
   }
+  // Published after the handler has ended, so that this thread holds no reference to the
+  // exception once the trainer may rethrow and free it.
+  if (error) fail(std::move(error));
 }
 
 template <class Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::update_loop() {
+  std::exception_ptr error;
   try {
     for (;;) {
       update_job job;
@@ -408,8 +450,11 @@ void basic_coordinator<Backend, HostOptimizer>::update_loop() {
       run_update(job);
     }
   } catch (...) {
-    fail(std::current_exception());
+    error = std::current_exception();
   }
+  // Published after the handler has ended, so that this thread holds no reference to the
+  // exception once the trainer may rethrow and free it.
+  if (error) fail(std::move(error));
 }
 
 template <class Backend, host_optimizer HostOptimizer>
@@ -662,6 +707,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     accumulated_counts_[interval.index] = current_count;
     if (pending >= 0) accumulated_counts_[pending] = pending_count;
     offloaded_through_step_ = step - 1;
+    stats_ready_step_ = step - 1;
     accumulated_interval_ = interval.index - 1;
     updated_interval_ = interval.index - 1;
   }
