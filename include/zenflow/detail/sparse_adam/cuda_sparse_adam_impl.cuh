@@ -81,6 +81,9 @@ inline cuda_sparse_adam::cuda_sparse_adam(const adam_options& options) : options
   options_.validate();
   control_ = detail::sparse_adam::device_memory(sizeof(detail::sparse_adam::control_block));
   ZENFLOW_CUDA_TRY(cudaMemset(control_.get(), 0, sizeof(detail::sparse_adam::control_block)));
+  // cudaMemset on device memory may return before it ran, on the legacy stream, which a non-blocking
+  // stream does not wait for: the first step must see a zeroed control block.
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   int device = 0, sms = 0, per_sm = 0;
   ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
   ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -414,13 +417,13 @@ inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int3
   sa::check_device_pointer(dst, "dst");
   if (scale_ptr_device != nullptr) sa::check_device_pointer(scale_ptr_device, "scale_ptr_device");
   if (src.row_stride <= src.col_stride) {
-    const dim3 grid(static_cast<unsigned int>(n), static_cast<unsigned int>((src.rows + sa::kTile - 1) / sa::kTile));
+    const dim3 grid(static_cast<unsigned int>(n), sa::row_tile_grid(src.rows, sa::kTile));
     sa::gather_columns_direct_kernel<<<grid, sa::kThreads, 0, stream>>>(src.data, src.type, src.rows, src.cols,
                                                                         src.row_stride, src.col_stride, columns.data(),
                                                                         dst, dst_type, scale, scale_ptr_device);
   } else {
     const dim3 grid(static_cast<unsigned int>((n + sa::kTransposeTile - 1) / sa::kTransposeTile),
-                    static_cast<unsigned int>((src.rows + sa::kTransposeTile - 1) / sa::kTransposeTile));
+                    sa::row_tile_grid(src.rows, sa::kTransposeTile));
     sa::gather_columns_transpose_kernel<<<grid, dim3(sa::kTransposeTile, sa::kTransposeRows), 0, stream>>>(
         src.data, src.type, src.rows, src.cols, src.row_stride, src.col_stride, columns.data(), n, dst, dst_type, scale,
         scale_ptr_device);
@@ -443,12 +446,12 @@ inline void cuda_scatter_columns(const void* src, dtype src_type, std::span<cons
   sa::check_device_pointer(columns.data(), "columns");
   sa::check_device_pointer(src, "src");
   if (dst.row_stride <= dst.col_stride) {
-    const dim3 grid(static_cast<unsigned int>(n), static_cast<unsigned int>((dst.rows + sa::kTile - 1) / sa::kTile));
+    const dim3 grid(static_cast<unsigned int>(n), sa::row_tile_grid(dst.rows, sa::kTile));
     sa::scatter_columns_direct_kernel<<<grid, sa::kThreads, 0, stream>>>(
         src, src_type, columns.data(), dst.data, dst.type, dst.rows, dst.cols, dst.row_stride, dst.col_stride);
   } else {
     const dim3 grid(static_cast<unsigned int>((n + sa::kTransposeTile - 1) / sa::kTransposeTile),
-                    static_cast<unsigned int>((dst.rows + sa::kTransposeTile - 1) / sa::kTransposeTile));
+                    sa::row_tile_grid(dst.rows, sa::kTransposeTile));
     sa::scatter_columns_transpose_kernel<<<grid, dim3(sa::kTransposeTile, sa::kTransposeRows), 0, stream>>>(
         src, src_type, columns.data(), n, dst.data, dst.type, dst.rows, dst.cols, dst.row_stride, dst.col_stride);
   }

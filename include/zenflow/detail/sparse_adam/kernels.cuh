@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "zenflow/adam_math.hpp"
@@ -255,8 +256,9 @@ static __global__ void pack_state_kernel(state_arrays state, state_layout layout
   }
 }
 
-/// Gather/scatter, column-contiguous path: block (column i = blockIdx.x, rows blockIdx.y * kTile ...): both sides
-/// contiguous along rows.
+/// Gather/scatter, column-contiguous path: block (column i = blockIdx.x, row tiles blockIdx.y, blockIdx.y +
+/// gridDim.y, ... of kTile rows): both sides contiguous along rows. gridDim.y is capped at 65535, so a
+/// block walks as many row tiles as it takes.
 static __global__ void __launch_bounds__(kThreads)
     gather_columns_direct_kernel(const void* src, dtype src_type, index_t rows, index_t cols, index_t row_stride,
                                  index_t col_stride, const std::int32_t* columns, void* dst, dtype dst_type,
@@ -265,10 +267,10 @@ static __global__ void __launch_bounds__(kThreads)
   const std::int32_t c = columns[i];
   if (c < 0 || c >= cols) return;  // out-of-range indices are ignored
   const float s = effective_scale(scale, scale_ptr);
-  for (index_t r = blockIdx.y * static_cast<index_t>(kTile) + threadIdx.x;
-       r < rows && r < (blockIdx.y + 1) * static_cast<index_t>(kTile); r += kThreads)
-    store_from_float(dst, dst_type, i * rows + r,
-                     scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s));
+  for (index_t t = blockIdx.y * static_cast<index_t>(kTile); t < rows; t += gridDim.y * static_cast<index_t>(kTile))
+    for (index_t r = t + threadIdx.x; r < rows && r < t + kTile; r += kThreads)
+      store_from_float(dst, dst_type, i * rows + r,
+                       scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s));
 }
 
 static __global__ void __launch_bounds__(kThreads)
@@ -277,9 +279,9 @@ static __global__ void __launch_bounds__(kThreads)
   const index_t i = blockIdx.x;
   const std::int32_t c = columns[i];
   if (c < 0 || c >= cols) return;
-  for (index_t r = blockIdx.y * static_cast<index_t>(kTile) + threadIdx.x;
-       r < rows && r < (blockIdx.y + 1) * static_cast<index_t>(kTile); r += kThreads)
-    store_from_float(dst, dst_type, r * row_stride + c * col_stride, load_as_float(src, src_type, i * rows + r));
+  for (index_t t = blockIdx.y * static_cast<index_t>(kTile); t < rows; t += gridDim.y * static_cast<index_t>(kTile))
+    for (index_t r = t + threadIdx.x; r < rows && r < t + kTile; r += kThreads)
+      store_from_float(dst, dst_type, r * row_stride + c * col_stride, load_as_float(src, src_type, i * rows + r));
 }
 
 inline constexpr int kTransposeTile = 32;
@@ -287,31 +289,33 @@ inline constexpr int kTransposeRows = 8;
 
 /// Row-major path: a 32 x 32 tile (32 listed columns x 32 rows) through shared memory, so that
 /// the source is read along rows (consecutive listed columns of one row) and the compact buffer
-/// written along columns, both coalesced.
+/// written along columns, both coalesced. Blocks walk row tiles blockIdx.y, blockIdx.y + gridDim.y, ...
+/// (gridDim.y is capped at 65535).
 static __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
     gather_columns_transpose_kernel(const void* src, dtype src_type, index_t rows, index_t cols, index_t row_stride,
                                     index_t col_stride, const std::int32_t* columns, index_t n, void* dst,
                                     dtype dst_type, float scale, const float* scale_ptr) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const index_t i0 = static_cast<index_t>(blockIdx.x) * kTransposeTile;
-  const index_t r0 = static_cast<index_t>(blockIdx.y) * kTransposeTile;
   const float s = effective_scale(scale, scale_ptr);
-  {
-    const index_t i = i0 + threadIdx.x;
-    const std::int32_t c = i < n ? columns[i] : -1;
+  const index_t i_load = i0 + threadIdx.x;
+  const std::int32_t c_load = i_load < n ? columns[i_load] : -1;
+  for (index_t r0 = static_cast<index_t>(blockIdx.y) * kTransposeTile; r0 < rows;
+       r0 += static_cast<index_t>(gridDim.y) * kTransposeTile) {
     for (int dr = threadIdx.y; dr < kTransposeTile; dr += kTransposeRows) {
       const index_t r = r0 + dr;
-      if (c >= 0 && c < cols && r < rows)
-        tile[dr][threadIdx.x] = scaled(load_as_float(src, src_type, r * row_stride + c * col_stride), s);
+      if (c_load >= 0 && c_load < cols && r < rows)
+        tile[dr][threadIdx.x] = scaled(load_as_float(src, src_type, r * row_stride + c_load * col_stride), s);
     }
-  }
-  __syncthreads();
-  for (int di = threadIdx.y; di < kTransposeTile; di += kTransposeRows) {
-    const index_t i = i0 + di, r = r0 + threadIdx.x;
-    if (i < n && r < rows) {
-      const std::int32_t c = columns[i];
-      if (c >= 0 && c < cols) store_from_float(dst, dst_type, i * rows + r, tile[threadIdx.x][di]);
+    __syncthreads();
+    for (int di = threadIdx.y; di < kTransposeTile; di += kTransposeRows) {
+      const index_t i = i0 + di, r = r0 + threadIdx.x;
+      if (i < n && r < rows) {
+        const std::int32_t c = columns[i];
+        if (c >= 0 && c < cols) store_from_float(dst, dst_type, i * rows + r, tile[threadIdx.x][di]);
+      }
     }
+    __syncthreads();  // the tile is refilled by the next row tile
   }
 }
 
@@ -321,19 +325,27 @@ static __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
                                      index_t col_stride) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const index_t i0 = static_cast<index_t>(blockIdx.x) * kTransposeTile;
-  const index_t r0 = static_cast<index_t>(blockIdx.y) * kTransposeTile;
-  for (int di = threadIdx.y; di < kTransposeTile; di += kTransposeRows) {
-    const index_t i = i0 + di, r = r0 + threadIdx.x;
-    if (i < n && r < rows) tile[threadIdx.x][di] = load_as_float(src, src_type, i * rows + r);
+  const index_t i_store = i0 + threadIdx.x;
+  const std::int32_t c_store = i_store < n ? columns[i_store] : -1;
+  const bool store = c_store >= 0 && c_store < cols;
+  for (index_t r0 = static_cast<index_t>(blockIdx.y) * kTransposeTile; r0 < rows;
+       r0 += static_cast<index_t>(gridDim.y) * kTransposeTile) {
+    for (int di = threadIdx.y; di < kTransposeTile; di += kTransposeRows) {
+      const index_t i = i0 + di, r = r0 + threadIdx.x;
+      if (i < n && r < rows) tile[threadIdx.x][di] = load_as_float(src, src_type, i * rows + r);
+    }
+    __syncthreads();
+    for (int dr = threadIdx.y; store && dr < kTransposeTile; dr += kTransposeRows) {
+      const index_t r = r0 + dr;
+      if (r < rows) store_from_float(dst, dst_type, r * row_stride + c_store * col_stride, tile[dr][threadIdx.x]);
+    }
+    __syncthreads();  // the tile is refilled by the next row tile
   }
-  __syncthreads();
-  const index_t i = i0 + threadIdx.x;
-  const std::int32_t c = i < n ? columns[i] : -1;
-  if (c < 0 || c >= cols) return;
-  for (int dr = threadIdx.y; dr < kTransposeTile; dr += kTransposeRows) {
-    const index_t r = r0 + dr;
-    if (r < rows) store_from_float(dst, dst_type, r * row_stride + c * col_stride, tile[dr][threadIdx.x]);
-  }
+}
+
+/// gridDim.y for a launch over `tiles` row tiles: the kernels above loop over what does not fit.
+inline unsigned int row_tile_grid(index_t rows, index_t tile) {
+  return static_cast<unsigned int>(std::clamp<index_t>((rows + tile - 1) / tile, 1, 65535));
 }
 
 }  // namespace zenflow::detail::sparse_adam
