@@ -206,6 +206,9 @@ class cuda_copy_engine {
 
  private:
   void destroy() noexcept {
+    // The queue's own stream first: it also covers a copy whose submit failed half-way (its event
+    // may not have been recorded after it). Never the caller's stream.
+    if (copy_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaStreamSynchronize(copy_));
     for (cudaEvent_t event : events_) {
       ZENFLOW_CUDA_ASSERT(cudaEventSynchronize(event));  // no DMA into or out of freed memory
       ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event));

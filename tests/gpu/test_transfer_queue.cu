@@ -5,10 +5,12 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -184,61 +186,120 @@ TEST_CASE("both directions at once") {
 }
 
 TEST_CASE("a copy completes while a longer kernel still runs on another stream") {
-  for (auto direction : {d2h, h2d}) {
-    CAPTURE(static_cast<int>(direction));
-    constexpr std::size_t bytes = 64 * MiB;
-    mapped_flags flags;
-    stream_guard kernel_stream, caller;
-    device_buffer dev(bytes);
-    cuda_transfer_queue q(direction, bytes, 2);
-    spin_until_flag<<<1, 1, 0, kernel_stream.s>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
-    ZENFLOW_CUDA_TRY(cudaGetLastError());
-    auto slot = q.acquire();
-    if (direction == d2h) {
-      q.submit_device_to_host(slot, dev.p, bytes, caller.s);
-      q.release(q.next());  // waits on the slot's event only
-    } else {
-      std::memset(slot.data, 3, bytes);
-      q.submit_host_to_device(slot, dev.p, bytes, caller.s);
-      q.drain();
+  // The kernel runs on a non-blocking stream and then on the legacy default stream: the queue's
+  // copy stream must not be ordered after either (it is non-blocking itself).
+  for (bool legacy : {false, true})
+    for (auto direction : {d2h, h2d}) {
+      CAPTURE(legacy);
+      CAPTURE(static_cast<int>(direction));
+      constexpr std::size_t bytes = 64 * MiB;
+      mapped_flags flags;
+      stream_guard kernel_stream, caller;
+      device_buffer dev(bytes);
+      cuda_transfer_queue q(direction, bytes, 2);
+      const cudaStream_t spin_stream = legacy ? cudaStream_t{nullptr} : kernel_stream.s;
+      spin_until_flag<<<1, 1, 0, spin_stream>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
+      ZENFLOW_CUDA_TRY(cudaGetLastError());
+      auto slot = q.acquire();
+      if (direction == d2h) {
+        q.submit_device_to_host(slot, dev.p, bytes, caller.s);
+        q.release(q.next());  // waits on the slot's event only
+      } else {
+        std::memset(slot.data, 3, bytes);
+        q.submit_host_to_device(slot, dev.p, bytes, caller.s);
+        q.drain();
+      }
+      // The copy is done; the kernel must still be spinning (it was launched first and is longer).
+      CHECK(cudaStreamQuery(spin_stream) == cudaErrorNotReady);
+      (void)cudaGetLastError();
+      CHECK(flags.outcome() == 0);
+      flags.set();
+      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(spin_stream));
+      CHECK(flags.outcome() == 1);  // released by the host, not by the timeout
+      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
     }
-    // The copy is done; the kernel must still be spinning (it was launched first and is longer).
-    CHECK(cudaStreamQuery(kernel_stream.s) == cudaErrorNotReady);
-    (void)cudaGetLastError();
-    CHECK(flags.outcome() == 0);
-    flags.set();
-    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(kernel_stream.s));
-    CHECK(flags.outcome() == 1);  // released by the host, not by the timeout
-    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
-  }
 }
 
 TEST_CASE("the caller's stream waits for a host_to_device copy, without the host blocking") {
   constexpr std::size_t bytes = 32 * MiB;
   stream_guard caller;
   device_buffer dev(bytes);
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.p, 0, bytes));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+  pinned_buffer back(bytes);
+  mapped_flags flags;
   cuda_transfer_queue q(h2d, bytes, 2);
+  // Hold the queue's own stream, so the copy cannot have finished by chance when the caller's
+  // work runs: only the event wait orders the caller after it.
+  spin_until_flag<<<1, 1, 0, q.copy_stream()>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+  ZENFLOW_CUDA_TRY(cudaGetLastError());
   auto slot = q.acquire();
   std::memset(slot.data, 0x5a, bytes);
-  q.submit_host_to_device(slot, dev.p, bytes, caller.s);
-  std::vector<std::byte> back(bytes);
-  // Ordered on the caller's stream after the queue's copy: must see the new bytes.
+  q.submit_host_to_device(slot, dev.p, bytes, caller.s);  // returns at once
   ZENFLOW_CUDA_TRY(cudaMemcpyAsync(back.data(), dev.p, bytes, cudaMemcpyDeviceToHost, caller.s));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(cudaStreamQuery(caller.s) == cudaErrorNotReady);  // waiting for the queue's copy
+  (void)cudaGetLastError();
+  flags.set();
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
-  CHECK(back[0] == std::byte{0x5a});
-  CHECK(back[bytes - 1] == std::byte{0x5a});
+  CHECK(flags.outcome() == 1);
+  const auto* b = back.data();
+  CHECK(std::all_of(b, b + bytes, [](std::byte x) { return x == std::byte{0x5a}; }));
+  q.drain();
 }
 
-TEST_CASE("destroying a queue with copies in flight is safe") {
+TEST_CASE("a device_to_host copy is ordered after the caller's earlier work") {
+  device_buffer dev(MiB);
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.p, 0, MiB));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+  stream_guard caller;
+  mapped_flags flags;
+  cuda_transfer_queue q(d2h, MiB, 2);
+  spin_until_flag<<<1, 1, 0, caller.s>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+  ZENFLOW_CUDA_TRY(cudaGetLastError());
+  ZENFLOW_CUDA_TRY(cudaMemsetAsync(dev.p, 0x77, MiB, caller.s));  // the "gradient" the copy must see
+  auto slot = q.acquire();
+  q.submit_device_to_host(slot, dev.p, MiB, caller.s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(!q.try_next());  // the copy waits for the caller's stream
+  flags.set();
+  auto r = q.next();
+  CHECK(flags.outcome() == 1);
+  CHECK(std::all_of(r.data, r.data + MiB, [](std::byte x) { return x == std::byte{0x77}; }));
+  q.release(r);
+}
+
+TEST_CASE("destroying a queue with copies in flight waits for them") {
   device_buffer dev(64 * MiB);
   stream_guard caller;
-  for (int i = 0; i < 3; ++i) {
-    cuda_transfer_queue q(d2h, 32 * MiB, 2);
-    q.submit_device_to_host(q.acquire(), dev.p, 32 * MiB, caller.s);
-    q.submit_device_to_host(q.acquire(), static_cast<std::byte*>(dev.p) + 32 * MiB, 32 * MiB, caller.s);
+  for (auto direction : {d2h, h2d}) {
+    CAPTURE(static_cast<int>(direction));
+    mapped_flags flags;
+    auto q = std::make_unique<cuda_transfer_queue>(direction, 32 * MiB, 2);
+    std::atomic<bool> destroyed{false};
+    if (direction == d2h) {
+      // The copies wait for the caller's stream, held by the kernel.
+      spin_until_flag<<<1, 1, 0, caller.s>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+      q->submit_device_to_host(q->acquire(), dev.p, 32 * MiB, caller.s);
+      q->submit_device_to_host(q->acquire(), static_cast<std::byte*>(dev.p) + 32 * MiB, 32 * MiB, caller.s);
+    } else {
+      // The copy runs on the queue's stream, held by the kernel.
+      spin_until_flag<<<1, 1, 0, q->copy_stream()>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+      q->submit_host_to_device(q->acquire(), dev.p, 32 * MiB, caller.s);
+    }
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+    std::thread destroyer([&] {
+      q.reset();  // must block until the copies that use its pinned slots are done
+      destroyed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(!destroyed.load());
+    flags.set();
+    destroyer.join();
+    CHECK(destroyed.load());
+    CHECK(flags.outcome() == 1);  // released by the host, not by the timeout
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
   }
-  cuda_transfer_queue up(h2d, 32 * MiB, 2);
-  up.submit_host_to_device(up.acquire(), dev.p, 32 * MiB, caller.s);
 }
 
 TEST_CASE("errors: a failed CUDA call throws cuda_error; bad arguments throw before any CUDA call") {

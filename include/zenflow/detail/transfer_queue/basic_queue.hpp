@@ -322,7 +322,15 @@ class basic_transfer_queue {
             "submit needs a slot this producer acquired and has not submitted (slot ", slot.index, ", sequence ",
             slot.sequence, ")");
     expects(bytes <= slot_bytes_, "bytes", "must fit the slot: ", bytes, " > slot_bytes ", slot_bytes_);
-    enqueue(slot.index);  // under the lock: the copy stream's order is the FIFO's order
+    try {
+      enqueue(slot.index);  // under the lock: the copy stream's order is the FIFO's order
+    } catch (...) {
+      // Part of the copy may be enqueued already and is tracked by no slot: the queue is failed
+      // from now on, so the slot's memory is never handed out again while that DMA may run.
+      if (!error_) error_ = std::current_exception();
+      cv_.notify_all();
+      throw;
+    }
     slots_[slot.index].state = slot_state::in_flight;
     slots_[slot.index].bytes = bytes;
     in_flight_.push_back(slot.index);
@@ -391,7 +399,12 @@ void pipelined_copy_to_host(Queue& q, void* dst, const void* src, std::size_t by
       if (submitted < bytes) {
         if (auto slot = q.try_acquire()) {
           const std::size_t n = std::min(q.slot_bytes(), bytes - submitted);
-          q.submit_device_to_host(*slot, in + submitted, n, stream);
+          try {
+            q.submit_device_to_host(*slot, in + submitted, n, stream);
+          } catch (...) {
+            q.release(*slot);
+            throw;
+          }
           submitted += n;
           continue;
         }
