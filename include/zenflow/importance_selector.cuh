@@ -131,33 +131,42 @@ class cuda_importance_selector {
       tdesc[i] = {state_.score_offset(i), state_.k_offset(i), static_cast<int>(state_.cols(i)),
                   static_cast<int>(state_.k(i))};
     }
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_desc_.get(), h_desc_.get(), desc_bytes(n), cudaMemcpyHostToDevice, stream));
-    const auto* d_sdesc = reinterpret_cast<const detail::selector::score_desc*>(d_desc_.get());
-    const auto* d_tdesc = reinterpret_cast<const detail::selector::topk_desc*>(d_sdesc + n);
-    float* scores = d_scores_[next].get();
     expects(blocks <= 0x7fffffffLL, "grads", "too many score blocks for one launch: ", blocks);
-    if (state_.norm() == score_norm::l1)
-      detail::selector::column_scores_kernel<score_norm::l1>
-          <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
-              d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
-    else
-      detail::selector::column_scores_kernel<score_norm::l2_squared>
-          <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
-              d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
-    ZENFLOW_CUDA_TRY(cudaGetLastError());
-    if (comm_.world_size() > 1)
-      comm_.all_reduce_sum(std::span<float>(scores, static_cast<std::size_t>(state_.total_score_size())), stream);
-    detail::selector::topk_kernel<<<static_cast<unsigned>(n), detail::selector::topk_threads, 0, stream>>>(
-        d_tdesc, scores, d_indices_[next].get(), d_nan_.get());
-    ZENFLOW_CUDA_TRY(cudaGetLastError());
     const auto total_k = static_cast<std::size_t>(state_.total_k());
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_indices_.get(), d_indices_[next].get(), total_k * sizeof(std::int32_t),
-                                     cudaMemcpyDeviceToHost, stream));
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_nan_.get(), d_nan_.get(), n * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    try {
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_desc_.get(), h_desc_.get(), desc_bytes(n), cudaMemcpyHostToDevice, stream));
+      const auto* d_sdesc = reinterpret_cast<const detail::selector::score_desc*>(d_desc_.get());
+      const auto* d_tdesc = reinterpret_cast<const detail::selector::topk_desc*>(d_sdesc + n);
+      float* scores = d_scores_[next].get();
+      if (state_.norm() == score_norm::l1)
+        detail::selector::column_scores_kernel<score_norm::l1>
+            <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
+                d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
+      else
+        detail::selector::column_scores_kernel<score_norm::l2_squared>
+            <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
+                d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
+      ZENFLOW_CUDA_TRY(cudaGetLastError());
+      if (comm_.world_size() > 1)
+        comm_.all_reduce_sum(std::span<float>(scores, static_cast<std::size_t>(state_.total_score_size())), stream);
+      // Into the scratch buffer: d_indices_[next] is previous_device() until this select succeeds.
+      detail::selector::topk_kernel<<<static_cast<unsigned>(n), detail::selector::topk_threads, 0, stream>>>(
+          d_tdesc, scores, d_indices_scratch_.get(), d_nan_.get());
+      ZENFLOW_CUDA_TRY(cudaGetLastError());
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_indices_.get(), d_indices_scratch_.get(), total_k * sizeof(std::int32_t),
+                                       cudaMemcpyDeviceToHost, stream));
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_nan_.get(), d_nan_.get(), n * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    } catch (...) {
+      // Work already enqueued (score tickets, scratch writes) must not outlive a failed select.
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaGetLastError();
+      throw;
+    }
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     for (std::size_t i = 0; i < n; ++i)
       expects(h_nan_.get()[i] == 0, "grads", "parameter ", i, " has NaN column scores (non-finite gradient)");
     state_.commit_indices(std::span<const std::int32_t>(h_indices_.get(), total_k));
+    std::swap(d_indices_[next], d_indices_scratch_);
     cur_ = next;
     host_scores_valid_ = false;
   }
@@ -182,8 +191,10 @@ class cuda_importance_selector {
         copy_stream_.reset(s);
       }
       auto dst = const_cast<detail::selector::selection_state&>(state_).mutable_scores();
-      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst.data(), d_scores_[cur_].get(), dst.size() * sizeof(float),
-                                       cudaMemcpyDeviceToHost, copy_stream_.get()));
+      // Parameters registered since the buffers were sized have no device scores yet (zeros).
+      const std::size_t count = std::min(dst.size(), d_scores_[cur_].size());
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst.data(), d_scores_[cur_].get(), count * sizeof(float), cudaMemcpyDeviceToHost,
+                                       copy_stream_.get()));
       ZENFLOW_CUDA_TRY(cudaStreamSynchronize(copy_stream_.get()));
       host_scores_valid_ = true;
     }
@@ -191,17 +202,19 @@ class cuda_importance_selector {
   }
 
   /// Device copy of parameter i's current selection (k(i) ascending int32), valid until the
-  /// select() after next; nullptr before buffers exist.
+  /// select() after next; nullptr before buffers exist for parameter i (registered since the last
+  /// select() / set_selection()).
   [[nodiscard]] const std::int32_t* selected_device(std::size_t i) const {
-    return d_indices_[cur_].get() ? d_indices_[cur_].get() + state_.k_offset(i) : nullptr;
+    return in_buffer(d_indices_[cur_], state_.k_offset(i), state_.k(i));
   }
-  /// Device copy of previous(i) (meaningful only while previous(i) is not empty).
+  /// Device copy of previous(i) (meaningful only while previous(i) is not empty); a failed
+  /// select() leaves it unchanged.
   [[nodiscard]] const std::int32_t* previous_device(std::size_t i) const {
-    return d_indices_[cur_ ^ 1].get() ? d_indices_[cur_ ^ 1].get() + state_.k_offset(i) : nullptr;
+    return in_buffer(d_indices_[cur_ ^ 1], state_.k_offset(i), state_.k(i));
   }
   /// Device copy of parameter i's scores (cols(i) floats, 16-byte aligned) from the last select().
   [[nodiscard]] const float* scores_device(std::size_t i) const {
-    return d_scores_[cur_].get() ? d_scores_[cur_].get() + state_.score_offset(i) : nullptr;
+    return in_buffer(d_scores_[cur_], state_.score_offset(i), state_.cols(i));
   }
 
   /// Restores parameter i's selection (checkpoint resume) on host and device; validates like the
@@ -216,6 +229,11 @@ class cuda_importance_selector {
   }
 
  private:
+  template <class T>
+  static T* in_buffer(const detail::selector::device_array<T>& a, index_t offset, index_t count) {
+    if (a.get() == nullptr || static_cast<std::size_t>(offset + count) > a.size()) return nullptr;
+    return a.get() + offset;
+  }
   static std::size_t desc_bytes(std::size_t n) {
     return n * (sizeof(detail::selector::score_desc) + sizeof(detail::selector::topk_desc));
   }
@@ -247,6 +265,7 @@ class cuda_importance_selector {
                                           sel::device_array<float>(total_scores)};
     sel::device_array<std::int32_t> indices[2] = {sel::device_array<std::int32_t>(total_k),
                                                   sel::device_array<std::int32_t>(total_k)};
+    sel::device_array<std::int32_t> indices_scratch(total_k);
     sel::device_array<float> partial_buf(static_cast<std::size_t>(partials));
     sel::device_array<unsigned> counter_buf(static_cast<std::size_t>(counters));
     sel::device_array<unsigned char> desc(desc_bytes(n));
@@ -269,6 +288,7 @@ class cuda_importance_selector {
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     // Commit (nothing below throws).
     for (int b = 0; b < 2; ++b) d_scores_[b] = std::move(scores[b]), d_indices_[b] = std::move(indices[b]);
+    d_indices_scratch_ = std::move(indices_scratch);
     d_partials_ = std::move(partial_buf), d_counters_ = std::move(counter_buf), d_desc_ = std::move(desc);
     d_nan_ = std::move(nan), h_desc_ = std::move(h_desc), h_indices_ = std::move(h_indices), h_nan_ = std::move(h_nan);
     partial_offsets_ = std::move(partial_offsets), counter_offsets_ = std::move(counter_offsets);
@@ -282,6 +302,7 @@ class cuda_importance_selector {
   int cur_ = 0;
   detail::selector::device_array<float> d_scores_[2];
   detail::selector::device_array<std::int32_t> d_indices_[2];
+  detail::selector::device_array<std::int32_t> d_indices_scratch_;  // top-k output until select() succeeds
   detail::selector::device_array<float> d_partials_;
   detail::selector::device_array<unsigned> d_counters_;
   detail::selector::device_array<unsigned char> d_desc_;

@@ -92,6 +92,9 @@ void make(device_grad& g, index_t rows, index_t cols, dtype t, bool row_major, f
     }
   CHECK_CUDA(cudaMalloc(&g.device, g.bytes.size() + 16));
   CHECK_CUDA(cudaMemcpy(g.device, g.bytes.data(), g.bytes.size(), cudaMemcpyHostToDevice));
+  // A pageable upload may return before its DMA landed, on the legacy stream, which the
+  // non-blocking streams below do not wait for.
+  CHECK_CUDA(cudaDeviceSynchronize());
   g.view = const_matrix_view(g.device, rows, cols, rs, cs, t, memory_space::device);
   g.host_view = const_matrix_view(g.bytes.data(), rows, cols, rs, cs, t, memory_space::host);
 }
@@ -163,9 +166,10 @@ TEST_CASE("device selection matches the host over layouts, dtypes, norms and adv
           for (bool row_major : {true, false})
             for (index_t pad : {index_t{0}, index_t{1}}) {
               // Shapes that exercise full tiles, partial vectors and tiles, one row / one column,
-              // and several row segments.
-              const index_t shapes[][2] = {{1, 1}, {1, 300}, {300, 1}, {7, 33}, {64, 257}, {513, 1000}, {1500, 96}};
-              const auto& s = shapes[(n++) % 7];
+              // several row segments, and ties carried across the top-k's 2048-column output tiles.
+              const index_t shapes[][2] = {{1, 1},    {1, 300},    {300, 1},   {7, 33},
+                                           {64, 257}, {513, 1000}, {1500, 96}, {3, 5000}};
+              const auto& s = shapes[(n++) % 8];
               owned.push_back(std::make_unique<device_grad>());
               make(*owned.back(), s[0], s[1], t, row_major, f, rng, pad);
               grads.push_back(owned.back().get());
@@ -217,18 +221,40 @@ TEST_CASE("device selector: bad input throws before touching state") {
   make(nan_grad, 16, 40, dtype::bf16, true, fill::normal, rng);
   const std::uint16_t nan_bits = zenflow::to_bfloat16(std::nanf("")).bits;
   CHECK_CUDA(cudaMemcpy(static_cast<char*>(nan_grad.device) + 2 * 5, &nan_bits, 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaDeviceSynchronize());
   zenflow::cuda_importance_selector<> sel(0.25);
   sel.add_parameter(16, 40);
   sel.select(std::span(&a.view, 1), nullptr);
+  sel.select(std::span(&a.view, 1), nullptr);  // a previous selection exists too
   const std::vector<std::int32_t> before(sel.selected(0).begin(), sel.selected(0).end());
+  const std::vector<std::int32_t> previous_before(sel.previous(0).begin(), sel.previous(0).end());
+  REQUIRE(previous_before.size() == before.size());
   const std::vector<float> scores_before(sel.scores(0).begin(), sel.scores(0).end());
   CHECK_THROWS_AS(sel.select(std::span(&a.host_view, 1), nullptr), zenflow::error);    // host memory
   CHECK_THROWS_AS(sel.select(std::span(&nan_grad.view, 1), nullptr), zenflow::error);  // NaN score
   CHECK(std::vector<std::int32_t>(sel.selected(0).begin(), sel.selected(0).end()) == before);
+  CHECK(std::vector<std::int32_t>(sel.previous(0).begin(), sel.previous(0).end()) == previous_before);
   CHECK(std::vector<float>(sel.scores(0).begin(), sel.scores(0).end()) == scores_before);
+  // The device copies too (the host ones above are cached): the failed select ran its kernels.
   std::vector<std::int32_t> dev(before.size());
   CHECK_CUDA(cudaMemcpy(dev.data(), sel.selected_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(dev == before);
+  CHECK_CUDA(cudaMemcpy(dev.data(), sel.previous_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(dev == previous_before);
+  std::vector<float> dev_scores(scores_before.size());
+  CHECK_CUDA(cudaMemcpy(dev_scores.data(), sel.scores_device(0), dev_scores.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(dev_scores == scores_before);
+  // A parameter registered after the buffers were sized has no device copies yet, and scores()
+  // reads only what exists.
+  zenflow::cuda_importance_selector<> grown(0.25);
+  grown.add_parameter(16, 40);
+  grown.select(std::span(&a.view, 1), nullptr);
+  grown.add_parameter(8, 3000);
+  CHECK(grown.scores(0).size() == 40);
+  CHECK(grown.scores(1).size() == 3000);
+  CHECK(grown.selected_device(1) == nullptr);
+  CHECK(grown.scores_device(1) == nullptr);
+  CHECK(grown.selected_device(0) != nullptr);
   const std::vector<std::int32_t> unsorted{5, 1, 2, 3, 4, 6, 7, 8, 9, 10};
   CHECK_THROWS_AS(sel.set_selection(0, unsorted), zenflow::error);
   std::vector<std::int32_t> restore(10);
@@ -268,6 +294,7 @@ TEST_CASE("device gradient statistics match the host reference") {
     if (round == 1) {  // plant non-finite values
       const float inf = std::numeric_limits<float>::infinity();
       CHECK_CUDA(cudaMemcpy(owned[0]->device, &inf, 4, cudaMemcpyHostToDevice));  // tensor 0 is f32
+      CHECK_CUDA(cudaDeviceSynchronize());
       std::memcpy(owned[0]->bytes.data(), &inf, 4);
     }
     zenflow::cuda_gradient_stats(dev_views, dev_vecs, out, stream);

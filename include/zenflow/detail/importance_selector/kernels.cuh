@@ -179,8 +179,8 @@ ZENFLOW_DEVICE void score_column_per_warp(const score_desc& d, long long local_b
   if (c >= d.cols) return;
   const T* col = static_cast<const T*>(d.data) + c * d.col_stride;
   float acc = 0.0f;
+  constexpr int V = vec_elems<T>;
   if constexpr (Vec) {
-    constexpr int V = vec_elems<T>;
     const long long full = d.rows / V * V;
 #pragma unroll 4
     for (long long r = static_cast<long long>(lane) * V; r < full; r += 32 * V) {
@@ -188,6 +188,16 @@ ZENFLOW_DEVICE void score_column_per_warp(const score_desc& d, long long local_b
       load_vec16<T>(col + r, x);
 #pragma unroll
       for (int v = 0; v < V; ++v) acc += score_term<Norm>(x[v]);
+    }
+    for (long long r = full + lane; r < d.rows; r += 32) acc += score_term<Norm>(load_element(col + r));
+  } else if (d.row_stride == 1) {
+    // A contiguous column that is not 16-byte aligned: element loads, but the vector path's order
+    // (lane l sums rows l*V .. l*V+V-1, then every 32*V-th block; the same tail), so the score's
+    // bits do not depend on the buffer's alignment.
+    const long long full = d.rows / V * V;
+    for (long long r = static_cast<long long>(lane) * V; r < full; r += 32 * V) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc += score_term<Norm>(load_element(col + r + v));
     }
     for (long long r = full + lane; r < d.rows; r += 32) acc += score_term<Norm>(load_element(col + r));
   } else {
@@ -338,11 +348,11 @@ static __global__ void __launch_bounds__(topk_threads)
       if (hi_shift >= 32 || (key >> hi_shift) == prefix) atomicAdd(&hist[(key >> shift) & (bins - 1)], 1u);
     };
 #pragma unroll 4
-    for (int i = tid; i < n4; i += topk_threads) {
+    for (long long i = tid; i < n4; i += topk_threads) {  // 64-bit: cols may be near INT32_MAX
       const float4 v = __ldcg(reinterpret_cast<const float4*>(s) + i);
       count(v.x), count(v.y), count(v.z), count(v.w);
     }
-    for (int i = n4 * 4 + tid; i < d.cols; i += topk_threads) count(__ldcg(s + i));
+    for (long long i = 4LL * n4 + tid; i < d.cols; i += topk_threads) count(__ldcg(s + i));
     __syncthreads();
     // Thread t owns bins bins-1-(4t+j), j = 0..3: an exclusive scan in that (descending) order
     // gives, for each bin, how many candidates have a larger digit.
