@@ -79,6 +79,7 @@ struct model {
     fill_kernel<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(act[0]->ptr), tokens * hidden, 1.0f, 11u);
     ZENFLOW_CUBLAS_TRY(cublasCreate(&handle));
     ZENFLOW_CUBLAS_TRY(cublasSetStream(handle, stream));
+    ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());  // the weight uploads ran on the legacy stream
   }
   ~model() { cublasDestroy(handle); }
   // C(m x n, ldc) = op(A) op(B), bf16 in and out, fp32 accumulation (column-major cuBLAS view of

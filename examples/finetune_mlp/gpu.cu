@@ -95,6 +95,9 @@ struct layer {
     }
     ZENFLOW_CUDA_TRY(cudaMemcpy(w.ptr, wb.data(), wb.size() * sizeof(bfloat16), cudaMemcpyHostToDevice));
     ZENFLOW_CUDA_TRY(cudaMemset(b.ptr, 0, out * sizeof(float)));
+    // Both may return before they ran, on the legacy stream, which the trainer's non-blocking stream
+    // does not wait for.
+    ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   }
 };
 
@@ -258,6 +261,7 @@ finetune::mode_result finetune::train_gpu(const std::string& name, zenflow::zenf
   device_vector<int> yt_dev(yt.size());
   ZENFLOW_CUDA_TRY(cudaMemcpy(xt_dev.ptr, xt.data(), xt.size() * 4, cudaMemcpyHostToDevice));
   ZENFLOW_CUDA_TRY(cudaMemcpy(yt_dev.ptr, yt.data(), yt.size() * 4, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());  // the uploads may still be in flight on the legacy stream
   const int right = model.run(xt_dev.ptr, yt_dev.ptr, static_cast<int>(yt.size()), false).second;
   result.accuracy = 100.0 * right / static_cast<double>(yt.size());
   return result;

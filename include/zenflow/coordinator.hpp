@@ -110,8 +110,10 @@ class basic_coordinator {
         device_opt_(options.adam),
         selector_(options.topk_ratio),
         policy_(options),
-        d2h_(transfer_direction::device_to_host, nonzero(config.d2h_slot_bytes, "d2h_slot_bytes"), config.d2h_slots),
-        h2d_(transfer_direction::host_to_device, nonzero(config.h2d_slot_bytes, "h2d_slot_bytes"), config.h2d_slots) {
+        d2h_(transfer_direction::device_to_host, at_least_one_float(config.d2h_slot_bytes, "d2h_slot_bytes"),
+             config.d2h_slots),
+        h2d_(transfer_direction::host_to_device, at_least_one_float(config.h2d_slot_bytes, "h2d_slot_bytes"),
+             config.h2d_slots) {
     statistics_scratch_ = typename Backend::device_buffer(Backend::statistics_scratch_bytes);
     unit_flags_dev_ = typename Backend::device_buffer(sizeof(step_flags));
     const step_flags unit{};
@@ -141,6 +143,14 @@ class basic_coordinator {
     try {
       Backend::synchronize(offload_stream_.get());
       Backend::synchronize(writeback_stream_.get());
+      // The trainer's stream may still run work that reads or writes our buffers (statistics, the
+      // flags copy, the sparse step, gathers, scatters): each step's last such work is followed by
+      // one of these events. The trainer's stream itself is never synchronized (it may be gone).
+      for (int b = 0; b < 2; ++b) {
+        Backend::synchronize(stats_ready_[b]);
+        Backend::synchronize(gathered_[b]);
+        Backend::synchronize(written_back_[b]);
+      }
     } catch (...) {
     }
   }
@@ -305,8 +315,8 @@ class basic_coordinator {
     o.validate();
     return o;
   }
-  static std::size_t nonzero(std::size_t v, const char* name) {
-    expects(v > 0, name, "must be > 0");
+  static std::size_t at_least_one_float(std::size_t v, const char* name) {
+    expects(v >= 4, name, "must be >= 4 (a slot carries whole fp32 elements), got ", v);
     return v;
   }
   parameter& at(std::size_t i) {

@@ -50,6 +50,9 @@ void compare_modes(const zenflow_options& options, std::int64_t steps) {
   device_memory w_dev(w_host.size() * 2), g_dev(w_host.size() * 2), b_dev(bias_size * 4), gb_dev(bias_size * 4);
   ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.ptr, w_host.data(), w_host.size() * 2, cudaMemcpyHostToDevice));
   ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.ptr, b_host.data(), bias_size * 4, cudaMemcpyHostToDevice));
+  // A pageable upload may return before its DMA landed, on the legacy stream, which the
+  // non-blocking streams below do not wait for.
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   cudaStream_t stream;
   ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 

@@ -399,6 +399,10 @@ TEST_CASE("bad input is rejected before anything changes") {
   zenflow_options bad;
   bad.topk_ratio = 2.0f;
   CHECK_THROWS_AS(host_coordinator{bad}, zenflow::error);
+  coordinator_config tiny;
+  tiny.d2h_slot_bytes = 3;  // not one fp32 element: would never make progress
+  CHECK_THROWS_WITH_AS((host_coordinator{zenflow_options{}, tiny}), doctest::Contains("d2h_slot_bytes"),
+                       zenflow::error);
 }
 
 TEST_CASE("an error on a worker thread reaches the trainer from the next call") {

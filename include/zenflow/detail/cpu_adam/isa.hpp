@@ -44,9 +44,9 @@ inline cpu_isa detect_cpu_isa_uncached() noexcept {
   if (!__get_cpuid(1, &a, &b, &c, &d)) return cpu_isa::scalar;
   const bool fma = (c >> 12) & 1u, osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u, f16c = (c >> 29) & 1u;
   if (!(osxsave && avx && fma && f16c)) return cpu_isa::scalar;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  unsigned xcr0_lo = 0;
+  [[maybe_unused]] unsigned xcr0_hi = 0;  // the upper half holds no state we need
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  (void)xcr0_hi;
   const bool os_ymm = (xcr0_lo & 0x6u) == 0x6u;    // SSE and AVX state
   const bool os_zmm = (xcr0_lo & 0xe6u) == 0xe6u;  // plus opmask, ZMM_Hi256, Hi16_ZMM
   if (!os_ymm) return cpu_isa::scalar;
