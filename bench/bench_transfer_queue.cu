@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -197,7 +198,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_transfer_queue: no CUDA device\n");
     return 1;
   }
-  cudaDeviceGetAttribute(&engines, cudaDevAttrAsyncEngineCount, device);
+  if (cudaDeviceGetAttribute(&engines, cudaDevAttrAsyncEngineCount, device) != cudaSuccess) engines = 0;
   benchmark::AddCustomContext("gpu", prop.name);
   benchmark::AddCustomContext("copy_engines", std::to_string(engines));
   benchmark::AddCustomContext("total_bytes", std::to_string(total_bytes));

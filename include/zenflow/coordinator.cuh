@@ -42,7 +42,14 @@ struct cuda_backend {
   using stream_type = cudaStream_t;
   using selector_type = cuda_importance_selector<>;
   using device_optimizer_type = cuda_sparse_adam;
-  using queue_type = cuda_transfer_queue;
+  /// The coordinator's queues. Their consumers are its worker threads, which wait while the CPU
+  /// Adam's thread pool runs: they sleep (event_wait::block) rather than spin on a core the pool
+  /// needs.
+  class queue_type : public cuda_transfer_queue {
+   public:
+    queue_type(transfer_direction direction, std::size_t slot_bytes, std::size_t slot_count)
+        : cuda_transfer_queue(direction, slot_bytes, slot_count, pinned_allocation::host_alloc, event_wait::block) {}
+  };
   static constexpr memory_space device_space = memory_space::device;
   static constexpr const char* name = "cuda";
 
@@ -108,7 +115,7 @@ struct cuda_backend {
     std::size_t bytes_ = 0;
   };
 
-  /// An event created on first use (timing disabled).
+  /// An event created on first use (timing disabled; waiters sleep, like the queues' consumers).
   class event_type {
    public:
     event_type() = default;
@@ -118,7 +125,8 @@ struct cuda_backend {
       if (event_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event_));
     }
     cudaEvent_t get() {
-      if (event_ == nullptr) ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+      if (event_ == nullptr)
+        ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventBlockingSync));
       return event_;
     }
     [[nodiscard]] bool recorded() const noexcept { return event_ != nullptr; }

@@ -41,6 +41,13 @@ enum class pinned_allocation : std::uint8_t {
                    ///< the page size only
 };
 
+/// How a host thread waits for a slot's copy (cudaEventSynchronize on the slot's event).
+enum class event_wait : std::uint8_t {
+  spin,   ///< the device's schedule policy (spins while few contexts): the lowest latency
+  block,  ///< cudaEventBlockingSync: the thread sleeps, leaving its core to other work (a CPU
+          ///< optimizer's thread pool) at the cost of a few microseconds of wake-up latency
+};
+
 /// Owning, move-only page-locked host memory of exactly `size()` bytes (no power-of-two
 /// rounding: a 4 GB request costs 4 GB). Freed exactly once — by the destructor, reset(), or a
 /// move-assignment — also when construction fails half-way.
@@ -157,14 +164,15 @@ class cuda_copy_engine {
  public:
   using stream_type = cudaStream_t;
 
-  cuda_copy_engine(std::size_t slot_bytes, std::size_t slot_count, pinned_allocation kind)
+  cuda_copy_engine(std::size_t slot_bytes, std::size_t slot_count, pinned_allocation kind, event_wait wait)
       : pool_(slot_bytes, slot_count, kind) {
+    const unsigned flags = cudaEventDisableTiming | (wait == event_wait::block ? cudaEventBlockingSync : 0u);
     try {
       ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
       events_.reserve(slot_count);
       for (std::size_t i = 0; i < slot_count; ++i) {
         cudaEvent_t event = nullptr;
-        ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event, flags));
         events_.push_back(event);
       }
     } catch (...) {
@@ -228,15 +236,17 @@ class cuda_copy_engine {
 /// CUDA backend of the transfer queue (models zenflow::transfer_queue), the same interface as
 /// host_transfer_queue with stream_type = cudaStream_t (any stream of the device current at
 /// construction, the legacy default stream included). Thread-safe like the host backend.
-/// Consumers wait with cudaEventSynchronize, which spins a CPU thread for the lowest latency.
-class cuda_transfer_queue final : public detail::basic_transfer_queue<detail::cuda_copy_engine> {
+/// Consumers wait with cudaEventSynchronize: by default under the device's schedule policy (a
+/// spinning thread while few contexts are active), with event_wait::block asleep.
+class cuda_transfer_queue : public detail::basic_transfer_queue<detail::cuda_copy_engine> {
  public:
   /// `slot_count` (>= 2) slots of `slot_bytes` (> 0) bytes in one pinned allocation of kind
   /// `kind` (write_combined suits host_to_device staging). Throws zenflow::error naming the bad
   /// argument before allocating, zenflow::cuda_error on a CUDA failure. Synchronizes (allocation).
+  /// `wait` says how consumers wait for a copy (see event_wait).
   cuda_transfer_queue(transfer_direction direction, std::size_t slot_bytes, std::size_t slot_count = 2,
-                      pinned_allocation kind = pinned_allocation::host_alloc)
-      : basic_transfer_queue(direction, slot_bytes, slot_count, kind) {}
+                      pinned_allocation kind = pinned_allocation::host_alloc, event_wait wait = event_wait::spin)
+      : basic_transfer_queue(direction, slot_bytes, slot_count, kind, wait) {}
 
   /// The queue's own cudaStreamNonBlocking copy stream (for profiling or extra ordering).
   [[nodiscard]] cudaStream_t copy_stream() const noexcept { return engine().copy_stream(); }

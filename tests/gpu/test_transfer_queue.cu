@@ -88,14 +88,17 @@ struct mapped_flags {
 };
 
 // Round trip host -> device -> host through two queues; checks every byte.
-void round_trip(std::size_t bytes, std::size_t slot_bytes, std::size_t slots, pinned_allocation up_kind) {
+void round_trip(std::size_t bytes, std::size_t slot_bytes, std::size_t slots, pinned_allocation up_kind,
+                zenflow::event_wait wait = zenflow::event_wait::spin) {
   CAPTURE(bytes);
   CAPTURE(slot_bytes);
+  CAPTURE(static_cast<int>(wait));
   stream_guard stream;
   std::vector<std::byte> src(bytes), back(bytes);
   fill_pattern(src.data(), bytes, static_cast<std::uint32_t>(bytes));
   device_buffer dev(bytes);
-  cuda_transfer_queue up(h2d, slot_bytes, slots, up_kind), down(d2h, slot_bytes, slots);
+  cuda_transfer_queue up(h2d, slot_bytes, slots, up_kind, wait),
+      down(d2h, slot_bytes, slots, pinned_allocation::host_alloc, wait);
   zenflow::pipelined_copy_to_device(up, dev.p, src.data(), bytes, stream.s);
   zenflow::pipelined_copy_to_host(down, back.data(), dev.p, bytes, stream.s);
   CHECK(std::memcmp(src.data(), back.data(), bytes) == 0);
@@ -137,6 +140,7 @@ TEST_CASE("data integrity from 1 byte to 256 MB, both directions") {
   round_trip(1 * MiB + 1, 1 * MiB, 3, pinned_allocation::write_combined);
   round_trip(256 * MiB, 16 * MiB, 2, pinned_allocation::write_combined);
   round_trip(256 * MiB, 64 * MiB, 4, pinned_allocation::registered);
+  round_trip(64 * MiB + 3, 4 * MiB, 2, pinned_allocation::host_alloc, zenflow::event_wait::block);  // sleeping waits
 }
 
 TEST_CASE("slot-level use: order, sizes, release, the legacy default stream") {
