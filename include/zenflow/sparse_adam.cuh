@@ -133,7 +133,9 @@ class cuda_sparse_adam {
   /// device views with the parameters' shapes (any layout and dtype). Effective scale =
   /// grad_scale * (*scale_ptr_device if given). On device: if *skip_flag_device != 0, or the
   /// effective scale is not finite or negative, or (check_finite) any gradient value read is
-  /// NaN/inf, nothing is written and the device step counter does not advance. Host-side
+  /// NaN/inf, nothing is written and the device step counter does not advance. Every block
+  /// reads *skip_flag_device and *scale_ptr_device: whoever writes them must be ordered before
+  /// this call on `stream` (an event wait), never racing it from another stream. Host-side
   /// argument errors throw before anything is enqueued. Never synchronizes.
   void step(std::span<const const_matrix_view> matrix_grads, std::span<const const_vector_view> vector_grads,
             float grad_scale, const float* scale_ptr_device, const int* skip_flag_device, bool check_finite,
