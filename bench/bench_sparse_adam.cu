@@ -11,8 +11,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include "device_timer.cuh"
+
 #include <algorithm>
-#include <atomic>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -22,16 +23,6 @@ namespace {
 using zenflow::dtype;
 using zenflow::index_t;
 namespace sa = zenflow::detail::sparse_adam;
-
-__global__ void read_roofline_kernel(const float4* data, std::size_t n, float* sink) {
-  float acc = 0.0f;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const float4 v = __ldcs(data + i);
-    acc += v.x + v.y + v.z + v.w;
-  }
-  if (acc == 12345.678f) *sink = acc;  // keeps the loads
-}
 
 __global__ void rmw_roofline_kernel(float4* data, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -56,61 +47,6 @@ __global__ void dense_adam_kernel(float* master, float* m, float* v, const zenfl
     m[i] = mm;
     v[i] = vv;
   }
-}
-
-int blocks_for_streaming() {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms * 8;
-}
-
-/// Spins until the host writes *release (or `timeout_ns` passed: then *timed_out = 1).
-__global__ void hold_kernel(const volatile int* release, volatile int* timed_out, unsigned long long timeout_ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  while (*release == 0) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - start > timeout_ns) {
-      *timed_out = 1;
-      return;
-    }
-    __nanosleep(1000);
-  }
-}
-
-/// Mean GPU milliseconds of `f` over `reps` calls, after a warm-up call. The legacy stream is
-/// held by a kernel while the host enqueues the calls, so what is timed is the device's work,
-/// back to back, not the host's launch and validation cost (which a trainer overlaps with the
-/// GPU's earlier work). `f` must not synchronize with the host (the hold would time out: that
-/// is reported as an error, never as a figure).
-template <class F>
-float time_ms(F&& f, int reps = 20) {
-  f();
-  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
-  int* flags = nullptr;  // [release, timed_out], host-mapped
-  ZENFLOW_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&flags), 2 * sizeof(int), cudaHostAllocMapped));
-  flags[0] = flags[1] = 0;
-  int* flags_dev = nullptr;
-  ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flags_dev), flags, 0));
-  cudaEvent_t a, b;
-  ZENFLOW_CUDA_TRY(cudaEventCreate(&a));
-  ZENFLOW_CUDA_TRY(cudaEventCreate(&b));
-  hold_kernel<<<1, 1>>>(flags_dev, flags_dev + 1, 5'000'000'000ull);
-  ZENFLOW_CUDA_TRY(cudaGetLastError());
-  ZENFLOW_CUDA_TRY(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) f();
-  ZENFLOW_CUDA_TRY(cudaEventRecord(b));
-  std::atomic_ref<int>(flags[0]).store(1);
-  ZENFLOW_CUDA_TRY(cudaEventSynchronize(b));
-  const bool timed_out = std::atomic_ref<int>(flags[1]).load() != 0;
-  float ms = 0;
-  ZENFLOW_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-  ZENFLOW_CUDA_TRY(cudaEventDestroy(a));
-  ZENFLOW_CUDA_TRY(cudaEventDestroy(b));
-  ZENFLOW_CUDA_TRY(cudaFreeHost(flags));
-  if (timed_out) throw zenflow::error("time_ms", "the timed calls synchronized with the host; no figure");
-  return ms / static_cast<float>(reps);
 }
 
 /// args: rows, cols, topk ratio in per mille, row-major (1) or column-contiguous (0).
@@ -142,32 +78,45 @@ void bm_sparse_adam(benchmark::State& state) {
 
   // Rooflines over the same bytes: 14 B read + 14 B written per selected element.
   const std::size_t half_bytes = elements * 14;
-  sa::device_memory roof((half_bytes + 15) / 16 * 16), sink(4);
+  sa::device_memory roof((half_bytes + 15) / 16 * 16);
   ZENFLOW_CUDA_TRY(cudaMemset(roof.get(), 0, roof.bytes()));
   const std::size_t n4 = roof.bytes() / 16;
-  const int blocks = blocks_for_streaming();
-  const float read_ms =
-      time_ms([&] { read_roofline_kernel<<<blocks, 256>>>(roof.get<const float4>(), n4, sink.get<float>()); });
-  const float rmw_ms = time_ms([&] { rmw_roofline_kernel<<<blocks, 256>>>(roof.get<float4>(), n4); });
+  const int blocks = zenflow_bench::streaming_blocks();
 
   // Baseline: gather -> dense Adam -> scatter.
   sa::device_memory compact_grad(elements * 2), compact_param(elements * 2), state3(3 * elements * 4);
   ZENFLOW_CUDA_TRY(cudaMemset(state3.get(), 0, state3.bytes()));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   const auto c = zenflow::make_adam_step_constants(zenflow::adam_options{}, 1);
   const std::span<const std::int32_t> sel_dev = opt.selection_device(0);
-  const float baseline_ms = time_ms([&] {
+  auto baseline = [&] {
     zenflow::cuda_gather_columns(grads[0], sel_dev, compact_grad.get(), dtype::bf16, nullptr, nullptr);
     float* s = state3.get<float>();
     dense_adam_kernel<<<blocks, 256>>>(s, s + elements, s + 2 * elements, compact_grad.get<const zenflow::bfloat16>(),
                                        compact_param.get<zenflow::bfloat16>(), elements, c);
     zenflow::cuda_scatter_columns(compact_param.get(), dtype::bf16, sel_dev, view(param.get()), nullptr);
-  });
+  };
+  auto sparse = [&] { opt.step(grads, {}, 1.0f, nullptr, nullptr, false, nullptr); };
 
-  float sparse_ms = 0;
+  zenflow_bench::device_timer timer(nullptr);  // the legacy stream, which the calls above use
+  double read_ms = 0, rmw_ms = 0, baseline_ms = 0, sparse_ms = 0;
+  long long n = 0;
   for (auto _ : state) {
-    sparse_ms = time_ms([&] { opt.step(grads, {}, 1.0f, nullptr, nullptr, false, nullptr); });
-    state.SetIterationTime(sparse_ms / 1e3);
+    try {
+      read_ms += timer.read_roofline_ms(roof.get(), roof.bytes());
+      rmw_ms += timer.mean_ms([&] { rmw_roofline_kernel<<<blocks, 256>>>(roof.get<float4>(), n4); });
+      baseline_ms += timer.mean_ms(baseline);
+      const double ms = timer.mean_ms(sparse);
+      state.SetIterationTime(ms / 1e3);
+      sparse_ms += ms, ++n;
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      break;
+    }
   }
+  if (n == 0) return;
+  read_ms /= static_cast<double>(n), rmw_ms /= static_cast<double>(n);
+  baseline_ms /= static_cast<double>(n), sparse_ms /= static_cast<double>(n);
   const double bytes = 2.0 * static_cast<double>(half_bytes);
   const double rmw_bw = bytes / (rmw_ms / 1e3), sparse_bw = bytes / (sparse_ms / 1e3);
   state.counters["k"] = static_cast<double>(k);

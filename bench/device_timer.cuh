@@ -1,0 +1,144 @@
+// How the GPU benchmarks time device work (shared by bench_importance_selector and
+// bench_sparse_adam; not part of the library).
+//
+// A kernel on the stream spins on a host-mapped flag while the host enqueues the timed calls, so
+// the host's launch and validation cost never shows up as device time; each call is preceded by
+// a read-only sweep over 4x the L2 size (clean lines, nothing to write back), so the timed call
+// and its roofline both start from HBM, not from data the previous repetition left in L2; and
+// each call has its own event pair, so the flush is not timed. A call that synchronizes with the
+// host would stall behind the spinning kernel: the kernel gives up after 5 s and the timer throws
+// instead of reporting a figure.
+#pragma once
+
+#include <zenflow/error.hpp>
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace zenflow_bench {
+
+/// Spins until the host writes *release; after `timeout_ns` gives up and sets *timed_out.
+static __global__ void hold_stream_kernel(const volatile int* release, volatile int* timed_out,
+                                          unsigned long long timeout_ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  while (*release == 0) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start > timeout_ns) {
+      *timed_out = 1;
+      return;
+    }
+    __nanosleep(1000);
+  }
+}
+
+/// Reads n 16-byte words (the read-only streaming roofline, and the L2 flush).
+static __global__ void read_stream_kernel(const uint4* data, long long n, unsigned* sink) {
+  unsigned acc = 0;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;  // keeps the loads
+}
+
+/// Blocks for a streaming kernel: 8 per SM.
+inline int streaming_blocks() {
+  int device = 0, sms = 0;
+  ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
+  ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms * 8;
+}
+
+class device_timer {
+ public:
+  /// Times work on `stream` (nullptr: the legacy stream). Allocates the flush buffer, the mapped
+  /// flags and the events once.
+  explicit device_timer(cudaStream_t stream, bool flush_l2 = true) : stream_(stream), blocks_(streaming_blocks()) {
+    int device = 0, l2 = 0;
+    ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
+    ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    if (flush_l2) {
+      flush_bytes_ = (4 * static_cast<std::size_t>(l2) + 15) / 16 * 16;
+      ZENFLOW_CUDA_TRY(cudaMalloc(&flush_, flush_bytes_));
+      ZENFLOW_CUDA_TRY(cudaMemset(flush_, 0, flush_bytes_));
+    }
+    ZENFLOW_CUDA_TRY(cudaMalloc(&sink_, sizeof(unsigned)));
+    ZENFLOW_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&flags_), 2 * sizeof(int), cudaHostAllocMapped));
+    ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flags_dev_), flags_, 0));
+    ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+  }
+  device_timer(const device_timer&) = delete;
+  device_timer& operator=(const device_timer&) = delete;
+  ~device_timer() {
+    for (auto e : events_) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(e));
+    if (flush_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFree(flush_));
+    ZENFLOW_CUDA_ASSERT(cudaFree(sink_));
+    ZENFLOW_CUDA_ASSERT(cudaFreeHost(flags_));
+  }
+
+  /// Mean device milliseconds of one call of `f` over `reps` calls, after one untimed warm-up
+  /// call (uploads, allocations, lazy module loading). With `hold` false the stream is not held
+  /// (for work that synchronizes with the host by design, such as a library's temporary
+  /// allocations); its launch gaps are then part of the time.
+  template <class F>
+  double mean_ms(F&& f, int reps = 10, bool hold = true) {
+    f();
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream_));
+    while (events_.size() < 2 * static_cast<std::size_t>(reps)) {
+      cudaEvent_t e = nullptr;
+      ZENFLOW_CUDA_TRY(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    flags_[0] = flags_[1] = 0;
+    if (hold) {
+      hold_stream_kernel<<<1, 1, 0, stream_>>>(flags_dev_, flags_dev_ + 1, 5'000'000'000ull);
+      ZENFLOW_CUDA_TRY(cudaGetLastError());
+    }
+    for (int i = 0; i < reps; ++i) {
+      if (flush_ != nullptr) read(flush_, flush_bytes_);
+      ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i], stream_));
+      f();
+      ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i + 1], stream_));
+    }
+    std::atomic_ref<int>(flags_[0]).store(1);
+    ZENFLOW_CUDA_TRY(cudaEventSynchronize(events_[2 * reps - 1]));
+    if (std::atomic_ref<int>(flags_[1]).load() != 0)
+      throw zenflow::error("device_timer", "the timed calls synchronized with the host while the stream was held");
+    double total = 0;
+    for (int i = 0; i < reps; ++i) {
+      float ms = 0;
+      ZENFLOW_CUDA_TRY(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
+      total += ms;
+    }
+    return total / reps;
+  }
+
+  /// The read-only streaming roofline over `bytes` at `data`, timed like everything else.
+  double read_roofline_ms(const void* data, std::size_t bytes, int reps = 10) {
+    return mean_ms([&] { read(data, bytes); }, reps);
+  }
+
+ private:
+  void read(const void* data, std::size_t bytes) {
+    read_stream_kernel<<<blocks_, 256, 0, stream_>>>(static_cast<const uint4*>(data),
+                                                     static_cast<long long>(bytes / 16), sink_);
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+  }
+
+  cudaStream_t stream_;
+  int blocks_;
+  void* flush_ = nullptr;
+  std::size_t flush_bytes_ = 0;
+  unsigned* sink_ = nullptr;
+  int* flags_ = nullptr;
+  int* flags_dev_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+};
+
+}  // namespace zenflow_bench
