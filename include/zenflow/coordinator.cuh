@@ -195,13 +195,20 @@ struct cuda_backend {
   }
   static void reselect(device_optimizer_type& opt, std::size_t index, std::span<const std::int32_t> selection,
                        std::span<const float> entering, std::span<float> leaving, stream_type stream) {
-    opt.reselect(index, selection, entering.data(), leaving.data(), stream);
+    opt.reselect(index, selection, entering, leaving, stream);
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
   }
   static std::size_t add_matrix(device_optimizer_type& opt, matrix_view param, std::span<const std::int32_t> selection,
                                 std::span<const float> packed, stream_type stream) {
-    const auto i = opt.add_matrix(param, selection, packed.data(), stream);
+    const auto i = opt.add_matrix(param, selection, packed, stream);
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+    return i;
+  }
+  /// Registration has no trainer stream: the upload runs on the default stream and completes
+  /// here, so the trainer's (non-blocking) stream never races it.
+  static std::size_t add_vector(device_optimizer_type& opt, vector_view param, std::span<const float> initial) {
+    const auto i = opt.add_vector(param, initial, nullptr);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(nullptr));
     return i;
   }
 };

@@ -207,7 +207,7 @@ class basic_coordinator {
     p.name = std::move(name);
     p.is_vector = true;
     p.vector = param;
-    p.device_index = device_opt_.add_vector(param, initial);
+    p.device_index = Backend::add_vector(device_opt_, param, initial);
     params_.push_back(std::move(p));
     return params_.size() - 1;
   }
@@ -393,10 +393,9 @@ class basic_coordinator {
   typename Backend::owned_stream writeback_stream_;
   std::vector<parameter> params_;
   device_buffer flags_dev_[2];
-  device_buffer statistics_scratch_;
+  device_buffer statistics_scratch_;              // the backend's scratch for the step's gradient statistics
   device_buffer unit_flags_dev_;                  // scale 1, no skip: for gathers during backward
-  typename Backend::event_type stats_ready_[2];   // the step's flags reached the host (per step parity)              //
-                                                  // the backend's scratch for the step's gradient statistics
+  typename Backend::event_type stats_ready_[2];   // the step's flags reached the host (per step parity)
   typename Backend::event_type gathered_[2];      // the step's gathers are done (per step parity)
   typename Backend::event_type written_back_[2];  // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];

@@ -132,6 +132,9 @@ struct host_backend {
     stream->synchronize();
     return opt.add_matrix(param, selection, packed);
   }
+  static std::size_t add_vector(device_optimizer_type& opt, vector_view param, std::span<const float> initial) {
+    return opt.add_vector(param, initial);
+  }
 };
 
 }  // namespace zenflow
