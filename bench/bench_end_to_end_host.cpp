@@ -9,6 +9,7 @@
 #include <zenflow/coordinator.hpp>
 #include "end_to_end_modes.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <random>
@@ -105,12 +106,17 @@ void BM_end_to_end(benchmark::State& state) {
   c.finish(&stream);
   const double per_step = total / static_cast<double>(steps);
   zenflow_bench::step_seconds()[mode] = per_step;
+  zenflow_bench::stall_seconds()[mode] = stall / static_cast<double>(steps);
   state.counters["step_ms"] = per_step * 1e3;
   state.counters["stall_fraction"] = stall / total;
   state.counters["d2h_MB_per_step"] = static_cast<double>(d2h) / static_cast<double>(steps) / 1e6;
   state.counters["h2d_MB_per_step"] = static_cast<double>(h2d) / static_cast<double>(steps) / 1e6;
   if (zenflow_bench::step_seconds().count(0))
     state.counters["fraction_of_dense"] = zenflow_bench::step_seconds()[0] / per_step;
+  if (mode == zenflow_bench::zenflow_async && zenflow_bench::stall_seconds().count(zenflow_bench::zero_offload))
+    state.counters["stall_over_zero_offload"] =  // the bar: <= 0.15
+        zenflow_bench::stall_seconds()[zenflow_bench::zenflow_async] /
+        std::max(1e-12, zenflow_bench::stall_seconds()[zenflow_bench::zero_offload]);
   state.SetLabel(zenflow_bench::mode_name(mode));
 }
 

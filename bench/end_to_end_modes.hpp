@@ -38,4 +38,10 @@ inline std::map<int, double>& step_seconds() {
   return seconds;
 }
 
+/// Seconds per step the trainer waited on CPU-side work, per mode measured so far.
+inline std::map<int, double>& stall_seconds() {
+  static std::map<int, double> seconds;
+  return seconds;
+}
+
 }  // namespace zenflow_bench
