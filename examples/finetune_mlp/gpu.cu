@@ -118,28 +118,49 @@ struct gpu_mlp {
     cublasDestroy(handle);
     ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream));
   }
+  // Activations and gradient scratch, allocated once for the largest batch seen (cudaMalloc and
+  // cudaFree inside a step would synchronize the device and distort the stall figures).
+  int capacity = 0;
+  std::vector<std::unique_ptr<device_vector<float>>> acts;
+  std::unique_ptr<device_vector<float>> dy, dx[2], loss;
+  std::unique_ptr<device_vector<int>> correct;
+  void reserve(int batch) {
+    if (batch <= capacity) return;
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the old buffers may still be in use
+    const auto rows = static_cast<std::size_t>(batch);
+    acts.clear();
+    int widest = 0;
+    for (auto& L : layers) {
+      acts.push_back(std::make_unique<device_vector<float>>(rows * L->out));
+      widest = std::max(widest, L->in);
+    }
+    dy = std::make_unique<device_vector<float>>(rows * layers.back()->out);
+    for (auto& d : dx) d = std::make_unique<device_vector<float>>(rows * widest);
+    loss = std::make_unique<device_vector<float>>(rows);
+    correct = std::make_unique<device_vector<int>>(rows);
+    capacity = batch;
+  }
+
   // Forward (and backward when train) of one batch already on the device; returns the mean loss
   // and the number of correct predictions (synchronizes with the stream).
   std::pair<float, int> run(const float* x, const int* labels, int batch, bool train) {
+    reserve(batch);
     const float one = 1.0f, zero = 0.0f;
-    std::vector<std::unique_ptr<device_vector<float>>> acts;
     const float* in = x;
-    for (auto& L : layers) {
-      widen<<<blocks(L->w.n), 256, 0, stream>>>(L->w.ptr, L->wf.ptr, L->w.n);
-      acts.push_back(std::make_unique<device_vector<float>>(static_cast<std::size_t>(batch) * L->out));
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      auto& L = *layers[l];
+      widen<<<blocks(L.w.n), 256, 0, stream>>>(L.w.ptr, L.wf.ptr, L.w.n);
       // Y[B, out] = X[B, in] W^T (column-major: Y^T = op_T(W^T) X^T)
-      FINETUNE_CUBLAS_TRY(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, L->out, batch, L->in, &one, L->wf.ptr, L->in,
-                                      in, L->in, &zero, acts.back()->ptr, L->out));
-      bias_relu<<<blocks(static_cast<std::size_t>(batch) * L->out), 256, 0, stream>>>(acts.back()->ptr, L->b.ptr, batch,
-                                                                                      L->out, &L != &layers.back());
-      in = acts.back()->ptr;
+      FINETUNE_CUBLAS_TRY(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, L.out, batch, L.in, &one, L.wf.ptr, L.in, in,
+                                      L.in, &zero, acts[l]->ptr, L.out));
+      bias_relu<<<blocks(static_cast<std::size_t>(batch) * L.out), 256, 0, stream>>>(acts[l]->ptr, L.b.ptr, batch,
+                                                                                     L.out, l + 1 < layers.size());
+      in = acts[l]->ptr;
     }
-    device_vector<float> dy(static_cast<std::size_t>(batch) * 10), loss(batch);
-    device_vector<int> correct(batch);
-    softmax_xent<<<blocks(batch), 256, 0, stream>>>(in, labels, batch, train ? dy.ptr : nullptr, loss.ptr, correct.ptr);
+    softmax_xent<<<blocks(batch), 256, 0, stream>>>(in, labels, batch, train ? dy->ptr : nullptr, loss->ptr,
+                                                    correct->ptr);
     if (train) {
-      std::unique_ptr<device_vector<float>> grad_out = std::make_unique<device_vector<float>>(0);
-      const float* d = dy.ptr;
+      const float* d = dy->ptr;
       for (std::size_t l = layers.size(); l-- > 0;) {
         auto& L = *layers[l];
         const float* x_l = l == 0 ? x : acts[l - 1]->ptr;
@@ -149,22 +170,22 @@ struct gpu_mlp {
         narrow<<<blocks(L.gw.n), 256, 0, stream>>>(L.gwf.ptr, L.gw.ptr, L.gw.n);
         column_sum<<<blocks(L.out), 256, 0, stream>>>(d, batch, L.out, L.gb.ptr);
         if (l > 0) {
-          auto dx = std::make_unique<device_vector<float>>(static_cast<std::size_t>(batch) * L.in);
+          float* dx_l = dx[l % 2]->ptr;  // never the buffer `d` points into (that is dx[(l + 1) % 2] or dy)
+          const std::size_t n = static_cast<std::size_t>(batch) * L.in;
           // dX[B, in] = dY W (column-major: dX^T = W^T dY^T)
           FINETUNE_CUBLAS_TRY(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, L.in, batch, L.out, &one, L.wf.ptr, L.in, d,
-                                          L.out, &zero, dx->ptr, L.in));
-          relu_mask<<<blocks(dx->n), 256, 0, stream>>>(dx->ptr, acts[l - 1]->ptr, dx->n);
-          grad_out = std::move(dx);
-          d = grad_out->ptr;
+                                          L.out, &zero, dx_l, L.in));
+          relu_mask<<<blocks(n), 256, 0, stream>>>(dx_l, acts[l - 1]->ptr, n);
+          d = dx_l;
         }
       }
     }
     std::vector<float> h_loss(batch);
     std::vector<int> h_correct(batch);
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_loss.data(), loss.ptr, batch * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_loss.data(), loss->ptr, batch * sizeof(float), cudaMemcpyDeviceToHost, stream));
     ZENFLOW_CUDA_TRY(
-        cudaMemcpyAsync(h_correct.data(), correct.ptr, batch * sizeof(int), cudaMemcpyDeviceToHost, stream));
-    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // also keeps the temporaries alive until used
+        cudaMemcpyAsync(h_correct.data(), correct->ptr, batch * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     double sum = 0.0;
     int right = 0;
     for (int s = 0; s < batch; ++s) {

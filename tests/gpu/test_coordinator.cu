@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -38,7 +39,10 @@ std::vector<float> bias_gradient(std::int64_t step) {
   return g;
 }
 
-void compare_modes(const zenflow_options& options, std::int64_t steps) {
+/// Runs the same gradients through the CUDA and the host coordinator and compares the weights,
+/// the bias, the update trace and the bytes moved. At `nan_step` (if >= 0) one gradient element
+/// is NaN: both must skip that step.
+void compare_modes(const zenflow_options& options, std::int64_t steps, std::int64_t nan_step = -1) {
   std::vector<float> w0(rows * cols);
   std::mt19937 rng(5);
   std::normal_distribution<float> n01(0.0f, 0.1f);
@@ -73,6 +77,7 @@ void compare_modes(const zenflow_options& options, std::int64_t steps) {
   for (std::int64_t s = 0; s < steps; ++s) {
     auto g = gradient(s);
     auto gb = bias_gradient(s);
+    if (s == nan_step) g[5 * cols + 17] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
     host.synchronize();
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the staging copies below reuse g_dev
     ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.ptr, g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
@@ -98,12 +103,21 @@ void compare_modes(const zenflow_options& options, std::int64_t steps) {
     if (d > 1) ++far;
   }
   CHECK(far == 0);
+  // The bias: the same fp32 math on both sides (device pow and FMA contraction: a few ulps).
+  std::vector<float> b_back(bias_size);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(b_back.data(), b_dev.ptr, bias_size * 4, cudaMemcpyDeviceToHost));
+  for (index_t i = 0; i < bias_size; ++i) {
+    CAPTURE(i);
+    CHECK(b_back[i] == doctest::Approx(b_host[i]).epsilon(1e-5));
+  }
+  CHECK(b_back != b0);  // it was updated at all
   const auto gt = gpu.trace(), ct = cpu.trace();
   REQUIRE(gt.size() == ct.size());
   for (std::size_t i = 0; i < gt.size(); ++i) {
     CHECK(gt[i].first_step == ct[i].first_step);
     CHECK(gt[i].last_step == ct[i].last_step);
     CHECK(gt[i].written_back_at == ct[i].written_back_at);
+    CHECK(gt[i].accumulated_steps == ct[i].accumulated_steps);  // the device's skip flags reached the host
     CHECK(gt[i].write_backs == 1);
   }
   CHECK(gpu.metrics().bytes_device_to_host == cpu.metrics().bytes_device_to_host);
@@ -129,4 +143,14 @@ TEST_CASE("cuda_coordinator follows the host coordinator: ZeRO-Offload, dense an
   sync.select_interval = interval_option::fixed(6);
   sync.full_warm_up_rounds = 2;
   compare_modes(sync, 14);
+}
+
+TEST_CASE("cuda_coordinator follows the host coordinator: global-norm clipping and a NaN step") {
+  zenflow_options o;
+  o.topk_ratio = 0.1f;
+  o.update_interval = interval_option::fixed(3);
+  o.select_interval = interval_option::fixed(9);
+  o.max_grad_norm = 1.0f;  // the test gradients' norm is ~100: every step is clipped
+  compare_modes(o, 13, /*nan_step=*/4);
+  compare_modes(zenflow_options::zero_offload(), 6, /*nan_step=*/2);
 }
