@@ -148,6 +148,14 @@ struct cuda_backend {
     cudaStream_t stream_ = nullptr;
   };
 
+  /// The calling thread's current device; bind_device makes it a worker thread's current device.
+  static int current_device() {
+    int device = 0;
+    ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
+    return device;
+  }
+  static void bind_device(int device) noexcept { ZENFLOW_CUDA_ASSERT(cudaSetDevice(device)); }
+
   /// The stream argument the transfer queues take.
   static cudaStream_t queue_stream(stream_type stream) noexcept { return stream; }
 

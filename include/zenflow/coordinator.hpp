@@ -123,8 +123,16 @@ class basic_coordinator {
     flags_dev_[1] = typename Backend::device_buffer(sizeof(step_flags));
     flags_host_[0] = typename Backend::host_buffer(sizeof(step_flags));
     flags_host_[1] = typename Backend::host_buffer(sizeof(step_flags));
-    offload_thread_ = std::thread([this] { offload_loop(); });
-    update_thread_ = std::thread([this] { update_loop(); });
+    // The workers use the device current here (a process may drive one GPU per coordinator).
+    const int device = Backend::current_device();
+    offload_thread_ = std::thread([this, device] {
+      Backend::bind_device(device);
+      offload_loop();
+    });
+    update_thread_ = std::thread([this, device] {
+      Backend::bind_device(device);
+      update_loop();
+    });
   }
 
   basic_coordinator(const basic_coordinator&) = delete;

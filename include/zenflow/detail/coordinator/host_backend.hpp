@@ -36,6 +36,10 @@ struct host_backend {
   static constexpr memory_space device_space = memory_space::host;
   static constexpr const char* name = "host";
 
+  /// One "device": nothing to bind on worker threads.
+  static int current_device() noexcept { return 0; }
+  static void bind_device(int) noexcept {}
+
   /// Owning "device" allocation (host memory for this backend).
   class device_buffer {
    public:
