@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include <exception>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <ostream>
@@ -156,8 +158,8 @@ class basic_coordinator {
       // one of these events. The trainer's stream itself is never synchronized (it may be gone).
       for (int b = 0; b < 2; ++b) {
         Backend::synchronize(stats_ready_[b]);
-        Backend::synchronize(gathered_[b]);
         Backend::synchronize(written_back_[b]);
+        for (auto& p : params_) Backend::synchronize((*p.gathered)[b]);
       }
     } catch (...) {
     }
@@ -288,9 +290,13 @@ class basic_coordinator {
     std::vector<std::int32_t> complement;  // CPU columns (ascending)
     device_buffer complement_dev;          // device copy of complement (int32)
     device_buffer grad_stage[2];           // compact gathered gradient, per step parity
-    std::vector<float> accumulator[2];     // fp32 accumulated compact gradient, per interval parity
-    std::vector<std::byte> out_stage[2];   // CPU copy-out (param dtype, compact), per interval parity
-    device_buffer writeback_dev[2];        // the same on the device, per interval parity
+    // Recorded after this parameter's gather, per step parity; the offload worker's copies wait
+    // for it (behind a pointer: events do not move).
+    std::unique_ptr<std::array<typename Backend::event_type, 2>> gathered =
+        std::make_unique<std::array<typename Backend::event_type, 2>>();
+    std::vector<float> accumulator[2];    // fp32 accumulated compact gradient, per interval parity
+    std::vector<std::byte> out_stage[2];  // CPU copy-out (param dtype, compact), per interval parity
+    device_buffer writeback_dev[2];       // the same on the device, per interval parity
     const_matrix_view grad_matrix{};
     const_vector_view grad_vector{};
     bool has_grad = false;
@@ -307,7 +313,8 @@ class basic_coordinator {
     std::size_t bytes = 0;
     dtype type = dtype::f32;
     float* accumulator = nullptr;
-    const step_flags* flags = nullptr;  // host copy of the step's flags (valid once the copy landed)
+    const step_flags* flags = nullptr;                 // host copy of the step's flags (valid once the copy landed)
+    typename Backend::event_type* gathered = nullptr;  // the gather this copy must wait for
   };
   struct update_job {
     std::int64_t interval = 0;
@@ -404,7 +411,6 @@ class basic_coordinator {
   device_buffer statistics_scratch_;              // the backend's scratch for the step's gradient statistics
   device_buffer unit_flags_dev_;                  // scale 1, no skip: for gathers during backward
   typename Backend::event_type stats_ready_[2];   // the step's flags reached the host (per step parity)
-  typename Backend::event_type gathered_[2];      // the step's gathers are done (per step parity)
   typename Backend::event_type written_back_[2];  // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];
 

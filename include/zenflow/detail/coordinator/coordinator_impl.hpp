@@ -245,8 +245,10 @@ void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, c
   const int parity = static_cast<int>(step_ % 2);
   Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
                   p.grad_stage[parity].data(), p.grad_type, scale, stream);
-  Backend::record(gathered_[parity], stream);
-  Backend::wait(offload_stream_.get(), gathered_[parity]);
+  // The worker makes its copies wait for this event when it gets to them; a wait enqueued on the
+  // offload stream here would also hold back the copies of earlier steps still being submitted.
+  // Re-recorded two steps later, after begin_step saw this job consumed.
+  Backend::record((*p.gathered)[parity], stream);
   offload_job j;
   j.step = step_;
   j.interval = interval_.index;
@@ -255,6 +257,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, c
   j.type = p.grad_type;
   j.accumulator = p.accumulator[interval_.index % 2].data();
   j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
+  j.gathered = &(*p.gathered)[parity];
   {
     std::lock_guard lock(mutex_);
     offload_jobs_.push_back(j);
@@ -410,6 +413,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
         continue;
       }
       const std::size_t chunk = d2h_.slot_bytes() - d2h_.slot_bytes() % 4;
+      Backend::wait(offload_stream_.get(), *job.gathered);  // the copies below read the gathered gradient
       for (std::size_t off = 0; off < job.bytes; off += chunk) {
         const std::size_t n = std::min(chunk, job.bytes - off);
         auto slot = d2h_.try_acquire();
