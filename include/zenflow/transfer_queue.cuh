@@ -243,13 +243,21 @@ class cuda_transfer_queue : public detail::basic_transfer_queue<detail::cuda_cop
   /// `slot_count` (>= 2) slots of `slot_bytes` (> 0) bytes in one pinned allocation of kind
   /// `kind` (write_combined suits host_to_device staging). Throws zenflow::error naming the bad
   /// argument before allocating, zenflow::cuda_error on a CUDA failure. Synchronizes (allocation).
-  /// `wait` says how consumers wait for a copy (see event_wait).
+  /// `wait` says how consumers wait for a copy (see event_wait). A device_to_host queue must not
+  /// be write_combined (its consumer reads the slots: uncached reads, an order of magnitude slower).
   cuda_transfer_queue(transfer_direction direction, std::size_t slot_bytes, std::size_t slot_count = 2,
                       pinned_allocation kind = pinned_allocation::host_alloc, event_wait wait = event_wait::spin)
-      : basic_transfer_queue(direction, slot_bytes, slot_count, kind, wait) {}
+      : basic_transfer_queue(checked_kind(direction, kind), slot_bytes, slot_count, kind, wait) {}
 
   /// The queue's own cudaStreamNonBlocking copy stream (for profiling or extra ordering).
   [[nodiscard]] cudaStream_t copy_stream() const noexcept { return engine().copy_stream(); }
+
+ private:
+  static transfer_direction checked_kind(transfer_direction direction, pinned_allocation kind) {
+    expects(!(direction == transfer_direction::device_to_host && kind == pinned_allocation::write_combined), "kind",
+            "write_combined memory is for host_to_device staging; a device_to_host queue's consumer reads it");
+    return direction;
+  }
 };
 
 /// Device -> host through the slots of `q` (an idle device_to_host queue), pipelined: the DMA of

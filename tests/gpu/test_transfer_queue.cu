@@ -308,6 +308,8 @@ TEST_CASE("destroying a queue with copies in flight waits for them") {
 
 TEST_CASE("errors: a failed CUDA call throws cuda_error; bad arguments throw before any CUDA call") {
   CHECK_THROWS_AS(pinned_buffer(std::size_t{1} << 50), zenflow::cuda_error);  // 1 PiB of pinned memory
+  CHECK_THROWS_WITH_AS(cuda_transfer_queue(d2h, MiB, 2, pinned_allocation::write_combined), doctest::Contains("kind"),
+                       zenflow::error);
   stream_guard caller;
   cuda_transfer_queue q(d2h, 1 * MiB, 2);
   auto slot = q.acquire();
