@@ -19,7 +19,6 @@
 #include "device_timer.cuh"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <random>
 #include <vector>

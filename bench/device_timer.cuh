@@ -16,7 +16,6 @@
 
 #include <atomic>
 #include <cstddef>
-#include <utility>
 #include <vector>
 
 namespace zenflow_bench {
@@ -59,15 +58,13 @@ class device_timer {
  public:
   /// Times work on `stream` (nullptr: the legacy stream). Allocates the flush buffer, the mapped
   /// flags and the events once.
-  explicit device_timer(cudaStream_t stream, bool flush_l2 = true) : stream_(stream), blocks_(streaming_blocks()) {
+  explicit device_timer(cudaStream_t stream) : stream_(stream), blocks_(streaming_blocks()) {
     int device = 0, l2 = 0;
     ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
     ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    if (flush_l2) {
-      flush_bytes_ = (4 * static_cast<std::size_t>(l2) + 15) / 16 * 16;
-      ZENFLOW_CUDA_TRY(cudaMalloc(&flush_, flush_bytes_));
-      ZENFLOW_CUDA_TRY(cudaMemset(flush_, 0, flush_bytes_));
-    }
+    flush_bytes_ = (4 * static_cast<std::size_t>(l2) + 15) / 16 * 16;
+    ZENFLOW_CUDA_TRY(cudaMalloc(&flush_, flush_bytes_));
+    ZENFLOW_CUDA_TRY(cudaMemset(flush_, 0, flush_bytes_));
     ZENFLOW_CUDA_TRY(cudaMalloc(&sink_, sizeof(unsigned)));
     ZENFLOW_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&flags_), 2 * sizeof(int), cudaHostAllocMapped));
     ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flags_dev_), flags_, 0));
@@ -77,7 +74,7 @@ class device_timer {
   device_timer& operator=(const device_timer&) = delete;
   ~device_timer() {
     for (auto e : events_) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(e));
-    if (flush_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFree(flush_));
+    ZENFLOW_CUDA_ASSERT(cudaFree(flush_));
     ZENFLOW_CUDA_ASSERT(cudaFree(sink_));
     ZENFLOW_CUDA_ASSERT(cudaFreeHost(flags_));
   }
@@ -101,7 +98,7 @@ class device_timer {
       ZENFLOW_CUDA_TRY(cudaGetLastError());
     }
     for (int i = 0; i < reps; ++i) {
-      if (flush_ != nullptr) read(flush_, flush_bytes_);
+      read(flush_, flush_bytes_);
       ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i], stream_));
       f();
       ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i + 1], stream_));
