@@ -133,7 +133,8 @@ class cuda_sparse_adam {
   /// device views with the parameters' shapes (any layout and dtype). Effective scale =
   /// grad_scale * (*scale_ptr_device if given). On device: if *skip_flag_device != 0, or the
   /// effective scale is not finite or negative, or (check_finite) any gradient value read is
-  /// NaN/inf, nothing is written and the device step counter does not advance. Every block
+  /// NaN/inf once scaled, nothing is written and the device step counter does not advance (with
+  /// no parameter registered nothing is enqueued and the counter stays too). Every block
   /// reads *skip_flag_device and *scale_ptr_device: whoever writes them must be ordered before
   /// this call on `stream` (an event wait), never racing it from another stream. Host-side
   /// argument errors throw before anything is enqueued. Never synchronizes.
@@ -214,7 +215,8 @@ void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> co
 void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
                          const float* scale_ptr_device, cudaStream_t stream);
 /// Scatters a compact column-contiguous device buffer into the listed columns of a DEVICE matrix
-/// (converted to its dtype, nearest even); other columns untouched. `columns` is a DEVICE span.
+/// (converted to its dtype, nearest even); other columns untouched. `columns` is a DEVICE span of
+/// distinct indices (a column listed twice gets one of its values, which one unspecified).
 /// Asynchronous on `stream`.
 void cuda_scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns, matrix_view dst,
                           cudaStream_t stream);

@@ -78,7 +78,9 @@ class host_sparse_adam {
   /// dtype). Effective gradient scale = grad_scale * (*scale_ptr if scale_ptr). Nothing is
   /// modified and the step count does not advance (returns false) if `skip_flag` points to a
   /// nonzero value, if the effective scale is not finite or negative, or, with `check_finite`,
-  /// if any gradient value the step reads is NaN or infinite. Returns whether the step was applied.
+  /// if any gradient value the step reads is NaN or infinite once scaled (as the CPU Adam checks:
+  /// a finite value that overflows when scaled skips too). Returns whether the step was applied.
+  /// With no parameter registered there is nothing to step: returns false, the count stays.
   bool step(std::span<const const_matrix_view> matrix_grads, std::span<const const_vector_view> vector_grads,
             float grad_scale = 1.0f, const float* scale_ptr = nullptr, const int* skip_flag = nullptr,
             bool check_finite = false);
@@ -128,7 +130,8 @@ void gather_columns(const_matrix_view src, std::span<const std::int32_t> columns
                     float scale = 1.0f);
 /// Scatters a compact column-contiguous buffer (i-th listed column at src + i * rows, elements of
 /// `src_type`) into columns `columns` of `dst` (host), converted to dst's dtype rounding to
-/// nearest even. Other columns are untouched. Synchronous.
+/// nearest even. Other columns are untouched. A column listed twice is written twice, the later
+/// entry last (cuda_scatter_columns leaves the winner unspecified: list each column once). Synchronous.
 void scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns, matrix_view dst);
 /// The columns of [0, cols) not in `selection` (strictly ascending, in range), ascending.
 std::vector<std::int32_t> complement_columns(std::span<const std::int32_t> selection, index_t cols);

@@ -316,6 +316,13 @@ TEST_CASE("skip flag, unusable scale and non-finite gradients leave everything u
   grad.set(3, 7, 0.0f);
   bias_grad[2] = -inf;  // the vector
   CHECK_FALSE(opt.step(mg, vg, 1.0f, nullptr, nullptr, true));
+  bias_grad[2] = 0.0f;
+  // Finite, but not once scaled (as the CPU Adam checks): skipped too.
+  grad.set(3, 7, 3.0e38f);
+  const float two = 2.0f;
+  CHECK_FALSE(opt.step(mg, vg, 1.0f, &two, nullptr, true));
+  CHECK_FALSE(opt.step(mg, vg, 2.0f, nullptr, nullptr, true));
+  grad.set(3, 7, 0.0f);
   CHECK(opt.step_count() == 1);
   CHECK(param.bytes == param_before);
   CHECK(bias == bias_before);
@@ -323,10 +330,14 @@ TEST_CASE("skip flag, unusable scale and non-finite gradients leave everything u
   CHECK(std::memcmp(state_after.data(), state_before.data(), state_after.size() * 4) == 0);
 
   // A non-finite value in an unselected column is not read by the step: it applies.
-  bias_grad[2] = 0.0f;
   grad.set(1, 3, inf);
   CHECK(opt.step(mg, vg, 1.0f, nullptr, nullptr, true));
   CHECK(opt.step_count() == 2);
+
+  // Nothing registered: nothing to step (the device backend enqueues nothing either).
+  zenflow::host_sparse_adam empty(zenflow::adam_options{});
+  CHECK_FALSE(empty.step({}, {}));
+  CHECK(empty.step_count() == 0);
 }
 
 TEST_CASE("bad input throws before touching state") {

@@ -255,6 +255,9 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   expects(vector_grads.size() == vectors_.size(), "vector_grads", "has ", vector_grads.size(),
           " views, expected one per vector parameter (", vectors_.size(), ")");
   expects(is_finite_bits(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ", grad_scale);
+  // Every block dereferences them: a host pointer would fault in the kernel instead of throwing here.
+  if (scale_ptr_device != nullptr) sa::check_device_pointer(scale_ptr_device, "scale_ptr_device");
+  if (skip_flag_device != nullptr) sa::check_device_pointer(skip_flag_device, "skip_flag_device");
   std::vector<sa::grad_desc> grads(entries_.size());
   for (std::size_t g = 0; g < matrices_.size(); ++g) {
     const auto& v = matrix_grads[g];
@@ -280,8 +283,9 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   const auto grid = static_cast<unsigned int>(std::min<std::int64_t>(tiles_, grid_limit_));
   if (check_finite) {
     ZENFLOW_CUDA_TRY(cudaMemsetAsync(&control->nonfinite, 0, sizeof(int), stream));
-    sa::sparse_adam_nonfinite_kernel<<<grid, sa::kThreads, 0, stream>>>(
-        params_dev_.get<const sa::param_desc>(), grads_dev_.get<const sa::grad_desc>(), count, tiles_, control);
+    sa::sparse_adam_nonfinite_kernel<<<grid, sa::kThreads, 0, stream>>>(params_dev_.get<const sa::param_desc>(),
+                                                                        grads_dev_.get<const sa::grad_desc>(), count,
+                                                                        tiles_, grad_scale, scale_ptr_device, control);
     ZENFLOW_CUDA_TRY(cudaGetLastError());
   }
   sa::step_control ctl;

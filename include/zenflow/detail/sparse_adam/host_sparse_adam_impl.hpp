@@ -110,6 +110,7 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
             entries_[vectors_[g]].rows);
     grads[vectors_[g]] = const_matrix_view(v.data, v.size, 1, v.stride, 1, v.type, v.space);
   }
+  if (entries_.empty()) return false;  // as the device backend: nothing to step, the count stays
   if (skip_flag != nullptr && *skip_flag != 0) return false;
   const float scale = sa::effective_scale(grad_scale, scale_ptr);
   if (!sa::usable_scale(scale)) return false;
@@ -133,7 +134,9 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   if (check_finite)
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       bool finite = true;
-      for_each_element(i, [&](index_t, index_t, float g) { finite &= is_finite_bits(g); });
+      // The scaled value, as the CPU Adam checks it: a finite gradient that overflows when scaled
+      // skips the step too.
+      for_each_element(i, [&](index_t, index_t, float g) { finite &= is_finite_bits(sa::scaled(g, scale)); });
       if (!finite) return false;
     }
 

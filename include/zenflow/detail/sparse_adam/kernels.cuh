@@ -102,90 +102,125 @@ __device__ ZENFLOW_FORCEINLINE int find_param(const param_desc* params, int coun
   return lo;
 }
 
-template <class TParam, class TGrad>
-__device__ ZENFLOW_FORCEINLINE void update_tile(const param_desc& d, const grad_desc& g, std::uint32_t first,
-                                                const adam_step_constants& c) {
+/// One thread's kItems elements of a tile, between their loads and their update.
+struct tile_registers {
+  float g[kItems], p[kItems], m[kItems], v[kItems];
+  index_t poff[kItems];
+};
+
+template <class TGrad>
+__device__ ZENFLOW_FORCEINLINE void load_tile(const param_desc& d, const grad_desc& g, std::uint32_t first,
+                                              tile_registers& x) {
   const std::uint32_t n = d.rows * d.k;
   const TGrad* grad = static_cast<const TGrad*>(g.data);
-  TParam* param = static_cast<TParam*>(d.param);
-  float gv[kItems], pv[kItems], mv[kItems], vv[kItems];
-  index_t poff[kItems];
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const std::uint32_t e = first + static_cast<std::uint32_t>(it * kThreads) + threadIdx.x;
     if (e < n) {
-      const element_coord x = coord_of(d, e);
-      poff[it] = x.row * d.row_stride + x.column * d.col_stride;
-      gv[it] = to_float(grad[x.row * g.row_stride + x.column * g.col_stride]);
-      pv[it] = __ldcs(d.master + e);  // streamed once per step: evict first
-      mv[it] = __ldcs(d.exp_avg + e);
-      vv[it] = __ldcs(d.exp_avg_sq + e);
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const std::uint32_t e = first + static_cast<std::uint32_t>(it * kThreads) + threadIdx.x;
-    if (e < n) {
-      TParam out;
-      update_element(out, pv[it], mv[it], vv[it], gv[it], c);
-      __stcs(d.master + e, pv[it]);
-      __stcs(d.exp_avg + e, mv[it]);
-      __stcs(d.exp_avg_sq + e, vv[it]);
-      param[poff[it]] = out;
+      const element_coord at = coord_of(d, e);
+      x.poff[it] = at.row * d.row_stride + at.column * d.col_stride;
+      x.g[it] = to_float(grad[at.row * g.row_stride + at.column * g.col_stride]);
+      x.p[it] = __ldcs(d.master + e);  // streamed once per step: evict first
+      x.m[it] = __ldcs(d.exp_avg + e);
+      x.v[it] = __ldcs(d.exp_avg_sq + e);
     }
   }
 }
 
 template <class TParam>
-__device__ ZENFLOW_FORCEINLINE void update_tile_grad(const param_desc& d, const grad_desc& g, std::uint32_t first,
-                                                     const adam_step_constants& c) {
+__device__ ZENFLOW_FORCEINLINE void update_tile(const param_desc& d, std::uint32_t first, tile_registers& x,
+                                                const adam_step_constants& c) {
+  const std::uint32_t n = d.rows * d.k;
+  TParam* param = static_cast<TParam*>(d.param);
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const std::uint32_t e = first + static_cast<std::uint32_t>(it * kThreads) + threadIdx.x;
+    if (e < n) {
+      TParam out;
+      update_element(out, x.p[it], x.m[it], x.v[it], x.g[it], c);
+      __stcs(d.master + e, x.p[it]);
+      __stcs(d.exp_avg + e, x.m[it]);
+      __stcs(d.exp_avg_sq + e, x.v[it]);
+      param[x.poff[it]] = out;
+    }
+  }
+}
+
+__device__ ZENFLOW_FORCEINLINE void load_tile_any(const param_desc& d, const grad_desc& g, std::uint32_t first,
+                                                  tile_registers& x) {
   switch (g.type) {
     case dtype::bf16:
-      update_tile<TParam, bfloat16>(d, g, first, c);
+      load_tile<bfloat16>(d, g, first, x);
       break;
     case dtype::f16:
-      update_tile<TParam, float16>(d, g, first, c);
+      load_tile<float16>(d, g, first, x);
       break;
     default:
-      update_tile<TParam, float>(d, g, first, c);
+      load_tile<float>(d, g, first, x);
       break;
   }
 }
 
-/// The fused multi-tensor sparse Adam step. Thread 0 of every block decides (skip flag,
-/// non-finite flag, effective scale) and computes the step constants from the device step
-/// counter in double; the decision is the same in every block. The last block to finish
-/// advances the counter, after every block has read it.
-static __global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads,
-                                                                    int count, std::int64_t tiles, step_control ctl) {
+__device__ ZENFLOW_FORCEINLINE void update_tile_any(const param_desc& d, std::uint32_t first, tile_registers& x,
+                                                    const adam_step_constants& c) {
+  switch (d.type) {
+    case dtype::bf16:
+      update_tile<bfloat16>(d, first, x, c);
+      break;
+    case dtype::f16:
+      update_tile<float16>(d, first, x, c);
+      break;
+    default:
+      update_tile<float>(d, first, x, c);
+      break;
+  }
+}
+
+/// The step's decision (skip flag, non-finite flag, effective scale; the constants with the bias
+/// corrections in double from the device step counter), taken by one thread of every block: the
+/// same in every block. The four inputs are loaded unconditionally and independently, so their
+/// latencies overlap.
+__device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, adam_step_constants& constants, int& apply) {
+  const int skip = ctl.skip_flag != nullptr ? *ctl.skip_flag : 0;
+  const int nonfinite = ctl.use_nonfinite ? ctl.control->nonfinite : 0;
+  const float scale = effective_scale(ctl.grad_scale, ctl.scale_ptr);
+  const std::int64_t step = ctl.control->step;
+  const bool ok = skip == 0 && nonfinite == 0 && usable_scale(scale);
+  if (ok) constants = adam_step_constants_unchecked(ctl.options, step + 1, scale);
+  apply = ok ? 1 : 0;
+}
+
+/// The fused multi-tensor sparse Adam step. Thread 0 of each block takes the step's decision while
+/// the block's other warps already load their first tile (loads have no effect; nothing is written
+/// before the decision), so the decision's latency hides behind those loads. The decision is the
+/// same in every block. The last block to finish advances the counter, after every block has read
+/// it.
+static __global__ void __launch_bounds__(kThreads)
+    sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
+                            step_control ctl) {
   __shared__ adam_step_constants constants;
   __shared__ int apply;
-  if (threadIdx.x == 0) {
-    const float scale = effective_scale(ctl.grad_scale, ctl.scale_ptr);
-    const bool ok = !(ctl.skip_flag != nullptr && *ctl.skip_flag != 0) &&
-                    !(ctl.use_nonfinite && ctl.control->nonfinite != 0) && usable_scale(scale);
-    if (ok) constants = adam_step_constants_unchecked(ctl.options, ctl.control->step + 1, scale);
-    apply = ok ? 1 : 0;
-  }
-  __syncthreads();
-  if (apply == 0) return;  // uniform over the grid: nothing is written, the counter stays
-  const adam_step_constants c = constants;
+  if (threadIdx.x == 0) decide_step(ctl, constants, apply);  // before its own loads: fewer live registers
+  adam_step_constants c{};
+  bool decided = false;  // uniform over the block: the tiles of a block depend on blockIdx only
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int p = find_param(params, count, t);
-    const param_desc& d = params[p];
-    const grad_desc& g = grads[p];
+    const param_desc d = params[p];  // copies: the stores below cannot alias them
+    const grad_desc g = grads[p];
     const auto first = static_cast<std::uint32_t>((t - d.tile_begin) * kTile);
-    switch (d.type) {
-      case dtype::bf16:
-        update_tile_grad<bfloat16>(d, g, first, c);
-        break;
-      case dtype::f16:
-        update_tile_grad<float16>(d, g, first, c);
-        break;
-      default:
-        update_tile_grad<float>(d, g, first, c);
-        break;
+    tile_registers x;
+    load_tile_any(d, g, first, x);
+    if (!decided) {
+      __syncthreads();
+      if (apply == 0) return;  // uniform over the grid: nothing is written, the counter stays
+      c = constants;
+      decided = true;
     }
+    update_tile_any(d, first, x, c);
+  }
+  if (!decided) {  // a block without a tile (not launched so today) still agrees before it counts
+    __syncthreads();
+    if (apply == 0) return;
   }
   if (threadIdx.x == 0) {
     __threadfence();
@@ -196,11 +231,12 @@ static __global__ void __launch_bounds__(kThreads) sparse_adam_step_kernel(const
   }
 }
 
-/// Sets control->nonfinite if any gradient value the update would read is NaN or infinite.
-/// Integer atomicOr: the result does not depend on the order.
+/// Sets control->nonfinite if any gradient value the update would read is NaN or infinite once
+/// scaled (as the CPU Adam checks it). Integer atomicOr: the result does not depend on the order.
 static __global__ void __launch_bounds__(kThreads)
     sparse_adam_nonfinite_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
-                                 control_block* control) {
+                                 float grad_scale, const float* scale_ptr, control_block* control) {
+  const float scale = effective_scale(grad_scale, scale_ptr);
   bool bad = false;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int p = find_param(params, count, t);
@@ -212,7 +248,8 @@ static __global__ void __launch_bounds__(kThreads)
       const std::uint32_t e = first + static_cast<std::uint32_t>(it * kThreads) + threadIdx.x;
       if (e < d.rows * d.k) {
         const element_coord x = coord_of(d, e);
-        bad |= !is_finite_bits(load_as_float(g.data, g.type, x.row * g.row_stride + x.column * g.col_stride));
+        bad |= !is_finite_bits(
+            scaled(load_as_float(g.data, g.type, x.row * g.row_stride + x.column * g.col_stride), scale));
       }
     }
   }
@@ -228,7 +265,7 @@ struct state_arrays {
 /// keeps old slot source[j]; source[j] < 0: slot j takes packed column -source[j] - 1 of
 /// `entering`. source == nullptr: every slot j takes packed column j (import; may be in place).
 static __global__ void rebuild_state_kernel(state_arrays old_state, state_arrays new_state, state_layout layout,
-                                     const std::int32_t* source, const float* entering) {
+                                            const std::int32_t* source, const float* entering) {
   const index_t n = layout.size();
   for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<index_t>(gridDim.x) * blockDim.x) {
@@ -243,7 +280,7 @@ static __global__ void rebuild_state_kernel(state_arrays old_state, state_arrays
 
 /// Packs slots `slots[0..n)` (or 0..n when slots == nullptr) of a state into the packed format.
 static __global__ void pack_state_kernel(state_arrays state, state_layout layout, const std::int32_t* slots, index_t n,
-                                  float* packed) {
+                                         float* packed) {
   const index_t total = 3 * layout.rows * n;
   for (index_t q = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; q < total;
        q += static_cast<index_t>(gridDim.x) * blockDim.x) {
