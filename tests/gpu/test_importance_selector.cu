@@ -31,6 +31,8 @@ struct device_grad {
   dtype type = dtype::f32;
   bool row_major = true;
   index_t pad = 0;            // extra elements per leading-dimension stride (breaks 16-byte vectors when odd)
+  index_t step = 1;           // inner-dimension stride (2: a strided column or row, no vector path)
+  index_t offset = 0;         // elements between the allocation and the view (1: not 16-byte aligned)
   std::vector<float> values;  // logical [r * cols + c], exactly representable in `type`
   std::vector<unsigned char> bytes;
   void* device = nullptr;
@@ -45,10 +47,10 @@ struct device_grad {
 enum class fill { normal, ties, all_equal, zeros, extremes, sparse };
 
 void make(device_grad& g, index_t rows, index_t cols, dtype t, bool row_major, fill f, std::mt19937& rng,
-          index_t pad = 0) {
-  g.rows = rows, g.cols = cols, g.type = t, g.row_major = row_major, g.pad = pad;
-  const index_t rs = row_major ? cols + pad : 1, cs = row_major ? 1 : rows + pad;
-  const index_t extent = row_major ? rows * rs : cols * cs;
+          index_t pad = 0, index_t step = 1, index_t offset = 0) {
+  g.rows = rows, g.cols = cols, g.type = t, g.row_major = row_major, g.pad = pad, g.step = step, g.offset = offset;
+  const index_t rs = row_major ? step * cols + pad : step, cs = row_major ? step : step * rows + pad;
+  const index_t extent = (rows - 1) * rs + (cols - 1) * cs + 1;
   const std::size_t es = zenflow::dtype_size(t);
   g.bytes.assign(static_cast<std::size_t>(extent) * es, 0);
   g.values.assign(static_cast<std::size_t>(rows * cols), 0.0f);
@@ -91,11 +93,12 @@ void make(device_grad& g, index_t rows, index_t cols, dtype t, bool row_major, f
       g.values[static_cast<std::size_t>(r * cols + c)] = x;
     }
   CHECK_CUDA(cudaMalloc(&g.device, g.bytes.size() + 16));
-  CHECK_CUDA(cudaMemcpy(g.device, g.bytes.data(), g.bytes.size(), cudaMemcpyHostToDevice));
+  void* first = static_cast<char*>(g.device) + offset * es;  // offset * es < 16: inside the slack
+  CHECK_CUDA(cudaMemcpy(first, g.bytes.data(), g.bytes.size(), cudaMemcpyHostToDevice));
   // A pageable upload may return before its DMA landed, on the legacy stream, which the
   // non-blocking streams below do not wait for.
   CHECK_CUDA(cudaDeviceSynchronize());
-  g.view = const_matrix_view(g.device, rows, cols, rs, cs, t, memory_space::device);
+  g.view = const_matrix_view(first, rows, cols, rs, cs, t, memory_space::device);
   g.host_view = const_matrix_view(g.bytes.data(), rows, cols, rs, cs, t, memory_space::host);
 }
 
@@ -155,25 +158,33 @@ TEST_CASE("device selection matches the host over layouts, dtypes, norms and adv
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::mt19937 rng(2024);
   const fill fills[] = {fill::normal, fill::ties, fill::all_equal, fill::zeros, fill::extremes, fill::sparse};
+  // Shapes that exercise full tiles, partial vectors and tiles, one row / one column, several row
+  // segments, and ties carried across the top-k's 2048-column output tiles.
+  const index_t shapes[][2] = {{1, 1}, {1, 300}, {300, 1}, {7, 33}, {64, 257}, {513, 1000}, {1500, 96}, {3, 5000}};
+  // Memory variants: {pad, inner step, offset}: dense and 16-byte aligned (vector loads), a padded
+  // leading dimension, a base one element off 16-byte alignment, a strided inner dimension.
+  const index_t variants[][3] = {{0, 1, 0}, {1, 1, 0}, {0, 1, 1}, {0, 2, 0}};
   for (score_norm norm : {score_norm::l1, score_norm::l2_squared})
     for (double ratio : {1e-9, 0.05, 0.1, 0.5, 1.0})
-      for (fill f : fills) {
+      for (int fi = 0; fi < 6; ++fi) {
+        const fill f = fills[fi];
         zenflow::cuda_importance_selector<> sel(ratio, norm);
         std::vector<std::unique_ptr<device_grad>> owned;
         std::vector<device_grad*> grads;
-        int n = 0;
+        int combo = 0;
         for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
           for (bool row_major : {true, false})
-            for (index_t pad : {index_t{0}, index_t{1}}) {
-              // Shapes that exercise full tiles, partial vectors and tiles, one row / one column,
-              // several row segments, and ties carried across the top-k's 2048-column output tiles.
-              const index_t shapes[][2] = {{1, 1},    {1, 300},    {300, 1},   {7, 33},
-                                           {64, 257}, {513, 1000}, {1500, 96}, {3, 5000}};
-              const auto& s = shapes[(n++) % 8];
-              owned.push_back(std::make_unique<device_grad>());
-              make(*owned.back(), s[0], s[1], t, row_major, f, rng, pad);
-              grads.push_back(owned.back().get());
-              sel.add_parameter(s[0], s[1]);
+            for (const auto& v : variants) {
+              // Half of the shapes per combination, the other half with the next fill, so that every
+              // (dtype, layout, variant, shape) meets three fills per norm and ratio.
+              for (int j = 0; j < 8; ++j) {
+                if ((j + combo + fi) % 2 != 0) continue;
+                owned.push_back(std::make_unique<device_grad>());
+                make(*owned.back(), shapes[j][0], shapes[j][1], t, row_major, f, rng, v[0], v[1], v[2]);
+                grads.push_back(owned.back().get());
+                sel.add_parameter(shapes[j][0], shapes[j][1]);
+              }
+              ++combo;
             }
         CAPTURE(static_cast<int>(f));
         CAPTURE(ratio);
