@@ -198,6 +198,8 @@ class cuda_copy_engine {
 
   void submit_host_to_device(std::size_t i, void* dst, std::size_t n, cudaStream_t caller) {
     cudaEvent_t event = events_[i];
+    ZENFLOW_CUDA_TRY(cudaEventRecord(event, caller));  // `dst` may still be in use there
+    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(copy_, event, 0));
     if (n > 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, pool_.slot(i), n, cudaMemcpyHostToDevice, copy_));
     ZENFLOW_CUDA_TRY(cudaEventRecord(event, copy_));
     ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(caller, event, 0));
@@ -207,7 +209,12 @@ class cuda_copy_engine {
 
   bool query(std::size_t i) const {
     const cudaError_t status = cudaEventQuery(events_[i]);
-    if (status == cudaErrorNotReady) return false;  // not recorded as the last error
+    if (status == cudaErrorNotReady) {
+      // Not an error; should a runtime record it as the thread's last error anyway, clear it, so that
+      // a later cudaGetLastError() after a launch does not report it.
+      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+      return false;
+    }
     ZENFLOW_CUDA_TRY(status);
     return true;
   }
@@ -270,9 +277,10 @@ inline void pipelined_copy_to_host(cuda_transfer_queue& q, void* dst, const void
 }
 
 /// Host -> device through the slots of `q` (a host_to_device queue), pipelined: the CPU copy of
-/// chunk k+1 from `src` (any host memory) into a pinned slot overlaps the DMA of chunk k. Work
-/// enqueued on `stream` afterwards is ordered after the copies (event waits). Synchronizes:
-/// returns once the copies completed (slot events only, never `stream`).
+/// chunk k+1 from `src` (any host memory) into a pinned slot overlaps the DMA of chunk k. The
+/// copies start after the work already on `stream` (which may still use `dst`), and work enqueued
+/// on `stream` afterwards is ordered after them (event waits). Synchronizes: returns once the
+/// copies completed (slot events only, never `stream`; so also after that earlier work).
 inline void pipelined_copy_to_device(cuda_transfer_queue& q, void* dst, const void* src, std::size_t bytes,
                                      cudaStream_t stream) {
   detail::pipelined_copy_to_device(q, dst, src, bytes, stream);

@@ -63,6 +63,8 @@ class host_copy_engine {
 
   void submit_host_to_device(std::size_t i, void* dst, std::size_t n, host_stream& caller) {
     host_event& event = events_[i];
+    event.record(caller);  // `dst` may still be in use there
+    copy_.wait(event);
     copy_.enqueue([hook = hook_, i, dst, src = slot_data(i), n] {
       if (hook) hook(i, n);
       if (n > 0) std::memcpy(dst, src, n);
@@ -112,8 +114,9 @@ inline void pipelined_copy_to_host(host_transfer_queue& q, void* dst, const void
 }
 
 /// Copies `bytes` bytes from `src` (any host memory) into `dst` ("device" memory) through the
-/// slots of `q` (a host_to_device queue), pipelined. Work enqueued on `stream` afterwards is
-/// ordered after the copies. Synchronizes: returns once the copies completed (slot events only).
+/// slots of `q` (a host_to_device queue), pipelined. The copies start after the work already on
+/// `stream`; work enqueued on `stream` afterwards is ordered after them. Synchronizes: returns once
+/// the copies completed (slot events only).
 inline void pipelined_copy_to_device(host_transfer_queue& q, void* dst, const void* src, std::size_t bytes,
                                      host_stream& stream) {
   detail::pipelined_copy_to_device(q, dst, src, bytes, stream);

@@ -206,6 +206,27 @@ TEST_CASE("host_to_device: later work on the caller's stream waits for the copy"
   CHECK(seen == 7);
 }
 
+TEST_CASE("host_to_device: the copy waits for work already on the caller's stream") {
+  host_stream stream;
+  host_transfer_queue q(h2d, 8, 2);
+  std::vector<std::byte> dst(8, std::byte{0});
+  gate g;
+  std::atomic<int> read_by_earlier_work{-1};
+  stream.enqueue([&] {  // earlier work on the caller's stream, still using dst
+    g.wait();
+    read_by_earlier_work = static_cast<int>(dst[0]);
+  });
+  auto s = q.acquire();
+  std::memset(s.data, 9, 8);
+  q.submit_host_to_device(s, dst.data(), 8, stream);  // does not block
+  std::this_thread::sleep_for(10ms);
+  CHECK(dst[0] == std::byte{0});  // not overwritten under the earlier work
+  g.release();
+  stream.synchronize();
+  CHECK(read_by_earlier_work == 0);
+  CHECK(dst[0] == std::byte{9});
+}
+
 TEST_CASE("backpressure: acquire blocks until a consumer releases (device_to_host)") {
   host_stream stream;
   host_transfer_queue q(d2h, 8, 2);

@@ -178,10 +178,10 @@ class basic_transfer_queue {
   }
 
   /// Producer, host_to_device: the producer has written slot.data[0, bytes); enqueues on the
-  /// copy stream a copy into `dst` (device memory); work enqueued on `stream` after this call
-  /// waits for it (event wait; the caller does not block). The copy is NOT ordered after work
-  /// already on `stream`: `dst` must not be in use there. The slot frees itself once the copy
-  /// completed. Does not block.
+  /// copy stream, after an event from `stream` (so after the work enqueued there so far, which
+  /// may still use `dst`), a copy into `dst` (device memory); work enqueued on `stream` after
+  /// this call waits for it (event waits; the caller does not block). The slot frees itself once
+  /// the copy completed. Does not block.
   void submit_host_to_device(transfer_slot slot, void* dst, std::size_t bytes, stream_type stream) {
     expects(direction_ == transfer_direction::host_to_device, "direction",
             "submit_host_to_device needs a host_to_device queue, this one is ", to_string(direction_));
