@@ -150,6 +150,14 @@ class basic_coordinator {
     cv_.notify_all();
     if (offload_thread_.joinable()) offload_thread_.join();
     if (update_thread_.joinable()) update_thread_.join();
+    // Copies still in flight (a worker that died with chunks submitted) read or write the
+    // parameters' staging buffers, which are destroyed before the queues: wait for them first.
+    for (queue_type* q : {&d2h_, &h2d_}) {
+      try {
+        q->drain();
+      } catch (...) {
+      }
+    }
     try {
       Backend::synchronize(offload_stream_.get());
       Backend::synchronize(writeback_stream_.get());

@@ -116,13 +116,18 @@ void basic_coordinator<Backend, HostOptimizer>::set_selection(parameter& p, std:
 template <class Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::setup_buffers(parameter& p, stream_type stream) {
   const std::size_t n = p.complement.size() * static_cast<std::size_t>(p.matrix.rows);
-  p.complement_dev = device_buffer(p.complement.size() * sizeof(std::int32_t));
+  // k is fixed per parameter, so after the first call the sizes never change: the device buffers
+  // are kept (a cudaFree per buffer and reselection would wait for the whole device each time).
+  auto fit = [](device_buffer& b, std::size_t bytes) {
+    if (b.bytes() != bytes) b = device_buffer(bytes);
+  };
+  fit(p.complement_dev, p.complement.size() * sizeof(std::int32_t));
   Backend::copy_async(p.complement_dev.data(), p.complement.data(), p.complement.size() * sizeof(std::int32_t), stream);
   for (int b = 0; b < 2; ++b) {
-    p.grad_stage[b] = device_buffer(n * dtype_size(p.grad_type));
+    fit(p.grad_stage[b], n * dtype_size(p.grad_type));
     p.accumulator[b].assign(n, 0.0f);
     p.out_stage[b].assign(n * dtype_size(p.matrix.type), std::byte{0});
-    p.writeback_dev[b] = device_buffer(n * dtype_size(p.matrix.type));
+    fit(p.writeback_dev[b], n * dtype_size(p.matrix.type));
   }
   Backend::synchronize(stream);
 }
