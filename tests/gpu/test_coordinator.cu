@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "hold_stream.cuh"
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -124,7 +126,95 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
+/// The CUDA coordinator alone, ZenFlow async. With `hold`, every step after the first selection
+/// is submitted while a kernel holds the trainer's stream.
+struct held_run {
+  std::vector<bfloat16> w;
+  std::vector<float> b;
+  int held = 0;                 // steps submitted behind a held stream
+  int returned_while_held = 0;  // ... whose step() returned while the stream was still held
+};
+
+held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool hold) {
+  std::vector<float> w0(rows * cols);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n01(0.0f, 0.1f);
+  for (auto& x : w0) x = n01(rng);
+  std::vector<bfloat16> w_init(w0.size());
+  for (std::size_t i = 0; i < w0.size(); ++i) w_init[i] = to_bfloat16(w0[i]);
+  std::vector<float> b0(bias_size, 0.0f);
+  device_memory w_dev(w_init.size() * 2), g_dev(w_init.size() * 2), b_dev(bias_size * 4), gb_dev(bias_size * 4);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.ptr, w_init.data(), w_init.size() * 2, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.ptr, b0.data(), bias_size * 4, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+  cudaStream_t stream;
+  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  held_run out;
+  {
+    coordinator_config config;
+    config.d2h_slot_bytes = 4096;
+    config.h2d_slot_bytes = 4096;
+    cuda_coordinator gpu(options, config);
+    gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
+                           const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32), dtype::bf16);
+    gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, b0);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const auto g = gradient(s);
+      const auto gb = bias_gradient(s);
+      // Uploaded before any hold (a pageable copy would wait for the held stream); the trainer's
+      // stream and every earlier step are idle here.
+      ZENFLOW_CUDA_TRY(cudaMemcpy(g_dev.ptr, g.data(), g.size() * 2, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(gb_dev.ptr, gb.data(), bias_size * 4, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+      mapped_flags flags;
+      const bool held = hold && s > 0;  // step 0 is the first selection, which synchronizes
+      if (held) spin_until_flag<<<1, 1, 0, stream>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
+      gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
+                          stream);
+      gpu.submit_gradient(1, const_vector_view{gb_dev.ptr, bias_size, dtype::f32, memory_space::device}, stream);
+      gpu.step(stream);
+      if (held) {
+        ++out.held;
+        const cudaError_t query = cudaStreamQuery(stream);
+        (void)cudaGetLastError();
+        if (flags.outcome() == 0 && query == cudaErrorNotReady) ++out.returned_while_held;
+        flags.set();
+      }
+      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+      if (held) CHECK(flags.outcome() == 1);  // released by the host, not timed out
+    }
+    gpu.finish(stream);
+  }
+  out.w.resize(w_init.size());
+  out.b.resize(bias_size);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(out.w.data(), w_dev.ptr, out.w.size() * 2, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(out.b.data(), b_dev.ptr, bias_size * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("cuda_coordinator: step() never waits for the trainer's stream; results do not depend on timing") {
+  zenflow_options o;
+  o.topk_ratio = 0.1f;
+  o.update_interval = interval_option::fixed(3);
+  o.select_strategy = selection_strategy::step;
+  o.select_interval = interval_option::fixed(1000);  // one selection, at step 0
+  const held_run free_run = train_on_gpu(o, 13, false);
+  const held_run held = train_on_gpu(o, 13, true);
+  CHECK(held.held == 12);
+  // Mid-interval steps and interval ends alike: the GPU update, the gathers, the offload copies
+  // (which wait on their gather's event) and the CPU update's launch are all enqueued or handed
+  // to the workers; nothing waits for the held stream.
+  CHECK(held.returned_while_held == held.held);
+  // Every copy and update waited for its events, not for luck: the same bits as without holds.
+  CHECK(held.w.size() == free_run.w.size());
+  bool same_w = true;
+  for (std::size_t i = 0; i < held.w.size(); ++i) same_w &= held.w[i].bits == free_run.w[i].bits;
+  CHECK(same_w);
+  CHECK(held.b == free_run.b);
+}
 
 TEST_CASE("cuda_coordinator follows the host coordinator: ZenFlow async") {
   zenflow_options o;

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "hold_stream.cuh"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -52,39 +54,6 @@ struct stream_guard {
   ~stream_guard() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(s)); }
   stream_guard(const stream_guard&) = delete;
   stream_guard& operator=(const stream_guard&) = delete;
-};
-
-__device__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// Spins until the host sets *flag (outcome 1) or `timeout_ns` passed (outcome 2).
-__global__ void spin_until_flag(const volatile int* flag, volatile int* outcome, unsigned long long timeout_ns) {
-  const unsigned long long start = global_timer_ns();
-  while (*flag == 0) {
-    if (global_timer_ns() - start > timeout_ns) {
-      *outcome = 2;
-      return;
-    }
-    __nanosleep(1000);
-  }
-  *outcome = 1;
-}
-
-// Host-mapped pinned ints the kernel and the host both see.
-struct mapped_flags {
-  int* host = nullptr;
-  int* device = nullptr;
-  mapped_flags() {
-    ZENFLOW_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host), 2 * sizeof(int), cudaHostAllocMapped));
-    host[0] = host[1] = 0;
-    ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0));
-  }
-  ~mapped_flags() { ZENFLOW_CUDA_ASSERT(cudaFreeHost(host)); }
-  void set() { std::atomic_ref<int>(host[0]).store(1); }
-  int outcome() { return std::atomic_ref<int>(host[1]).load(); }
 };
 
 // Round trip host -> device -> host through two queues; checks every byte.
