@@ -8,7 +8,10 @@
 //
 // Definitions used everywhere below:
 //   - score of column c = sum over rows r = 0, 1, ..., rows-1 (in that order) of |g(r, c)| (L1)
-//     or g(r, c)^2 (L2 squared), each term and each addition in fp32, starting from +0.
+//     or g(r, c)^2 (L2 squared), each term and each addition in fp32, starting from +0. (The
+//     CUDA backend sums in its own fixed order, warp by warp, and may fuse an L2 square into its
+//     addition: its scores are deterministic and within 1e-5 relative of this reference, never
+//     bit-equal to it; its top-k is exactly this top-k applied to its own scores.)
 //   - k = max(1, floor(topk_ratio * cols)).
 //   - the selection = the k columns with the largest scores; among equal scores (-0 == +0) the
 //     lower column index wins; reported as ascending int32 column indices.
