@@ -24,8 +24,11 @@ namespace zenflow {
 
 namespace detail {
 /// One thread turns the device-side gradient statistics into the step's flags (same rule as
-/// host_backend::make_step_flags).
-static __global__ void make_step_flags_kernel(const gradient_stats_device* stats, float max_norm, step_flags* flags) {
+/// host_backend::make_step_flags), written to device memory (for the step's kernels) and straight
+/// into mapped pinned host memory (for the offload worker): no copy on the trainer's stream, which
+/// could queue behind the offload's large copies on a copy engine.
+static __global__ void make_step_flags_kernel(const gradient_stats_device* stats, float max_norm, step_flags* flags,
+                                              step_flags* flags_host) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const double sum_of_squares = static_cast<double>(stats->sum_of_squares);
   step_flags f;
@@ -35,6 +38,8 @@ static __global__ void make_step_flags_kernel(const gradient_stats_device* stats
                 ? static_cast<float>(static_cast<double>(max_norm) / (f.grad_norm + 1e-6))
                 : 1.0f;
   *flags = f;
+  *flags_host = f;
+  __threadfence_system();  // visible to the host once an event after this kernel completed
 }
 }  // namespace detail
 
@@ -84,34 +89,47 @@ struct cuda_backend {
     std::size_t bytes_ = 0;
   };
 
-  /// Pinned host memory the device writes into asynchronously (the per-step flags).
+  /// Mapped pinned host memory kernels write into directly (the per-step flags): data() for the
+  /// host, device_data() for kernels.
   class host_buffer {
    public:
     host_buffer() = default;
     explicit host_buffer(std::size_t bytes) : bytes_(bytes) {
-      if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaHostAlloc(&data_, bytes_, cudaHostAllocDefault));
+      if (bytes_ == 0) return;
+      ZENFLOW_CUDA_TRY(cudaHostAlloc(&data_, bytes_, cudaHostAllocMapped));
+      try {
+        ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(&device_data_, data_, 0));
+      } catch (...) {
+        reset();
+        throw;
+      }
     }
     host_buffer(host_buffer&& o) noexcept
-        : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+        : data_(std::exchange(o.data_, nullptr)),
+          device_data_(std::exchange(o.device_data_, nullptr)),
+          bytes_(std::exchange(o.bytes_, 0)) {}
     host_buffer& operator=(host_buffer&& o) noexcept {
       if (this != &o) {
         reset();
         data_ = std::exchange(o.data_, nullptr);
+        device_data_ = std::exchange(o.device_data_, nullptr);
         bytes_ = std::exchange(o.bytes_, 0);
       }
       return *this;
     }
     ~host_buffer() { reset(); }
     [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
+    [[nodiscard]] std::byte* device_data() const noexcept { return static_cast<std::byte*>(device_data_); }
     [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
 
    private:
     void reset() noexcept {
       if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFreeHost(data_));
-      data_ = nullptr;
+      data_ = device_data_ = nullptr;
       bytes_ = 0;
     }
     void* data_ = nullptr;
+    void* device_data_ = nullptr;
     std::size_t bytes_ = 0;
   };
 
@@ -175,13 +193,15 @@ struct cuda_backend {
   /// Device scratch the coordinator owns for step_statistics.
   static constexpr std::size_t statistics_scratch_bytes = sizeof(gradient_stats_device);
 
-  /// Global gradient statistics of the step into `scratch`, then the flags (a one-thread kernel).
-  /// Asynchronous on `stream`.
+  /// Global gradient statistics of the step into `scratch`, then the flags (a one-thread kernel)
+  /// into `flags` (device) and `flags_host` (a host_buffer's device_data()). Asynchronous on
+  /// `stream`.
   static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
-                              float max_norm, step_flags* flags, std::byte* scratch, stream_type stream) {
+                              float max_norm, step_flags* flags, step_flags* flags_host, std::byte* scratch,
+                              stream_type stream) {
     auto* stats = reinterpret_cast<gradient_stats_device*>(scratch);
     cuda_gradient_stats(matrices, vectors, stats, stream);
-    detail::make_step_flags_kernel<<<1, 1, 0, stream>>>(stats, max_norm, flags);
+    detail::make_step_flags_kernel<<<1, 1, 0, stream>>>(stats, max_norm, flags, flags_host);
     ZENFLOW_CUDA_TRY(cudaGetLastError());
   }
 

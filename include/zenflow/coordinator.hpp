@@ -162,8 +162,9 @@ class basic_coordinator {
       Backend::synchronize(offload_stream_.get());
       Backend::synchronize(writeback_stream_.get());
       // The trainer's stream may still run work that reads or writes our buffers (statistics, the
-      // flags copy, the sparse step, gathers, scatters): each step's last such work is followed by
-      // one of these events. The trainer's stream itself is never synchronized (it may be gone).
+      // flags written to host memory, the sparse step, gathers, scatters): each step's last such
+      // work is followed by one of these events. The trainer's stream itself is never synchronized
+      // (it may be gone).
       for (int b = 0; b < 2; ++b) {
         Backend::synchronize(stats_ready_[b]);
         Backend::synchronize(written_back_[b]);

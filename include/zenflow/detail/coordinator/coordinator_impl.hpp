@@ -299,9 +299,11 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   }
   auto* flags_dev = reinterpret_cast<step_flags*>(flags_dev_[parity].data());
   auto* flags_host = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  Backend::step_statistics(all_matrices, vectors, options_.max_grad_norm, flags_dev, statistics_scratch_.data(),
+  // The flags go to the device (for this step's kernels) and straight into host memory (for the
+  // offload worker, once stats_ready_ completed): no copy on the trainer's stream.
+  Backend::step_statistics(all_matrices, vectors, options_.max_grad_norm, flags_dev,
+                           reinterpret_cast<step_flags*>(flags_host_[parity].device_data()), statistics_scratch_.data(),
                            stream);
-  Backend::copy_async(flags_host_[parity].data(), flags_dev, sizeof(step_flags), stream);
   if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);
 
   Backend::record(stats_ready_[parity], stream);

@@ -52,8 +52,13 @@ struct host_backend {
     std::size_t bytes_ = 0;
     std::unique_ptr<std::byte[]> data_;
   };
-  /// Host memory the "device" writes into asynchronously (pinned memory in the CUDA backend).
-  using host_buffer = device_buffer;
+  /// Host memory the "device" writes into asynchronously (mapped pinned memory in the CUDA
+  /// backend); device_data() is the address device work writes through.
+  class host_buffer : public device_buffer {
+   public:
+    using device_buffer::device_buffer;
+    [[nodiscard]] std::byte* device_data() const noexcept { return data(); }
+  };
 
   /// An owned stream of the backend (the coordinator's offload and write-back streams).
   class owned_stream {
@@ -83,12 +88,13 @@ struct host_backend {
   static constexpr std::size_t statistics_scratch_bytes = 0;
 
   static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
-                              float max_norm, step_flags* flags, std::byte* /*scratch*/, stream_type stream) {
+                              float max_norm, step_flags* flags, step_flags* flags_host, std::byte* /*scratch*/,
+                              stream_type stream) {
     std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
     std::vector<const_vector_view> v(vectors.begin(), vectors.end());
-    stream->enqueue([m = std::move(m), v = std::move(v), max_norm, flags] {
+    stream->enqueue([m = std::move(m), v = std::move(v), max_norm, flags, flags_host] {
       const gradient_stats stats = host_gradient_stats(m, v);
-      *flags = make_step_flags(stats.sum_of_squares, stats.nonfinite_count, max_norm);
+      *flags = *flags_host = make_step_flags(stats.sum_of_squares, stats.nonfinite_count, max_norm);
     });
   }
   static step_flags make_step_flags(double sum_of_squares, std::int64_t nonfinite, float max_norm) {
