@@ -100,15 +100,18 @@ void bm_sparse_adam(benchmark::State& state) {
     zenflow::cuda_scatter_columns(compact_param.get(), dtype::bf16, sel_dev, view(param.get()), nullptr);
   };
   auto sparse = [&] { opt.step(grads, {}, 1.0f, nullptr, nullptr, false, nullptr); };
+  // With the non-finite check: a pre-pass over the gradient values the step reads, then the step.
+  auto sparse_checked = [&] { opt.step(grads, {}, 1.0f, nullptr, nullptr, true, nullptr); };
 
   zenflow_bench::device_timer timer(nullptr);  // the legacy stream, which the calls above use
-  double read_ms = 0, rmw_ms = 0, baseline_ms = 0, sparse_ms = 0;
+  double read_ms = 0, rmw_ms = 0, baseline_ms = 0, sparse_ms = 0, checked_ms = 0;
   long long n = 0;
   for (auto _ : state) {
     try {
       read_ms += timer.read_roofline_ms(roof.get(), roof.bytes());
       rmw_ms += timer.mean_ms([&] { rmw_roofline_kernel<<<blocks, 256>>>(roof.get<float4>(), n4); });
       baseline_ms += timer.mean_ms(baseline);
+      checked_ms += timer.mean_ms(sparse_checked);
       const double ms = timer.mean_ms(sparse);
       state.SetIterationTime(ms / 1e3);
       sparse_ms += ms, ++n;
@@ -119,7 +122,7 @@ void bm_sparse_adam(benchmark::State& state) {
   }
   if (n == 0) return;
   read_ms /= static_cast<double>(n), rmw_ms /= static_cast<double>(n);
-  baseline_ms /= static_cast<double>(n), sparse_ms /= static_cast<double>(n);
+  baseline_ms /= static_cast<double>(n), sparse_ms /= static_cast<double>(n), checked_ms /= static_cast<double>(n);
   const double bytes = 2.0 * static_cast<double>(half_bytes);
   const double rmw_bw = bytes / (rmw_ms / 1e3), sparse_bw = bytes / (sparse_ms / 1e3);
   // Bytes at DRAM-sector granularity: the fp32 state (24 B per element) plus, for the gradient and
@@ -141,6 +144,8 @@ void bm_sparse_adam(benchmark::State& state) {
   state.counters["rmw_roof_GBps"] = rmw_bw / 1e9;
   state.counters["frac_of_rmw_roofline"] = sparse_bw / rmw_bw;
   state.counters["frac_of_sector_roofline"] = sector_bytes / (sparse_ms / 1e3) / rmw_bw;
+  state.counters["checked_us"] = checked_ms * 1e3;  // check_finite = true
+  state.counters["check_overhead"] = checked_ms / sparse_ms - 1.0;
   state.counters["baseline_us"] = baseline_ms * 1e3;
   state.counters["speedup_vs_gather_adam_scatter"] = baseline_ms / sparse_ms;
 }
