@@ -203,7 +203,8 @@ class cuda_importance_selector {
 
   /// Device copy of parameter i's current selection (k(i) ascending int32), valid until the
   /// select() after next; nullptr before buffers exist for parameter i (registered since the last
-  /// select() / set_selection()).
+  /// select() / set_selection()). Every device pointer from this selector is invalidated by the
+  /// first select() / set_selection() after an add_parameter(), which reallocates the buffers.
   [[nodiscard]] const std::int32_t* selected_device(std::size_t i) const {
     return in_buffer(d_indices_[cur_], state_.k_offset(i), state_.k(i));
   }
