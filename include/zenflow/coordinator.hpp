@@ -322,7 +322,7 @@ class basic_coordinator {
     std::size_t bytes = 0;
     dtype type = dtype::f32;
     float* accumulator = nullptr;
-    const step_flags* flags = nullptr;                 // host copy of the step's flags (valid once the copy landed)
+    const step_flags* flags = nullptr;  // host copy of the step's flags (valid once stats_ready_ completed)
     typename Backend::event_type* gathered = nullptr;  // the gather this copy must wait for
   };
   struct update_job {

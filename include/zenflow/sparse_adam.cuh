@@ -135,7 +135,8 @@ class cuda_sparse_adam {
   /// effective scale is not finite or negative, or (check_finite) any gradient value read is
   /// NaN/inf once scaled, nothing is written and the device step counter does not advance (with
   /// no parameter registered nothing is enqueued and the counter stays too). Every block
-  /// reads *skip_flag_device and *scale_ptr_device: whoever writes them must be ordered before
+  /// reads *skip_flag_device and *scale_ptr_device (device, managed or mapped pinned memory; any
+  /// other pointer throws here): whoever writes them must be ordered before
   /// this call on `stream` (an event wait), never racing it from another stream. Host-side
   /// argument errors throw before anything is enqueued. Never synchronizes.
   void step(std::span<const const_matrix_view> matrix_grads, std::span<const const_vector_view> vector_grads,

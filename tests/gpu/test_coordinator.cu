@@ -133,6 +133,7 @@ struct held_run {
   std::vector<float> b;
   int held = 0;                 // steps submitted behind a held stream
   int returned_while_held = 0;  // ... whose step() returned while the stream was still held
+  std::vector<update_record> trace;
 };
 
 held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool hold) {
@@ -154,13 +155,17 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
     coordinator_config config;
     config.d2h_slot_bytes = 4096;
     config.h2d_slot_bytes = 4096;
+    config.record_trace = true;
     cuda_coordinator gpu(options, config);
     gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
                            const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32), dtype::bf16);
     gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, b0);
     for (std::int64_t s = 0; s < steps; ++s) {
-      const auto g = gradient(s);
+      auto g = gradient(s);
       const auto gb = bias_gradient(s);
+      // A skipped step, held too: its skip flag reaches the offload worker through mapped memory,
+      // read only once the step's stats_ready_ event completed.
+      if (s == 4) g[5 * cols + 17] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
       // Uploaded before any hold (a pageable copy would wait for the held stream); the trainer's
       // stream and every earlier step are idle here.
       ZENFLOW_CUDA_TRY(cudaMemcpy(g_dev.ptr, g.data(), g.size() * 2, cudaMemcpyHostToDevice));
@@ -184,6 +189,7 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
       if (held) CHECK(flags.outcome() == 1);  // released by the host, not timed out
     }
     gpu.finish(stream);
+    out.trace = gpu.trace();
   }
   out.w.resize(w_init.size());
   out.b.resize(bias_size);
@@ -214,6 +220,17 @@ TEST_CASE("cuda_coordinator: step() never waits for the trainer's stream; result
   for (std::size_t i = 0; i < held.w.size(); ++i) same_w &= held.w[i].bits == free_run.w[i].bits;
   CHECK(same_w);
   CHECK(held.b == free_run.b);
+  REQUIRE(held.trace.size() == free_run.trace.size());
+  for (std::size_t i = 0; i < held.trace.size(); ++i) {
+    CHECK(held.trace[i].last_step == free_run.trace[i].last_step);
+    CHECK(held.trace[i].written_back_at == free_run.trace[i].written_back_at);
+    CHECK(held.trace[i].accumulated_steps == free_run.trace[i].accumulated_steps);
+  }
+  // Step 4's NaN skipped it: its interval accumulated one step fewer than it spans.
+  bool saw_skip = false;
+  for (const auto& r : held.trace)
+    if (r.first_step <= 4 && 4 <= r.last_step) saw_skip = r.accumulated_steps == r.last_step - r.first_step;
+  CHECK(saw_skip);
 }
 
 TEST_CASE("cuda_coordinator follows the host coordinator: ZenFlow async") {

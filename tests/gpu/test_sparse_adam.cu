@@ -247,6 +247,9 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
   device.step(dg, dv, 1.0f, nullptr, nullptr, true, stream);
   ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.get<std::byte>() + g0, &huge16, 2, cudaMemcpyHostToDevice));
   device.step(dg, dv, 2.0f, nullptr, nullptr, true, stream);
+  const float two = 2.0f;  // the same factor through the device scale: the check must apply it too
+  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.get(), &two, 4, cudaMemcpyHostToDevice));
+  device.step(dg, dv, 1.0f, scale.dev.get<const float>(), nullptr, true, stream);
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
   CHECK(device.step_count() == steps);
   const snapshot skipped = device_snapshot();

@@ -242,6 +242,28 @@ TEST_CASE("a device_to_host copy is ordered after the caller's earlier work") {
   q.release(r);
 }
 
+TEST_CASE("a host_to_device copy is ordered after the caller's earlier work") {
+  device_buffer dev(MiB);
+  stream_guard caller;
+  mapped_flags flags;
+  cuda_transfer_queue q(h2d, MiB, 2);
+  spin_until_flag<<<1, 1, 0, caller.s>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+  ZENFLOW_CUDA_TRY(cudaGetLastError());
+  ZENFLOW_CUDA_TRY(cudaMemsetAsync(dev.p, 0x11, MiB, caller.s));  // earlier work still using dst
+  auto slot = q.acquire();
+  std::memset(slot.data, 0x22, MiB);
+  q.submit_host_to_device(slot, dev.p, MiB, caller.s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  flags.set();
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
+  CHECK(flags.outcome() == 1);
+  // Copy first (not waiting for the caller) would leave the memset's 0x11.
+  std::vector<std::byte> back(MiB);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(back.data(), dev.p, MiB, cudaMemcpyDeviceToHost));
+  CHECK(std::all_of(back.begin(), back.end(), [](std::byte x) { return x == std::byte{0x22}; }));
+  q.drain();
+}
+
 TEST_CASE("destroying a queue with copies in flight waits for them") {
   device_buffer dev(64 * MiB);
   stream_guard caller;

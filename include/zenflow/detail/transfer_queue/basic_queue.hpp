@@ -10,8 +10,8 @@
 //        record slot i's event on `caller`, make the copy stream wait for it, copy src -> slot,
 //        record slot i's event on the copy stream. Never blocks.
 //   void submit_host_to_device(i, void* dst, std::size_t n, stream_type caller)
-//        copy slot -> dst on the copy stream, record slot i's event there, make `caller` wait for
-//        it. Never blocks.
+//        record slot i's event on `caller`, make the copy stream wait for it, copy slot -> dst,
+//        record slot i's event on the copy stream, make `caller` wait for it. Never blocks.
 //   void wait(i)    blocks on slot i's event only; throws the copy path's error
 //   bool query(i)   never blocks; true when slot i's event completed
 //   destructor      waits for every copy it enqueued before freeing the slots
