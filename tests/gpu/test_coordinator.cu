@@ -41,26 +41,52 @@ std::vector<float> bias_gradient(std::int64_t step) {
   return g;
 }
 
-/// Runs the same gradients through the CUDA and the host coordinator and compares the weights,
-/// the bias, the update trace and the bytes moved. At `nan_step` (if >= 0) one gradient element
-/// is NaN: both must skip that step.
-void compare_modes(const zenflow_options& options, std::int64_t steps, std::int64_t nan_step = -1) {
+/// The weight's initial fp32 master.
+std::vector<float> initial_master() {
   std::vector<float> w0(rows * cols);
   std::mt19937 rng(5);
   std::normal_distribution<float> n01(0.0f, 0.1f);
   for (auto& x : w0) x = n01(rng);
-  std::vector<bfloat16> w_host(w0.size());
-  for (std::size_t i = 0; i < w0.size(); ++i) w_host[i] = to_bfloat16(w0[i]);
-  std::vector<float> b_host(bias_size, 0.0f), b0(bias_size, 0.0f);
+  return w0;
+}
+std::vector<bfloat16> to_bf16(const std::vector<float>& x) {
+  std::vector<bfloat16> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = to_bfloat16(x[i]);
+  return out;
+}
 
-  device_memory w_dev(w_host.size() * 2), g_dev(w_host.size() * 2), b_dev(bias_size * 4), gb_dev(bias_size * 4);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.ptr, w_host.data(), w_host.size() * 2, cudaMemcpyHostToDevice));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.ptr, b_host.data(), bias_size * 4, cudaMemcpyHostToDevice));
-  // A pageable upload may return before its DMA landed, on the legacy stream, which the
-  // non-blocking streams below do not wait for.
-  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
-  cudaStream_t stream;
-  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+/// The model on the device (bf16 weight from initial_master(), zero f32 bias, gradient buffers)
+/// and the trainer's non-blocking stream.
+struct gpu_model {
+  std::vector<float> w0 = initial_master();
+  std::vector<float> b0 = std::vector<float>(bias_size, 0.0f);
+  device_memory w_dev{w0.size() * 2}, g_dev{w0.size() * 2}, b_dev{bias_size * 4}, gb_dev{bias_size * 4};
+  cudaStream_t stream{};
+  gpu_model() {
+    const auto w = to_bf16(w0);
+    ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.ptr, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.ptr, b0.data(), bias_size * 4, cudaMemcpyHostToDevice));
+    // A pageable upload may return before its DMA landed, on the legacy stream, which the
+    // non-blocking stream below does not wait for.
+    ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+    ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  gpu_model(const gpu_model&) = delete;
+  gpu_model& operator=(const gpu_model&) = delete;
+  ~gpu_model() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream)); }
+};
+
+/// Runs the same gradients through the CUDA and the host coordinator and compares the weights,
+/// the bias, the update trace and the bytes moved. At `nan_step` (if >= 0) one gradient element
+/// is NaN: both must skip that step.
+void compare_modes(const zenflow_options& options, std::int64_t steps, std::int64_t nan_step = -1) {
+  gpu_model m;
+  const std::vector<float>& w0 = m.w0;
+  const std::vector<float>& b0 = m.b0;
+  std::vector<bfloat16> w_host = to_bf16(w0);
+  std::vector<float> b_host = b0;
+  const cudaStream_t stream = m.stream;
+  device_memory &w_dev = m.w_dev, &g_dev = m.g_dev, &b_dev = m.b_dev, &gb_dev = m.gb_dev;
 
   coordinator_config config;
   config.record_trace = true;
@@ -123,7 +149,6 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
     CHECK(gt[i].write_backs == 1);
   }
   CHECK(gpu.metrics().bytes_device_to_host == cpu.metrics().bytes_device_to_host);
-  ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
 /// The CUDA coordinator alone, ZenFlow async. With `hold`, every step after the first selection
@@ -137,19 +162,9 @@ struct held_run {
 };
 
 held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool hold) {
-  std::vector<float> w0(rows * cols);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> n01(0.0f, 0.1f);
-  for (auto& x : w0) x = n01(rng);
-  std::vector<bfloat16> w_init(w0.size());
-  for (std::size_t i = 0; i < w0.size(); ++i) w_init[i] = to_bfloat16(w0[i]);
-  std::vector<float> b0(bias_size, 0.0f);
-  device_memory w_dev(w_init.size() * 2), g_dev(w_init.size() * 2), b_dev(bias_size * 4), gb_dev(bias_size * 4);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.ptr, w_init.data(), w_init.size() * 2, cudaMemcpyHostToDevice));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.ptr, b0.data(), bias_size * 4, cudaMemcpyHostToDevice));
-  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
-  cudaStream_t stream;
-  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  gpu_model m;
+  const cudaStream_t stream = m.stream;
+  device_memory &w_dev = m.w_dev, &g_dev = m.g_dev, &b_dev = m.b_dev, &gb_dev = m.gb_dev;
   held_run out;
   {
     coordinator_config config;
@@ -158,8 +173,8 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
     config.record_trace = true;
     cuda_coordinator gpu(options, config);
     gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
-                           const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32), dtype::bf16);
-    gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, b0);
+                           const_matrix_view::row_major(m.w0.data(), rows, cols, dtype::f32), dtype::bf16);
+    gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, m.b0);
     for (std::int64_t s = 0; s < steps; ++s) {
       auto g = gradient(s);
       const auto gb = bias_gradient(s);
@@ -191,11 +206,10 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
     gpu.finish(stream);
     out.trace = gpu.trace();
   }
-  out.w.resize(w_init.size());
+  out.w.resize(m.w0.size());
   out.b.resize(bias_size);
   ZENFLOW_CUDA_TRY(cudaMemcpy(out.w.data(), w_dev.ptr, out.w.size() * 2, cudaMemcpyDeviceToHost));
   ZENFLOW_CUDA_TRY(cudaMemcpy(out.b.data(), b_dev.ptr, bias_size * 4, cudaMemcpyDeviceToHost));
-  ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
   return out;
 }
 
