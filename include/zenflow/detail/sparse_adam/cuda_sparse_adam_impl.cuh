@@ -60,24 +60,18 @@ inline void pinned_uploader::upload(void* dst, const void* src, std::size_t byte
   ZENFLOW_CUDA_TRY(cudaEventRecord(s.done, stream));
 }
 
-/// Throws unless `ptr` is device (or managed) memory.
-inline void check_device_pointer(const void* ptr, const char* argument) {
+/// Throws unless `ptr` is device (or managed) memory; with `mapped_host_ok`, pinned host memory
+/// mapped into the device's address space is accepted too (kernels read it in place: a loss scale
+/// the host keeps in cudaHostAlloc memory, say).
+inline void check_device_pointer(const void* ptr, const char* argument, bool mapped_host_ok = false) {
   expects(ptr != nullptr, argument, "is null");
   cudaPointerAttributes attributes{};
   ZENFLOW_CUDA_TRY(cudaPointerGetAttributes(&attributes, ptr));
-  expects(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged, argument,
-          "must point to device memory");
-}
-
-/// Throws unless kernels can read `ptr`: device or managed memory, or pinned host memory mapped
-/// into the device's address space (a loss scale the host keeps in cudaHostAlloc memory, say).
-inline void check_device_readable(const void* ptr, const char* argument) {
-  expects(ptr != nullptr, argument, "is null");
-  cudaPointerAttributes attributes{};
-  ZENFLOW_CUDA_TRY(cudaPointerGetAttributes(&attributes, ptr));
-  expects(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged ||
-              (attributes.type == cudaMemoryTypeHost && attributes.devicePointer == ptr),
-          argument, "must be readable by the device (device, managed or mapped pinned memory)");
+  const bool device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  const bool mapped = attributes.type == cudaMemoryTypeHost && attributes.devicePointer == ptr;
+  expects(device || (mapped_host_ok && mapped), argument,
+          mapped_host_ok ? "must be readable by the device (device, managed or mapped pinned memory)"
+                         : "must point to device memory");
 }
 
 /// Blocks for a grid-stride launch over n items.
@@ -267,8 +261,10 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
           " views, expected one per vector parameter (", vectors_.size(), ")");
   expects(is_finite_bits(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ", grad_scale);
   // Every block dereferences them: a host pointer would fault in the kernel instead of throwing here.
-  if (scale_ptr_device != nullptr) sa::check_device_readable(scale_ptr_device, "scale_ptr_device");
-  if (skip_flag_device != nullptr) sa::check_device_readable(skip_flag_device, "skip_flag_device");
+  if (scale_ptr_device != nullptr)
+    sa::check_device_pointer(scale_ptr_device, "scale_ptr_device", /*mapped_host_ok=*/true);
+  if (skip_flag_device != nullptr)
+    sa::check_device_pointer(skip_flag_device, "skip_flag_device", /*mapped_host_ok=*/true);
   std::vector<sa::grad_desc> grads(entries_.size());
   for (std::size_t g = 0; g < matrices_.size(); ++g) {
     const auto& v = matrix_grads[g];
@@ -430,7 +426,8 @@ inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int3
   if (n == 0 || src.rows == 0) return;
   sa::check_device_pointer(columns.data(), "columns");
   sa::check_device_pointer(dst, "dst");
-  if (scale_ptr_device != nullptr) sa::check_device_readable(scale_ptr_device, "scale_ptr_device");
+  if (scale_ptr_device != nullptr)
+    sa::check_device_pointer(scale_ptr_device, "scale_ptr_device", /*mapped_host_ok=*/true);
   if (src.row_stride <= src.col_stride) {
     const dim3 grid(static_cast<unsigned int>(n), sa::row_tile_grid(src.rows, sa::kTile));
     sa::gather_columns_direct_kernel<<<grid, sa::kThreads, 0, stream>>>(src.data, src.type, src.rows, src.cols,
