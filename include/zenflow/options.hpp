@@ -7,6 +7,7 @@
 // "ZenFlow sync".
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -24,9 +25,12 @@ enum class selection_strategy : std::uint8_t {
 
 /// Which method the coordinator runs; the comparison baselines are selectable by options alone.
 enum class offload_mode : std::uint8_t {
-  zenflow,       ///< the method: top-k columns on the GPU, the rest on the CPU (overlap_step picks sync/async)
-  zero_offload,  ///< ZeRO-Offload: every column of every 2-D parameter updated on the CPU, every step, synchronously
-  dense,         ///< no offload: every column on the GPU (the reference)
+  zenflow,  ///< the method: top-k columns on the GPU, the rest on the CPU (overlap_step picks sync/async)
+  /// ZeRO-Offload: every column of every 2-D parameter updated on the CPU, every step,
+  /// synchronously. The mode implies all of that: topk_ratio, the intervals, warm-up and
+  /// overlap_step are not used.
+  zero_offload,
+  dense,  ///< no offload: every column on the GPU (the reference); topk_ratio and the intervals are not used
 };
 
 /// A setting that is either "auto" or a fixed positive count.
@@ -82,13 +86,20 @@ struct zenflow_options {
   std::int64_t steps_per_epoch = 0;
   /// Step strategy with select_interval "auto": re-select every this many steps.
   std::int64_t auto_select_steps = 100;
-  /// Upper bound of an "auto" update interval.
+  /// Upper bound of an "auto" update interval. A reselection ends an interval anyway, so the
+  /// bound in effect is min(max_update_interval, the selection interval in steps).
   std::int64_t max_update_interval = 16;
+  /// The bound an "auto" update interval is held to (see max_update_interval).
+  [[nodiscard]] std::int64_t effective_max_update_interval() const noexcept {
+    return std::min(max_update_interval, select_interval_steps());
+  }
   /// Clip the global gradient norm (both paths together) to this value; 0 disables clipping.
   float max_grad_norm = 0.0f;
   adam_options adam{};
 
-  /// ZeRO-Offload: every column on the CPU, updated every step, synchronously.
+  /// ZeRO-Offload: every column on the CPU, updated every step, synchronously. The same as
+  /// setting `mode = offload_mode::zero_offload` on any options (the mode implies the rest); the
+  /// other fields are set to what the mode runs so that the options read as what happens.
   static zenflow_options zero_offload() {
     zenflow_options o;
     o.mode = offload_mode::zero_offload;
@@ -96,7 +107,8 @@ struct zenflow_options {
     o.overlap_step = false;
     return o;
   }
-  /// Dense: every column on the GPU, no offload (the no-offload reference).
+  /// Dense: every column on the GPU, no offload (the no-offload reference). The same as setting
+  /// `mode = offload_mode::dense` on any options.
   static zenflow_options dense() {
     zenflow_options o;
     o.mode = offload_mode::dense;
@@ -135,17 +147,11 @@ struct zenflow_options {
             "must be >= 1 with select_strategy epoch");
     expects(auto_select_steps >= 1, "auto_select_steps", "must be >= 1, got ", auto_select_steps);
     expects(max_update_interval >= 1, "max_update_interval", "must be >= 1, got ", max_update_interval);
-    expects(!update_interval.is_auto || max_update_interval <= select_interval_steps(), "max_update_interval",
-            "must not exceed the selection interval (", select_interval_steps(), " steps), got ",
-            max_update_interval);
     expects(update_interval.is_auto || select_interval_steps() >= update_interval.value, "select_interval",
             "must not be smaller than update_interval (", update_interval.value, " steps), got ",
             select_interval_steps(), " steps");
     expects(std::isfinite(max_grad_norm) && max_grad_norm >= 0.0f, "max_grad_norm",
             "must be finite and >= 0 (0 disables clipping), got ", max_grad_norm);
-    expects(mode != offload_mode::zero_offload || (!overlap_step && !update_interval.is_auto &&
-                                                    update_interval.value == 1),
-            "mode", "zero_offload updates every step synchronously: needs update_interval 1 and overlap_step false");
     adam.validate();
   }
 };

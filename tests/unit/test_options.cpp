@@ -65,7 +65,12 @@ TEST_CASE("each bad value is rejected with the field's name") {
   CHECK(rejected_field([](auto& o) { o.steps_per_epoch = -1; }) == "steps_per_epoch");
   CHECK(rejected_field([](auto& o) { o.auto_select_steps = 0; }) == "auto_select_steps");
   CHECK(rejected_field([](auto& o) { o.max_update_interval = 0; }) == "max_update_interval");
-  CHECK(rejected_field([](auto& o) { o.max_update_interval = 1000; }) == "max_update_interval");
+  // A bound above the selection interval is held to it (a reselection ends an interval anyway).
+  CHECK(rejected_field([](auto& o) { o.max_update_interval = 1000; }) == "<accepted>");
+  CHECK(rejected_field([](auto& o) { o.select_interval = interval_option::fixed(10); }) == "<accepted>");
+  // A mode implies what it runs: no other field has to be changed with it.
+  CHECK(rejected_field([](auto& o) { o.mode = zenflow::offload_mode::zero_offload; }) == "<accepted>");
+  CHECK(rejected_field([](auto& o) { o.mode = zenflow::offload_mode::dense; }) == "<accepted>");
   CHECK(rejected_field([](auto& o) { o.max_grad_norm = -1.0f; }) == "max_grad_norm");
   CHECK(rejected_field([&](auto& o) { o.max_grad_norm = nan; }) == "max_grad_norm");
   CHECK(rejected_field([](auto& o) { o.adam.lr = -1e-3f; }) == "lr");
@@ -78,6 +83,10 @@ TEST_CASE("each bad value is rejected with the field's name") {
 
 TEST_CASE("auto resolution of the selection strategy and interval") {
   zenflow_options o;
+  CHECK(o.effective_max_update_interval() == 16);
+  o.select_interval = interval_option::fixed(10);
+  CHECK(o.effective_max_update_interval() == 10);
+  o.select_interval = interval_option::automatic();
   CHECK(o.resolved_strategy() == selection_strategy::step);
   CHECK(o.select_interval_steps() == o.auto_select_steps);
   o.steps_per_epoch = 50;
