@@ -55,6 +55,11 @@ struct coordinator_config {
   std::size_t h2d_slot_bytes = std::size_t{4} << 20;  ///< parameter staging slot size
   std::size_t h2d_slots = 2;
   bool record_trace = false;  ///< keep an update_record per CPU update (the staleness oracle)
+  /// Host backend only (its "device" memory is the trainer's host memory): reject the first
+  /// gradient of a step while the previous step's parameter updates are still running on the
+  /// stream, i.e. when the trainer computed it without stream.synchronize() first. A check, not a
+  /// proof: a race that happens to finish in time goes unseen.
+  bool check_stream_order = true;
 };
 
 /// What one step did and what it cost. Printable.
@@ -131,10 +136,15 @@ class basic_coordinator {
       Backend::bind_device(device);
       offload_loop();
     });
-    update_thread_ = std::thread([this, device] {
-      Backend::bind_device(device);
-      update_loop();
-    });
+    try {
+      update_thread_ = std::thread([this, device] {
+        Backend::bind_device(device);
+        update_loop();
+      });
+    } catch (...) {
+      stop_workers();  // a joinable std::thread must not be destroyed during unwinding
+      throw;
+    }
   }
 
   basic_coordinator(const basic_coordinator&) = delete;
@@ -143,13 +153,7 @@ class basic_coordinator {
   /// Stops the workers after the work already handed to them (pending CPU updates finish; their
   /// results are not written back: call finish() for that). Never throws.
   ~basic_coordinator() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (offload_thread_.joinable()) offload_thread_.join();
-    if (update_thread_.joinable()) update_thread_.join();
+    stop_workers();
     // Copies still in flight (a worker that died with chunks submitted) read or write the
     // parameters' staging buffers, which are destroyed before the queues: wait for them first.
     for (queue_type* q : {&d2h_, &h2d_}) {
@@ -176,12 +180,21 @@ class basic_coordinator {
 
   [[nodiscard]] const zenflow_options& options() const noexcept { return options_; }
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_; }
+  /// The last step's metrics (also after a failure).
   [[nodiscard]] const step_metrics& metrics() const noexcept { return metrics_; }
   [[nodiscard]] std::vector<update_record> trace() const {
     std::lock_guard lock(mutex_);
     return trace_;
   }
-  [[nodiscard]] const HostOptimizer& host_optimizer() const noexcept { return host_opt_; }
+  /// The CPU optimizer, for reading its state. Only while no CPU update is pending (the update
+  /// worker writes that state): in sync modes between steps, in async mode after finish(); throws
+  /// `zenflow::error` otherwise. The reference is valid until the next step().
+  [[nodiscard]] const HostOptimizer& host_optimizer() const {
+    rethrow_worker_error();
+    expects(!pending_interval_, "host_optimizer", "the CPU update of interval ", pending_interval_.value_or(-1),
+            " is still pending (overlap_step): call finish() before reading the CPU optimizer state");
+    return host_opt_;
+  }
   [[nodiscard]] const device_optimizer_type& device_optimizer() const noexcept { return device_opt_; }
   [[nodiscard]] std::size_t parameter_count() const noexcept { return params_.size(); }
   [[nodiscard]] const std::string& name(std::size_t i) const { return at(i).name; }
@@ -189,22 +202,27 @@ class basic_coordinator {
   [[nodiscard]] std::span<const std::int32_t> gpu_columns(std::size_t i) const { return at(i).selection; }
 
   /// Registers a 2-D parameter (before the first step). `param` is the model's weight in device
-  /// memory (updated in place); `initial` its fp32 values (host memory, same shape, any layout);
-  /// `grad_type` the dtype its gradients will have. Returns the parameter's index.
+  /// memory (updated in place); `initial` its initial values in host memory (same shape, any
+  /// layout), either fp32 (an fp32 master the trainer keeps) or in the parameter's own dtype
+  /// (upcast exactly); `grad_type` the dtype its gradients will have. Returns the parameter's index.
   std::size_t register_parameter(std::string name, matrix_view param, const_matrix_view initial, dtype grad_type) {
     param.validate("param", Backend::device_space);
     initial.validate("initial", memory_space::host);
     expects(!param.empty(), "param", "must not be empty");
     expects(initial.rows == param.rows && initial.cols == param.cols, "initial", "shape ", initial.rows, " x ",
             initial.cols, " does not match param ", param.rows, " x ", param.cols);
-    expects(initial.type == dtype::f32, "initial", "must be f32");
+    expects(initial.type == dtype::f32 || initial.type == param.type, "initial", "must be f32 or the param's dtype (",
+            std::string(dtype_name(param.type)), "), got ", std::string(dtype_name(initial.type)));
     expects(is_valid(grad_type), "grad_type", "unknown dtype");
     expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
     // Column-contiguous fp32 master for the CPU optimizer.
     std::vector<float> master(static_cast<std::size_t>(param.rows * param.cols));
-    const float* src = initial.template as<const float>("initial");
-    for (index_t c = 0; c < param.cols; ++c)
-      for (index_t r = 0; r < param.rows; ++r) master[c * param.rows + r] = src[initial.offset(r, c)];
+    dispatch_dtype(initial.type, [&](auto tag) {
+      using T = decltype(tag);
+      const T* src = static_cast<const T*>(initial.data);
+      for (index_t c = 0; c < param.cols; ++c)
+        for (index_t r = 0; r < param.rows; ++r) master[c * param.rows + r] = to_float(src[initial.offset(r, c)]);
+    });
     parameter p;
     p.name = std::move(name);
     p.matrix = param;
@@ -231,12 +249,17 @@ class basic_coordinator {
     return params_.size() - 1;
   }
 
-  /// Hands over parameter i's gradient for the current step (call as backward produces it).
-  /// `grad` must stay valid until `stream` has passed step(). Does not synchronize.
+  /// Hands over parameter i's gradient for the current step (call as backward produces it), once
+  /// per parameter and step. `grad` must stay valid until `stream` has passed step(). The gradient
+  /// must have been computed from the parameters as the previous step left them: on a GPU, work
+  /// enqueued on `stream` after step() sees them; with the host backend the trainer's own code
+  /// reads them, so it must call stream.synchronize() after step() and before its backward (see
+  /// coordinator_config::check_stream_order). Does not synchronize.
   void submit_gradient(std::size_t i, const_matrix_view grad, stream_type stream) {
     rethrow_worker_error();
     auto& p = at(i);
     expects(!p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 1-D: pass a vector view");
+    check_submission(p, i);
     grad.validate("grad", Backend::device_space);
     expects(grad.rows == p.matrix.rows && grad.cols == p.matrix.cols, "grad", "shape ", grad.rows, " x ", grad.cols,
             " does not match parameter ", p.name, " (", p.matrix.rows, " x ", p.matrix.cols, ")");
@@ -256,6 +279,7 @@ class basic_coordinator {
     rethrow_worker_error();
     auto& p = at(i);
     expects(p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 2-D: pass a matrix view");
+    check_submission(p, i);
     grad.validate("grad", Backend::device_space);
     expects(grad.size == p.vector.size && grad.contiguous(), "grad", "must be contiguous with ", p.vector.size,
             " elements");
@@ -267,10 +291,15 @@ class basic_coordinator {
   /// Ends the training step: GPU update of the selected columns, offload of the rest, and the
   /// CPU schedule. Blocks only where the staleness bound (or a synchronous mode, or a selection
   /// boundary) requires it; metrics() says why and for how long. Does not synchronize `stream`.
+  /// A step whose gradients hold a NaN/Inf is skipped (nothing is updated or accumulated; a
+  /// selection due at it waits for the next finite step). A step() that rejects its input leaves
+  /// the coordinator as if the step had not begun: the gradients handed over so far are dropped
+  /// and may be submitted again. After an error on a worker (or a failed backend operation) the
+  /// coordinator is failed: every later call but metrics() and destruction rethrows that error.
   const step_metrics& step(stream_type stream);
 
   /// Completes all CPU work and writes it back (end of training, before evaluation or export).
-  /// Synchronizes with `stream`.
+  /// Gradients submitted since the last step() are dropped. Synchronizes with `stream`.
   void finish(stream_type stream);
 
   /// Writes the complete optimizer state to `path` (see detail/coordinator/checkpoint_io.hpp for
@@ -357,18 +386,46 @@ class basic_coordinator {
   }
   [[nodiscard]] bool overlapped() const noexcept { return options_.overlap_step && !warm_up(); }
 
-  void rethrow_worker_error() {
+  // A failed coordinator rethrows the first error from every call (it is never cleared).
+  void rethrow_worker_error() const {
     std::lock_guard lock(mutex_);
-    if (worker_error_) {
-      auto e = std::exchange(worker_error_, nullptr);
-      std::rethrow_exception(e);
-    }
+    if (worker_error_) std::rethrow_exception(worker_error_);
   }
   void fail(std::exception_ptr e) {
     std::lock_guard lock(mutex_);
     if (!worker_error_) worker_error_ = std::move(e);
     failed_ = true;
     cv_.notify_all();
+  }
+  void stop_workers() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (offload_thread_.joinable()) offload_thread_.join();
+    if (update_thread_.joinable()) update_thread_.join();
+  }
+  // Runs trainer-side work that changes the coordinator's state: an error in it leaves that state
+  // half-changed, so it fails the coordinator as a worker error does.
+  template <class F>
+  decltype(auto) or_fail(F&& f) {
+    try {
+      return std::forward<F>(f)();
+    } catch (...) {
+      fail(std::current_exception());
+      throw;
+    }
+  }
+  void check_submission(const parameter& p, std::size_t i) {
+    expects(!p.has_grad, "grad", "parameter ", i, " (", p.name, ") already has a gradient in step ", step_,
+            ": submit each gradient once per step");
+    if constexpr (Backend::device_space == memory_space::host) {
+      expects(!config_.check_stream_order || step_done_.query(), "grad", "parameter ", i, " (", p.name,
+              ") was submitted in step ", step_, " while step ", step_ - 1,
+              "'s parameter updates were still running on the stream: call stream.synchronize() after step() and "
+              "before the backward that reads the parameters");
+    }
   }
 
   // Waits (trainer thread) until pred() holds; time is charged to the step's stall.
@@ -380,14 +437,13 @@ class basic_coordinator {
     cv_.wait(lock, [&] { return pred() || failed_; });
     metrics_.stall_seconds += std::chrono::duration<double>(clock::now() - t0).count();
     if (metrics_.stall_reason.empty()) metrics_.stall_reason = reason;
-    if (worker_error_) {
-      auto e = std::exchange(worker_error_, nullptr);
-      std::rethrow_exception(e);
-    }
+    if (worker_error_) std::rethrow_exception(worker_error_);
   }
 
   void start(stream_type stream);
   void begin_step();
+  void abandon_step(stream_type stream);
+  void run_step(stream_type stream);
   [[nodiscard]] bool selection_boundary() const;
   void offload_gradient(parameter& p, const step_flags* scale, stream_type stream);
   void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
@@ -422,11 +478,14 @@ class basic_coordinator {
   typename Backend::event_type stats_ready_[2];   // the step's flags reached the host (per step parity)
   typename Backend::event_type written_back_[2];  // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];
+  typename Backend::event_type step_done_;  // the last step's work on the trainer's stream (stream-order check)
 
   std::int64_t step_ = 0;
   bool started_ = false;
   bool in_step_ = false;         // a gradient of step_ was handed over, or step() is running
   bool step_offloaded_ = false;  // step_ handed at least one gradient to the offload worker
+  bool selection_due_ = false;   // a selection fell on a skipped (non-finite) step: select at the next one
+  step_metrics last_metrics_{};  // the metrics before begin_step (restored when a step is abandoned)
   interval_state interval_{};
   std::int64_t interval_target_ = 1;
   std::optional<std::int64_t> pending_interval_;  // CPU update launched, not yet written back

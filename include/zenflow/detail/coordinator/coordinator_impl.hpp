@@ -55,7 +55,8 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   // "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
   // reaches the important mass per GPU column. With the selection's scores (L1 per column) as
   // the per-step masses -- the method's premise is that they change slowly -- that is
-  // ceil(important per column / unimportant per column), bounded to [1, max_update_interval].
+  // ceil(important per column / unimportant per column), bounded to [1, max_update_interval] and
+  // by the selection interval. No unimportant mass, no CPU or no GPU columns: the bound.
   double important = 0.0, unimportant = 0.0;
   std::int64_t k = 0, rest = 0;
   for (const auto& p : params_) {
@@ -70,11 +71,12 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
     k += static_cast<std::int64_t>(p.selection.size());
     rest += static_cast<std::int64_t>(p.complement.size());
   }
-  if (k == 0 || rest == 0 || unimportant <= 0.0) return options_.max_update_interval;
+  const std::int64_t bound = options_.effective_max_update_interval();
+  if (k == 0 || rest == 0 || !(unimportant > 0.0)) return bound;
   const double ratio = (important / static_cast<double>(k)) / (unimportant / static_cast<double>(rest));
   const double steps = std::ceil(ratio);
   return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1,
-                                  options_.max_update_interval);
+                                  bound);
 }
 
 template <class Backend, host_optimizer HostOptimizer>
@@ -165,6 +167,7 @@ void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
     last_overlap_ = counted ? overlap / static_cast<double>(counted) : 1.0;
   }
   metrics_.reselected = true;
+  selection_due_ = false;
   interval_target_ = options_.update_interval.is_auto ? auto_interval() : options_.update_interval.value;
 }
 
@@ -227,6 +230,7 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
 template <class Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::begin_step() {
   if (in_step_) return;
+  last_metrics_ = metrics_;
   metrics_ = step_metrics{};
   metrics_.step = step_;
   in_step_ = true;
@@ -236,8 +240,39 @@ void basic_coordinator<Backend, HostOptimizer>::begin_step() {
 }
 
 template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::abandon_step(stream_type stream) {
+  // Gradients handed over during backward may already be with the offload worker, which waits for
+  // this step's flags: give it flags that skip, wait until it has dropped them, then rewind its
+  // counters so that the step can run again from the start.
+  if (in_step_ && step_offloaded_) {
+    const int parity = static_cast<int>(step_ % 2);
+    // Host-side write: this parity's flags were last read two steps ago (begin_step waited).
+    auto* flags = reinterpret_cast<step_flags*>(flags_host_[parity].data());
+    *flags = step_flags{};
+    flags->skip = 1;
+    Backend::record(stats_ready_[parity], stream);  // after the gathers the copies read
+    {
+      std::lock_guard lock(mutex_);
+      stats_ready_step_ = step_;
+      offload_job marker;
+      marker.step = step_;
+      marker.interval = interval_.index;
+      offload_jobs_.push_back(marker);  // flags == nullptr: the step is not counted
+    }
+    cv_.notify_all();
+    stall_until([&] { return offloaded_through_step_ >= step_; }, "abandoned step");
+    std::lock_guard lock(mutex_);
+    offloaded_through_step_ = stats_ready_step_ = step_ - 1;
+  }
+  for (auto& p : params_) p.has_grad = p.offloaded = false;
+  if (in_step_) metrics_ = last_metrics_;
+  in_step_ = step_offloaded_ = false;
+}
+
+template <class Backend, host_optimizer HostOptimizer>
 bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
   if (warm_up()) return false;
+  if (selection_due_) return true;
   for (const auto& p : params_)
     if (!p.is_vector && p.selection.empty()) return true;  // the first step after warm-up
   // The policy counts from the end of warm-up (its step 0 is the first selection).
@@ -277,33 +312,52 @@ template <class Backend, host_optimizer HostOptimizer>
 const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream) {
   rethrow_worker_error();
   for (std::size_t i = 0; i < params_.size(); ++i)
-    expects(params_[i].has_grad, "step", "no gradient was submitted for parameter ", i, " (", params_[i].name,
-            ") in step ", step_);
+    if (!params_[i].has_grad) {
+      abandon_step(stream);
+      expects(false, "step", "no gradient was submitted for parameter ", i, " (", params_[i].name, ") in step ",
+              step_, "; the step's gradients were dropped: submit all of them again");
+    }
+  or_fail([&] { run_step(stream); });
+  return metrics_;
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   if (!started_) start(stream);
   begin_step();
   const int parity = static_cast<int>(step_ % 2);
 
-  // 1. Selection boundary: the first step after warm-up, then as the policy says.
-  if (selection_boundary()) reselect(stream);
-
-  // 2. Statistics (global norm for clipping, non-finite check) and the GPU update.
+  // 1. Statistics (global norm for clipping, non-finite check). The flags go to the device (for
+  //    this step's kernels) and straight into host memory (for the offload worker, once
+  //    stats_ready_ completed): no copy on the trainer's stream.
   std::vector<const_matrix_view> all_matrices, device_matrices;
   std::vector<const_vector_view> vectors;
   for (const auto& p : params_) {
-    if (p.is_vector) {
+    if (p.is_vector)
       vectors.push_back(p.grad_vector);
-    } else {
+    else
       all_matrices.push_back(p.grad_matrix);
-      if (p.device_index != npos) device_matrices.push_back(p.grad_matrix);
-    }
   }
   auto* flags_dev = reinterpret_cast<step_flags*>(flags_dev_[parity].data());
   auto* flags_host = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  // The flags go to the device (for this step's kernels) and straight into host memory (for the
-  // offload worker, once stats_ready_ completed): no copy on the trainer's stream.
   Backend::step_statistics(all_matrices, vectors, options_.max_grad_norm, flags_dev,
                            reinterpret_cast<step_flags*>(flags_host_[parity].device_data()), statistics_scratch_.data(),
                            stream);
+
+  // 2. Selection boundary: the first step after warm-up, then as the policy says. A selection
+  //    synchronizes anyway; it first reads the flags, and a skipped step does not select (its
+  //    scores are not finite): the selection waits for the next finite step.
+  if (selection_boundary()) {
+    Backend::synchronize(stream);
+    if (flags_host->skip)
+      selection_due_ = true;
+    else
+      reselect(stream);
+  }
+
+  // 3. The GPU update of the selected columns and the 1-D parameters.
+  for (const auto& p : params_)
+    if (!p.is_vector && p.device_index != npos) device_matrices.push_back(p.grad_matrix);
   if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);
 
   Backend::record(stats_ready_[parity], stream);
@@ -313,7 +367,7 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   }
   cv_.notify_all();
 
-  // 3. Offload the CPU columns not handed over during backward: gathered scaled by the step's
+  // 4. Offload the CPU columns not handed over during backward: gathered scaled by the step's
   //    clip factor, then the end-of-step marker.
   for (auto& p : params_)
     if (!p.is_vector && !p.complement.empty() && !p.offloaded) offload_gradient(p, flags_dev, stream);
@@ -328,7 +382,7 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   cv_.notify_all();
   ++interval_.steps;
 
-  // 4-5. Interval boundary: CPU update (async with overlap_step), write-back within the bound.
+  // 5. Interval boundary: CPU update (async with overlap_step), write-back within the bound.
   if (warm_up() || interval_.steps >= interval_target_) {
     if (has_cpu_columns())
       end_interval(stream, /*synchronous=*/!overlapped(), step_);
@@ -348,15 +402,18 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
     std::lock_guard lock(mutex_);
     metrics_.cpu_update_seconds = last_update_seconds_;
   }
-  return metrics_;
+  if constexpr (Backend::device_space == memory_space::host) Backend::record(step_done_, stream);
 }
 
 template <class Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
   rethrow_worker_error();
-  if (pending_interval_) write_back(*pending_interval_, stream, "finish", step_ - 1);
-  if (interval_.steps > 0 && has_cpu_columns()) end_interval(stream, /*synchronous=*/true, step_ - 1);
-  Backend::synchronize(stream);
+  abandon_step(stream);
+  or_fail([&] {
+    if (pending_interval_) write_back(*pending_interval_, stream, "finish", step_ - 1);
+    if (interval_.steps > 0 && has_cpu_columns()) end_interval(stream, /*synchronous=*/true, step_ - 1);
+    Backend::synchronize(stream);
+  });
 }
 
 template <class Backend, host_optimizer HostOptimizer>
@@ -564,6 +621,7 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
   w.put(interval_target_);
   w.put<std::int64_t>(pending_interval_ ? *pending_interval_ : -1);
   w.put(last_overlap_);
+  w.put(selection_due_);
   w.put(host_opt_.step_count());
   w.put(device_opt_.step_count());
   {
@@ -653,6 +711,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   const auto target = r.get<std::int64_t>();
   const auto pending = r.get<std::int64_t>();
   const auto overlap = r.get<double>();
+  const auto selection_due = r.get<bool>();
   const auto host_steps = r.get<std::int64_t>();
   const auto device_steps = r.get<std::int64_t>();
   const auto current_count = r.get<std::int64_t>();
@@ -710,6 +769,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   interval_ = interval;
   interval_target_ = target;
   last_overlap_ = overlap;
+  selection_due_ = selection_due;
   if (pending >= 0) pending_interval_ = pending;
   host_opt_.set_step_count(host_steps);
   {
