@@ -38,6 +38,25 @@ struct adam_step_constants {
   float grad_scale = 1.0f;     ///< multiplies the raw gradient (1/accumulation count, unscale, clip)
 };
 
+/// The first bias correction, 1 - beta1^t (1 without bias correction), in double.
+ZENFLOW_HOST_DEVICE inline double adam_bias_correction1(const adam_options& o, std::int64_t step) noexcept {
+#if ZENFLOW_IS_DEVICE_CODE
+  using ::pow;
+#else
+  using std::pow;
+#endif
+  return o.bias_correction ? 1.0 - pow(static_cast<double>(o.beta1), static_cast<double>(step)) : 1.0;
+}
+
+/// Sets the constants that depend on the learning rate and the weight decay (parameter groups
+/// differ in these only), from the first bias correction `bc1`.
+ZENFLOW_HOST_DEVICE inline void set_lr_and_weight_decay(adam_step_constants& c, bool adamw_mode, float lr,
+                                                        float weight_decay, double bc1) noexcept {
+  c.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
+  c.lr_wd = adamw_mode ? static_cast<float>(static_cast<double>(lr) * weight_decay) : 0.0f;
+  c.l2 = adamw_mode ? 0.0f : weight_decay;
+}
+
 /// make_adam_step_constants without validation, callable in device code (the GPU sparse Adam
 /// computes the bias corrections of each launch from its device-side step counter). The bias
 /// corrections are computed in double and rounded once; CUDA's double pow may differ from glibc's
@@ -58,12 +77,9 @@ ZENFLOW_HOST_DEVICE inline adam_step_constants adam_step_constants_unchecked(con
   c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
   c.eps = o.eps;
   const double t = static_cast<double>(step);
-  const double bc1 = o.bias_correction ? 1.0 - pow(static_cast<double>(o.beta1), t) : 1.0;
   const double bc2 = o.bias_correction ? 1.0 - pow(static_cast<double>(o.beta2), t) : 1.0;
-  c.step_size = static_cast<float>(static_cast<double>(o.lr) / bc1);
   c.inv_sqrt_bc2 = static_cast<float>(1.0 / sqrt(bc2));
-  c.lr_wd = o.adamw_mode ? static_cast<float>(static_cast<double>(o.lr) * o.weight_decay) : 0.0f;
-  c.l2 = o.adamw_mode ? 0.0f : o.weight_decay;
+  set_lr_and_weight_decay(c, o.adamw_mode, o.lr, o.weight_decay, adam_bias_correction1(o, step));
   c.grad_scale = grad_scale;
   return c;
 }

@@ -221,6 +221,12 @@ struct cuda_backend {
   static void select(selector_type& selector, std::span<const const_matrix_view> grads, stream_type stream) {
     selector.select(grads, stream);
   }
+  /// Parameter `index`'s hyper-parameters for the launches after this call (they are read when a
+  /// step is enqueued, so stream order holds).
+  static void set_options(device_optimizer_type& opt, std::size_t index, const adam_options& options,
+                          stream_type /*stream*/) {
+    opt.set_options(index, options);
+  }
   static void reselect(device_optimizer_type& opt, std::size_t index, std::span<const std::int32_t> selection,
                        std::span<const float> entering, std::span<float> leaving, stream_type stream) {
     opt.reselect(index, selection, entering, leaving, stream);

@@ -198,6 +198,27 @@ class basic_coordinator {
   [[nodiscard]] const device_optimizer_type& device_optimizer() const noexcept { return device_opt_; }
   [[nodiscard]] std::size_t parameter_count() const noexcept { return params_.size(); }
   [[nodiscard]] const std::string& name(std::size_t i) const { return at(i).name; }
+  /// Parameter i's Adam/AdamW hyper-parameters for the next step (options().adam until changed).
+  [[nodiscard]] const adam_options& adam_options_of(std::size_t i) const { return at(i).adam; }
+
+  /// Learning-rate schedules and parameter groups: every parameter's (or parameter i's)
+  /// hyper-parameters from the next step on. The GPU update of a step uses those set before its
+  /// step(); the CPU update of an interval uses those in effect when the interval ended (at the
+  /// step() that ends it, at a reselection or in finish()), in sync and async mode alike. They may
+  /// differ from options().adam in lr and weight_decay only (throws naming the first other field
+  /// that differs). Saved in checkpoints. Does not synchronize.
+  void set_adam_options(const adam_options& adam) {
+    rethrow_worker_error();
+    check_adam(adam);
+    for (auto& p : params_) p.adam = adam;
+  }
+  void set_adam_options(std::size_t i, const adam_options& adam) {
+    rethrow_worker_error();
+    auto& p = at(i);
+    check_adam(adam);
+    p.adam = adam;
+  }
+
   /// Columns of parameter i updated on the GPU now (ascending; empty for 1-D parameters).
   [[nodiscard]] std::span<const std::int32_t> gpu_columns(std::size_t i) const { return at(i).selection; }
 
@@ -225,6 +246,7 @@ class basic_coordinator {
     });
     parameter p;
     p.name = std::move(name);
+    p.adam = options_.adam;
     p.matrix = param;
     p.grad_type = grad_type;
     p.cpu_tensor = host_opt_.add_tensor(master, param.rows, param.cols);
@@ -242,6 +264,7 @@ class basic_coordinator {
     expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
     parameter p;
     p.name = std::move(name);
+    p.adam = options_.adam;
     p.is_vector = true;
     p.vector = param;
     p.device_index = Backend::add_vector(device_opt_, param, initial);
@@ -324,6 +347,8 @@ class basic_coordinator {
     std::size_t cpu_tensor = 0;
     std::size_t selector_index = 0;
     std::size_t device_index = npos;       // in the device optimizer (npos: no GPU columns yet)
+    adam_options adam;                     // hyper-parameters for the next step
+    std::optional<adam_options> device_adam;  // the last ones handed to the device optimizer
     std::vector<std::int32_t> selection;   // GPU columns (ascending)
     std::vector<std::int32_t> complement;  // CPU columns (ascending)
     device_buffer complement_dev;          // device copy of complement (int32)
@@ -357,6 +382,7 @@ class basic_coordinator {
   struct update_job {
     std::int64_t interval = 0;
     bool synchronous = false;
+    std::vector<adam_options> adam;  // per parameter, as the interval ended
   };
   struct interval_state {
     std::int64_t index = 0;
@@ -416,6 +442,12 @@ class basic_coordinator {
       fail(std::current_exception());
       throw;
     }
+  }
+  void check_adam(const adam_options& adam) const {
+    adam.validate();
+    const char* field = adam.differs_beyond_lr_and_weight_decay(options_.adam);
+    expects(field == nullptr, field ? field : "adam", "must stay as in options().adam: parameter groups and schedules ",
+            "change lr and weight_decay only");
   }
   void check_submission(const parameter& p, std::size_t i) {
     expects(!p.has_grad, "grad", "parameter ", i, " (", p.name, ") already has a gradient in step ", step_,

@@ -64,6 +64,9 @@ struct cpu_adam_task {
   void* copy_out = nullptr;               ///< optional: updated params written here (RNE), nullptr: none
   dtype copy_out_type = dtype::bf16;
   bool out_compact = false;  ///< layout of copy_out, as grad_compact is for grad
+  /// This task's hyper-parameters (parameter groups); nullptr: the optimizer's options(). The step
+  /// count, and so the bias correction, is the optimizer's.
+  const adam_options* options = nullptr;
 };
 
 /// What a step did. applied == false: a non-finite gradient was found and nothing changed.

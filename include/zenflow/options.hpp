@@ -52,6 +52,18 @@ struct adam_options {
   float weight_decay = 0.0f;
   bool adamw_mode = true;       ///< decoupled weight decay (AdamW); false: L2 added to the gradient
   bool bias_correction = true;  ///< divide by 1 - beta^t (computed in double each step)
+  friend bool operator==(const adam_options&, const adam_options&) = default;
+
+  /// Parameter groups differ in lr and weight_decay only (the GPU kernel shares the rest): the
+  /// name of the first other field in which `other` differs, or nullptr.
+  [[nodiscard]] const char* differs_beyond_lr_and_weight_decay(const adam_options& other) const noexcept {
+    if (beta1 != other.beta1) return "beta1";
+    if (beta2 != other.beta2) return "beta2";
+    if (eps != other.eps) return "eps";
+    if (adamw_mode != other.adamw_mode) return "adamw_mode";
+    if (bias_correction != other.bias_correction) return "bias_correction";
+    return nullptr;
+  }
 
   /// Throws `zenflow::error` naming the field: lr < 0 or not finite, betas outside [0, 1),
   /// eps <= 0 or not finite, weight_decay < 0 or not finite.

@@ -119,8 +119,14 @@ class cuda_sparse_adam {
   [[nodiscard]] std::span<const std::int32_t> unselected_device(std::size_t i) const;
 
   [[nodiscard]] const adam_options& options() const noexcept { return options_; }
-  /// Validates; used by the following steps (passed by value to each launch).
+  /// Validates; every parameter's hyper-parameters for the following steps (passed by value to
+  /// each launch).
   void set_options(const adam_options& options);
+  /// Parameter i's hyper-parameters (options() unless set_options(i, ...) changed them).
+  [[nodiscard]] const adam_options& options(std::size_t i) const;
+  /// Parameter groups: parameter i's hyper-parameters for the following steps. They may differ
+  /// from options() in lr and weight_decay only (throws naming the first other field that differs).
+  void set_options(std::size_t i, const adam_options& options);
   /// Applied steps. Reads the device counter back on the stream of the last call and
   /// synchronizes with that stream.
   [[nodiscard]] std::int64_t step_count() const;
@@ -171,6 +177,7 @@ class cuda_sparse_adam {
     std::vector<std::int32_t> selection;
     index_t rows = 0;
     bool state_row_major = false;
+    adam_options options;                        // this parameter's hyper-parameters
     detail::sparse_adam::device_memory state;    // master | exp_avg | exp_avg_sq
     detail::sparse_adam::device_memory columns;  // matrices: cols int32, [selection | complement]
     [[nodiscard]] detail::sparse_adam::state_layout layout() const {

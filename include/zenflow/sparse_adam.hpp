@@ -66,8 +66,13 @@ class host_sparse_adam {
   [[nodiscard]] index_t k(std::size_t i) const;
 
   [[nodiscard]] const adam_options& options() const noexcept { return options_; }
-  /// Validates, then replaces the hyper-parameters used by the next steps.
+  /// Validates, then replaces the hyper-parameters of every parameter for the next steps.
   void set_options(const adam_options& options);
+  /// Parameter i's hyper-parameters (options() unless set_options(i, ...) changed them).
+  [[nodiscard]] const adam_options& options(std::size_t i) const;
+  /// Parameter groups: parameter i's hyper-parameters for the next steps. They may differ from
+  /// options() in lr and weight_decay only (throws naming the first other field that differs).
+  void set_options(std::size_t i, const adam_options& options);
   /// Number of applied steps (skipped steps do not count).
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_; }
   /// Sets the step count (checkpoint restore); must be >= 0.
@@ -111,6 +116,7 @@ class host_sparse_adam {
     bool state_row_major = false;
     std::vector<float> master, exp_avg, exp_avg_sq;
     std::size_t group_index = 0;  // position among matrices or among vectors
+    adam_options options;         // this parameter's hyper-parameters
   };
   const entry& at(std::size_t i, const char* argument = "i") const;
   entry& at(std::size_t i, const char* argument = "i");

@@ -512,3 +512,47 @@ TEST_CASE("the step counter is 64-bit and drives the bias correction") {
   CHECK(a.isa() != cpu_isa::automatic);
   CHECK(zenflow::cpu_isa_name(zenflow::detect_cpu_isa()) != "unknown");
 }
+
+TEST_CASE("a task's own hyper-parameters (parameter groups) equal an optimizer with those options") {
+  zenflow::adam_options base;
+  base.lr = 0.01f;
+  base.weight_decay = 0.1f;
+  zenflow::adam_options group = base;
+  group.lr = 0.03f;
+  group.weight_decay = 0.0f;
+  const zenflow::index_t rows = 5, cols = 7;
+  std::vector<float> init(rows * cols), grad(rows * cols);
+  for (std::size_t i = 0; i < init.size(); ++i) {
+    init[i] = 0.05f * static_cast<float>(i % 11) - 0.2f;
+    grad[i] = 0.3f * static_cast<float>(i % 5) - 0.6f;
+  }
+  zenflow::cpu_adam mixed(base), alone(group), plain(base);
+  mixed.add_tensor(init, rows, cols);
+  mixed.add_tensor(init, rows, cols);
+  alone.add_tensor(init, rows, cols);
+  plain.add_tensor(init, rows, cols);
+  for (int s = 0; s < 4; ++s) {
+    zenflow::cpu_adam_task t{};
+    t.grad = grad.data();
+    t.grad_type = zenflow::dtype::f32;
+    zenflow::cpu_adam_task own = t;
+    own.tensor = 1;
+    own.options = &group;
+    const zenflow::cpu_adam_task both[] = {t, own};
+    REQUIRE(mixed.step(both).applied);
+    REQUIRE(alone.step(std::span(&t, 1)).applied);
+    REQUIRE(plain.step(std::span(&t, 1)).applied);
+  }
+  auto same = [](std::span<const float> a, std::span<const float> b) { return std::equal(a.begin(), a.end(), b.begin(), b.end()); };
+  CHECK(same(mixed.params(1), alone.params(0)));  // the task's options, bit for bit
+  CHECK(same(mixed.params(0), plain.params(0)));  // the optimizer's for the others
+  CHECK_FALSE(same(mixed.params(0), mixed.params(1)));
+  zenflow::adam_options bad = base;
+  bad.lr = -1.0f;
+  zenflow::cpu_adam_task t{};
+  t.grad = grad.data();
+  t.options = &bad;
+  const auto before = std::vector<float>(mixed.params(0).begin(), mixed.params(0).end());
+  CHECK_THROWS_WITH_AS(mixed.step(std::span(&t, 1)), doctest::Contains("lr"), zenflow::error);
+  CHECK(same(mixed.params(0), before));
+}

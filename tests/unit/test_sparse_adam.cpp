@@ -483,3 +483,38 @@ TEST_CASE("complement_columns") {
   CHECK_THROWS_AS(zenflow::complement_columns(std::vector<std::int32_t>{2, 1}, 3), zenflow::error);
   CHECK_THROWS_AS(zenflow::complement_columns(std::vector<std::int32_t>{3}, 3), zenflow::error);
 }
+
+TEST_CASE("per-parameter lr and weight decay equal an optimizer with those options; nothing else may differ") {
+  zenflow::adam_options base;
+  base.lr = 0.01f;
+  base.weight_decay = 0.1f;
+  zenflow::adam_options group = base;
+  group.lr = 0.004f;
+  group.weight_decay = 0.0f;
+  const zenflow::index_t n = 9;
+  std::vector<float> master(n), grad(n);
+  for (zenflow::index_t i = 0; i < n; ++i) {
+    master[i] = 0.1f * static_cast<float>(i) - 0.4f;
+    grad[i] = 0.2f * static_cast<float>(i % 4) - 0.3f;
+  }
+  std::vector<float> p_mixed0(n), p_mixed1(n), p_alone(n);
+  zenflow::host_sparse_adam mixed(base), alone(group);
+  mixed.add_vector(zenflow::vector_view{p_mixed0.data(), n, zenflow::dtype::f32}, master);
+  mixed.add_vector(zenflow::vector_view{p_mixed1.data(), n, zenflow::dtype::f32}, master);
+  alone.add_vector(zenflow::vector_view{p_alone.data(), n, zenflow::dtype::f32}, master);
+  mixed.set_options(1, group);
+  CHECK(mixed.options(1) == group);
+  CHECK(mixed.options(0) == base);
+  const zenflow::const_vector_view g{grad.data(), n, zenflow::dtype::f32};
+  const zenflow::const_vector_view both[] = {g, g};
+  for (int s = 0; s < 5; ++s) {
+    REQUIRE(mixed.step({}, both));
+    REQUIRE(alone.step({}, std::span(&g, 1)));
+  }
+  CHECK(p_mixed1 == p_alone);
+  CHECK(p_mixed0 != p_alone);
+  zenflow::adam_options other = base;
+  other.beta2 = 0.99f;
+  CHECK_THROWS_WITH_AS(mixed.set_options(0, other), doctest::Contains("beta2"), zenflow::error);
+  CHECK(mixed.options(0) == base);
+}

@@ -1,8 +1,8 @@
-// The coordinator's checkpoint file format (version 1) and its reader/writer.
+// The coordinator's checkpoint file format (version 2) and its reader/writer.
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"
-//   8       4     format version (uint32, little endian) = 1
+//   8       4     format version (uint32, little endian) = 2
 //   12      4     reserved (0)
 //   16      8     payload size in bytes (uint64)
 //   24      8     FNV-1a 64-bit hash of the payload
@@ -30,7 +30,7 @@
 namespace zenflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;
 inline constexpr std::size_t checkpoint_header_bytes = 32;
 
 inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {

@@ -178,7 +178,9 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
   {
     std::lock_guard lock(mutex_);
     offload_jobs_.push_back(offload_job{last_step, i, true});
-    update_jobs_.push_back(update_job{i, synchronous});
+    update_job job{i, synchronous, {}};
+    for (const auto& p : params_) job.adam.push_back(p.adam);
+    update_jobs_.push_back(std::move(job));
     if (accumulated_counts_.size() <= static_cast<std::size_t>(i)) accumulated_counts_.resize(i + 1, 0);
     if (config_.record_trace) {
       update_record r;
@@ -355,9 +357,16 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
       reselect(stream);
   }
 
-  // 3. The GPU update of the selected columns and the 1-D parameters.
-  for (const auto& p : params_)
-    if (!p.is_vector && p.device_index != npos) device_matrices.push_back(p.grad_matrix);
+  // 3. The GPU update of the selected columns and the 1-D parameters, with the hyper-parameters
+  //    set before this step (handed over in stream order, where they changed).
+  for (auto& p : params_) {
+    if (p.device_index == npos) continue;
+    if (!p.is_vector) device_matrices.push_back(p.grad_matrix);
+    if (p.device_adam != p.adam) {
+      Backend::set_options(device_opt_, p.device_index, p.adam, stream);
+      p.device_adam = p.adam;
+    }
+  }
   if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);
 
   Backend::record(stats_ready_[parity], stream);
@@ -541,6 +550,7 @@ void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job
     for (auto& p : params_) {
       if (p.is_vector || p.complement.empty()) continue;
       cpu_adam_task t{};
+      t.options = &job.adam[static_cast<std::size_t>(&p - params_.data())];
       t.tensor = p.cpu_tensor;
       t.grad = p.accumulator[b].data();
       t.grad_type = dtype::f32;
@@ -639,6 +649,8 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
   for (const auto& p : params_) {
     w.put_string(p.name);
     w.put(p.is_vector);
+    w.put(p.adam.lr);  // the rest of the hyper-parameters is options().adam
+    w.put(p.adam.weight_decay);
     if (p.is_vector) {
       w.put(p.vector.size);
       w.put(p.vector.type);
@@ -701,6 +713,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     std::vector<float> cpu_p, cpu_m, cpu_v, compact, accumulator, vector_state;
     std::vector<std::int32_t> selection;
     std::vector<std::byte> pending, values;
+    adam_options adam;
   };
   const auto step = r.get<std::int64_t>();
   const auto started = r.get<bool>();
@@ -728,6 +741,12 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     const auto name = r.get_string();
     expects(name == p.name, "checkpoint", "parameter ", i, " is '", name, "', registered '", p.name, "'");
     expects(r.get<bool>() == p.is_vector, "checkpoint", "parameter '", name, "' changed between 1-D and 2-D");
+    s.adam = options_.adam;
+    s.adam.lr = r.get<float>();
+    s.adam.weight_decay = r.get<float>();
+    expects(std::isfinite(s.adam.lr) && s.adam.lr >= 0.0f && std::isfinite(s.adam.weight_decay) &&
+                s.adam.weight_decay >= 0.0f,
+            "checkpoint", "parameter '", name, "' has an invalid lr or weight_decay");
     if (p.is_vector) {
       expects(r.get<index_t>() == p.vector.size && r.get<dtype>() == p.vector.type, "checkpoint", "parameter '", name,
               "' has a different size or dtype");
@@ -785,6 +804,8 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     auto& s = saved[i];
+    p.adam = s.adam;
+    p.device_adam.reset();  // handed to the device optimizer at the next step
     if (p.is_vector) {
       device_opt_.import_state(p.device_index, s.vector_state);
       Backend::copy_async(p.vector.data, s.values.data(), s.values.size(), stream);

@@ -116,6 +116,12 @@ struct host_backend {
     });
   }
 
+  /// Parameter `index`'s hyper-parameters for the device steps enqueued after this call.
+  static void set_options(device_optimizer_type& opt, std::size_t index, const adam_options& options,
+                          stream_type stream) {
+    stream->enqueue([&opt, index, options] { opt.set_options(index, options); });
+  }
+
   /// dst (compact) = grad's `columns` * flags->scale, in `dst_type`.
   static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* /*columns_dev*/,
                      void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {

@@ -230,6 +230,9 @@ void cpu_adam::for_each_piece(std::size_t total, Fn&& fn) {
 inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
   expects(step_count_ < std::numeric_limits<std::int64_t>::max(), "step_count", "would overflow");
   const adam_step_constants c = make_adam_step_constants(options_, step_count_ + 1, grad_scale);  // validates
+  std::vector<adam_step_constants> task_constants(tasks.size(), c);
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    if (tasks[i].options != nullptr) task_constants[i] = make_adam_step_constants(*tasks[i].options, step_count_ + 1, grad_scale);
   validate_tasks(tasks);
   build_segments(tasks);
   const std::size_t total = segments_.empty() ? 0 : segments_.back().begin + segments_.back().n;
@@ -257,7 +260,8 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
   }
   for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
     const kernels& kk = k[s.task];
-    kk.adam(s.p + off, s.g + off * kk.gsz, s.m + off, s.v + off, s.out ? s.out + off * kk.osz : nullptr, n, c);
+    kk.adam(s.p + off, s.g + off * kk.gsz, s.m + off, s.v + off, s.out ? s.out + off * kk.osz : nullptr, n,
+            task_constants[s.task]);
   });
   ++step_count_;
   return {true, step_count_};

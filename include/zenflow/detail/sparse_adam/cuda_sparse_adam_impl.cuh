@@ -131,9 +131,23 @@ inline std::span<const std::int32_t> cuda_sparse_adam::unselected_device(std::si
           static_cast<std::size_t>(e.param.cols) - e.selection.size()};
 }
 
+inline const adam_options& cuda_sparse_adam::options(std::size_t i) const {
+  expects(i < entries_.size(), "i", "parameter index ", i, " out of range (", entries_.size(), " registered)");
+  return entries_[i].options;
+}
+inline void cuda_sparse_adam::set_options(std::size_t i, const adam_options& options) {
+  expects(i < entries_.size(), "i", "parameter index ", i, " out of range (", entries_.size(), " registered)");
+  options.validate();
+  const char* field = options.differs_beyond_lr_and_weight_decay(options_);
+  expects(field == nullptr, field ? field : "options", "parameter groups differ in lr and weight_decay only");
+  entries_[i].options = options;
+  params_dirty_ = true;  // the tables carry lr and weight_decay
+}
 inline void cuda_sparse_adam::set_options(const adam_options& options) {
   options.validate();
   options_ = options;
+  for (auto& e : entries_) e.options = options;
+  params_dirty_ = true;
 }
 
 inline std::int64_t cuda_sparse_adam::step_count() const {
@@ -181,6 +195,7 @@ inline std::size_t cuda_sparse_adam::add_matrix(matrix_view param, std::span<con
   sa::rebuild_state_kernel<<<sa::grid_for(param.rows * k, sa::kThreads), sa::kThreads, 0, stream>>>(
       a, a, e.layout(), nullptr, initial_state_packed);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
+  e.options = options_;
   entries_.push_back(std::move(e));
   matrices_.push_back(entries_.size() - 1);
   params_dirty_ = true;
@@ -212,6 +227,7 @@ inline std::size_t cuda_sparse_adam::add_vector(vector_view param, std::span<con
   uploader_.upload(e.state.get(), initial_master.data(), static_cast<std::size_t>(param.size) * sizeof(float), stream);
   ZENFLOW_CUDA_TRY(cudaMemsetAsync(e.state.get<float>() + param.size, 0,
                                    2 * static_cast<std::size_t>(param.size) * sizeof(float), stream));
+  e.options = options_;
   entries_.push_back(std::move(e));
   vectors_.push_back(entries_.size() - 1);
   params_dirty_ = true;
@@ -236,6 +252,8 @@ inline void cuda_sparse_adam::rebuild_tables(cudaStream_t stream) {
     d.rows = static_cast<std::uint32_t>(e.rows);
     d.k = static_cast<std::uint32_t>(e.selection.size());
     d.tile_begin = tiles;
+    d.lr = e.options.lr;
+    d.weight_decay = e.options.weight_decay;
     d.type = e.param.type;
     d.state_row_major = e.state_row_major;
     tiles += (e.rows * static_cast<index_t>(e.selection.size()) + sa::kTile - 1) / sa::kTile;

@@ -29,6 +29,7 @@ inline std::size_t host_sparse_adam::add_entry(entry e, std::span<const float> p
   e.exp_avg.assign(n, 0.0f);
   e.exp_avg_sq.assign(n, 0.0f);
   e.group_index = e.is_vector ? vectors_.size() : matrices_.size();
+  e.options = options_;
   entries_.push_back(std::move(e));
   const std::size_t index = entries_.size() - 1;
   (entries_.back().is_vector ? vectors_ : matrices_).push_back(index);
@@ -82,6 +83,15 @@ inline index_t host_sparse_adam::k(std::size_t i) const {
 inline void host_sparse_adam::set_options(const adam_options& options) {
   options.validate();
   options_ = options;
+  for (auto& e : entries_) e.options = options;
+}
+inline const adam_options& host_sparse_adam::options(std::size_t i) const { return at(i).options; }
+inline void host_sparse_adam::set_options(std::size_t i, const adam_options& options) {
+  entry& e = at(i);
+  options.validate();
+  const char* field = options.differs_beyond_lr_and_weight_decay(options_);
+  expects(field == nullptr, field ? field : "options", "parameter groups differ in lr and weight_decay only");
+  e.options = options;
 }
 inline void host_sparse_adam::set_step_count(std::int64_t step) {
   expects(step >= 0, "step", "must be >= 0, got ", step);
@@ -140,9 +150,9 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
       if (!finite) return false;
     }
 
-  const adam_step_constants c = make_adam_step_constants(options_, step_ + 1, scale);
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     entry& e = entries_[i];
+    const adam_step_constants c = make_adam_step_constants(e.options, step_ + 1, scale);
     dispatch_dtype(e.param.type, [&](auto tag) {
       using T = decltype(tag);
       T* p = static_cast<T*>(e.param.data);

@@ -39,6 +39,8 @@ struct param_desc {
   std::uint32_t rows = 0;
   std::uint32_t k = 0;
   std::int64_t tile_begin = 0;  // first tile of this parameter in the launch
+  float lr = 0.0f;              // this parameter's hyper-parameters (parameter groups differ in these)
+  float weight_decay = 0.0f;
   dtype type = dtype::f32;
   bool state_row_major = false;
 };
@@ -180,13 +182,17 @@ __device__ ZENFLOW_FORCEINLINE void update_tile_any(const param_desc& d, std::ui
 /// corrections in double from the device step counter), taken by one thread of every block: the
 /// same in every block. The four inputs are loaded unconditionally and independently, so their
 /// latencies overlap.
-__device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, adam_step_constants& constants, int& apply) {
+__device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, adam_step_constants& constants, double& bc1,
+                                                int& apply) {
   const int skip = ctl.skip_flag != nullptr ? *ctl.skip_flag : 0;
   const int nonfinite = ctl.use_nonfinite ? ctl.control->nonfinite : 0;
   const float scale = effective_scale(ctl.grad_scale, ctl.scale_ptr);
   const std::int64_t step = ctl.control->step;
   const bool ok = skip == 0 && nonfinite == 0 && usable_scale(scale);
-  if (ok) constants = adam_step_constants_unchecked(ctl.options, step + 1, scale);
+  if (ok) {
+    constants = adam_step_constants_unchecked(ctl.options, step + 1, scale);
+    bc1 = adam_bias_correction1(ctl.options, step + 1);
+  }
   apply = ok ? 1 : 0;
 }
 
@@ -199,8 +205,9 @@ static __global__ void __launch_bounds__(kThreads)
     sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
                             step_control ctl) {
   __shared__ adam_step_constants constants;
+  __shared__ double bc1;
   __shared__ int apply;
-  if (threadIdx.x == 0) decide_step(ctl, constants, apply);  // before its own loads: fewer live registers
+  if (threadIdx.x == 0) decide_step(ctl, constants, bc1, apply);  // before its own loads: fewer live registers
   adam_step_constants c{};
   bool decided = false;  // uniform over the block: the tiles of a block depend on blockIdx only
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -216,6 +223,7 @@ static __global__ void __launch_bounds__(kThreads)
       c = constants;
       decided = true;
     }
+    set_lr_and_weight_decay(c, ctl.options.adamw_mode, d.lr, d.weight_decay, bc1);  // the parameter's group
     update_tile_any(d, first, x, c);
   }
   if (!decided) {  // a block without a tile (not launched so today) still agrees before it counts
