@@ -22,6 +22,26 @@ using zenflow::score_norm;
 
 static_assert(zenflow::importance_selector<zenflow::cuda_importance_selector<>>);
 
+namespace plan_checks {
+namespace sel = zenflow::detail::selector;
+/// Blocks of a vectorized 16-bit row-major gradient over its waves of `resident` blocks.
+constexpr double wave_fill(long long rows, long long cols, long long resident) {
+  const long long blocks =
+      (cols + 255) / 256 * sel::row_sweep_segments(rows, sel::row_sweep_seg_rows(rows, cols, resident));
+  return static_cast<double>(blocks) / static_cast<double>((blocks + resident - 1) / resident * resident);
+}
+// H100 (132 SMs x 4 score blocks) and A100 (108 x 3): the large shapes of the benchmark fill their
+// waves, where a fixed ~1024 blocks made 2.1 waves at 8192 x 28672 on an H100.
+static_assert(wave_fill(8192, 28672, 528) >= 0.95);
+static_assert(wave_fill(28672, 8192, 528) >= 0.95);
+static_assert(wave_fill(8192, 28672, 324) >= 0.95);
+static_assert(wave_fill(28672, 8192, 324) >= 0.95);
+// Segments hold whole warps' rows, at least 128 of them unless the parameter is shorter.
+static_assert(sel::row_sweep_seg_rows(8192, 28672, 528) % sel::score_warps == 0);
+static_assert(sel::row_sweep_seg_rows(4096, 512, 100000) >= 128);
+static_assert(sel::row_sweep_seg_rows(100, 4096, 528) >= 100);
+}  // namespace plan_checks
+
 namespace {
 
 #define CHECK_CUDA(call) REQUIRE((call) == cudaSuccess)
