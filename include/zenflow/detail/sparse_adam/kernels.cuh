@@ -290,17 +290,20 @@ static __global__ void rebuild_state_kernel(state_arrays old_state, state_arrays
 }
 
 /// Packs slots `slots[0..n)` (or 0..n when slots == nullptr) of a state into the packed format.
+/// One thread per (list position, row) moves all three parts: the part index is a compile-time
+/// constant (a runtime index into `state.part` would put the array on the local-memory stack),
+/// consecutive threads read consecutive rows and write consecutive packed values, and each
+/// thread reads its slot once.
 static __global__ void pack_state_kernel(state_arrays state, state_layout layout, const std::int32_t* slots, index_t n,
                                          float* packed) {
-  const index_t total = 3 * layout.rows * n;
+  const index_t total = layout.rows * n;
   for (index_t q = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; q < total;
        q += static_cast<index_t>(gridDim.x) * blockDim.x) {
-    const index_t r = q % layout.rows;
-    const index_t lp = q / layout.rows;
-    const index_t l = lp / 3;
-    const int p = static_cast<int>(lp - 3 * l);
-    const index_t slot = slots != nullptr ? slots[l] : l;
-    packed[q] = state.part[p][layout.index(r, slot)];
+    const index_t l = q / layout.rows;
+    const index_t r = q - l * layout.rows;
+    const index_t at = layout.index(r, slots != nullptr ? slots[l] : l);
+#pragma unroll
+    for (int p = 0; p < part_count; ++p) packed[packed_index(layout.rows, l, p, r)] = state.part[p][at];
   }
 }
 
