@@ -2,7 +2,8 @@
 //
 //   BM_column_scores/<rows>/<cols>/<row_major>  bf16 gradient; counters: GB/s, and
 //       roofline_fraction = time of a read-only streaming kernel over the same bytes / time of the
-//       score kernel (bar: >= 0.85 for 4096 x 4096 and 8192 x 28672).
+//       score kernel (bar: >= 0.85 for 4096 x 4096 and 8192 x 28672); waves = blocks / (blocks
+//       the device keeps resident).
 //   BM_topk_batched  100 parameters, 4096..65536 columns each, k = 10%, one launch; counters us,
 //       thrust_us (the same selection with thrust::stable_sort_by_key, then a second sort for
 //       ascending output, temporaries from a caching allocator) and speedup_vs_thrust (bar: >= 5x).
@@ -51,8 +52,10 @@ void BM_column_scores(benchmark::State& state) {
                                                                       zenflow::memory_space::device)
                               : zenflow::const_matrix_view::column_contiguous(grad, rows, cols, zenflow::dtype::bf16,
                                                                               zenflow::memory_space::device);
-  const long long segments = sel::row_sweep_segments(rows, cols);
-  const sel::score_desc desc = sel::make_score_desc(view, 0, 0, 0, 0);
+  const long long resident = sel::score_resident_blocks(zenflow::score_norm::l1);
+  const long long seg_rows = sel::row_sweep_seg_rows(rows, cols, resident);
+  const long long segments = sel::row_sweep_segments(rows, seg_rows);
+  const sel::score_desc desc = sel::make_score_desc(view, 0, 0, 0, 0, seg_rows);
   const long long blocks = sel::score_blocks(desc);
   sel::score_desc* d_desc = nullptr;
   float *scores = nullptr, *partials = nullptr;
@@ -91,6 +94,7 @@ void BM_column_scores(benchmark::State& state) {
       state.counters["roofline_GB/s"] = static_cast<double>(bytes) / roof * 1e-9;
       state.counters["roofline_fraction"] = roof / mean;
       state.counters["us"] = mean * 1e6;
+      state.counters["waves"] = static_cast<double>(blocks) / static_cast<double>(resident);
     }
   }
   ZENFLOW_CUDA_TRY(cudaStreamDestroy(s));

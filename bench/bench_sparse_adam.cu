@@ -3,8 +3,10 @@
 // For a bf16 parameter and gradient the sparse step must touch, per selected element: the
 // gradient (2 B) and fp32 master, exp_avg, exp_avg_sq (12 B) read; the three fp32 states (12 B)
 // and the parameter (2 B) written: 14 B read + 14 B written. The read-modify-write roofline
-// streams the same bytes (14 B read and written back per element, float4, in place); the
-// read-only roofline reads them. Reported: the fraction of the RMW roofline the sparse step
+// streams the same bytes (14 B read and written back per element, float4, in place) with the
+// step's cache policies (the 12 B of state evict-first, the 2 B plain); the read-only roofline
+// reads them. Every timed call starts from an L2 flushed with evict-normal loads
+// (device_timer.cuh). Reported: the fraction of the RMW roofline the sparse step
 // reaches, and its speed-up over gather (selected gradient columns -> compact) -> dense Adam on
 // the compact state -> scatter (compact parameter -> model), the unfused way. For the row-major
 // layout a selected column is strided: each gradient read and parameter write moves a whole
@@ -27,15 +29,26 @@ using zenflow::dtype;
 using zenflow::index_t;
 namespace sa = zenflow::detail::sparse_adam;
 
-__global__ void rmw_roofline_kernel(float4* data, std::size_t n) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    float4 v = __ldcs(data + i);
+/// In-place read-modify-write over the bytes the sparse step moves, with the step's cache
+/// policies: `state` (n_state words: the fp32 master, exp_avg, exp_avg_sq) evict-first like the
+/// step's state loads and stores, `model` (n_model words: the 16-bit gradient and parameter)
+/// with plain loads and stores like the step's gradient reads and parameter writes.
+__global__ void rmw_roofline_kernel(float4* state, std::size_t n_state, float4* model, std::size_t n_model) {
+  const auto touch = [](float4 v) {
     v.x = v.x * 0.999f + 1e-3f;
     v.y = v.y * 0.999f + 1e-3f;
     v.z = v.z * 0.999f + 1e-3f;
     v.w = v.w * 0.999f + 1e-3f;
-    __stcs(data + i, v);
+    return v;
+  };
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n_state + n_model;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    if (i < n_state) {
+      __stcs(state + i, touch(__ldcs(state + i)));
+    } else {
+      float4* p = model + (i - n_state);
+      *p = touch(*p);
+    }
   }
 }
 
@@ -79,11 +92,12 @@ void bm_sparse_adam(benchmark::State& state) {
   opt.add_matrix(view(param.get()), selection, packed.get<const float>(), nullptr);
   const zenflow::const_matrix_view grads[] = {view(grad.get())};
 
-  // Rooflines over the same bytes: 14 B read + 14 B written per selected element.
+  // Rooflines over the same bytes: 14 B read + 14 B written per selected element, 12 B of them
+  // fp32 state and 2 B gradient / parameter.
   const std::size_t half_bytes = elements * 14;
-  sa::device_memory roof((half_bytes + 15) / 16 * 16);
+  const std::size_t state4 = (elements * 12 + 15) / 16, model4 = (elements * 2 + 15) / 16;
+  sa::device_memory roof(16 * (state4 + model4));
   ZENFLOW_CUDA_TRY(cudaMemset(roof.get(), 0, roof.bytes()));
-  const std::size_t n4 = roof.bytes() / 16;
   const int blocks = zenflow_bench::streaming_blocks();
 
   // Baseline: gather -> dense Adam -> scatter.
@@ -109,7 +123,9 @@ void bm_sparse_adam(benchmark::State& state) {
   for (auto _ : state) {
     try {
       read_ms += timer.read_roofline_ms(roof.get(), roof.bytes());
-      rmw_ms += timer.mean_ms([&] { rmw_roofline_kernel<<<blocks, 256>>>(roof.get<float4>(), n4); });
+      rmw_ms += timer.mean_ms([&] {
+        rmw_roofline_kernel<<<blocks, 256>>>(roof.get<float4>(), state4, roof.get<float4>() + state4, model4);
+      });
       baseline_ms += timer.mean_ms(baseline);
       checked_ms += timer.mean_ms(sparse_checked);
       const double ms = timer.mean_ms(sparse);

@@ -3,11 +3,13 @@
 //
 // A kernel on the stream spins on a host-mapped flag while the host enqueues the timed calls, so
 // the host's launch and validation cost never shows up as device time; each call is preceded by
-// a read-only sweep over 4x the L2 size (clean lines, nothing to write back), so the timed call
-// and its roofline both start from HBM, not from data the previous repetition left in L2; and
-// each call has its own event pair, so the flush is not timed. A call that synchronizes with the
-// host would stall behind the spinning kernel: the kernel gives up after 5 s and the timer throws
-// instead of reporting a figure.
+// a read-only sweep over 4x the L2 size with evict-normal loads (ld.global.cg), so the timed call
+// and its roofline both start from HBM, not from data the previous repetition left in L2 (an
+// evict-first sweep would mostly evict its own lines and leave the timed kernels' evict-normal
+// lines in place); and each call has its own event pair, so the flush is not timed. The read
+// roofline loads like the score kernel it is compared with (ld.global.nc, evict-normal). A call
+// that synchronizes with the host would stall behind the spinning kernel: the kernel gives up
+// after 5 s and the timer throws instead of reporting a figure.
 #pragma once
 
 #include <zenflow/error.hpp>
@@ -35,12 +37,20 @@ static __global__ void hold_stream_kernel(const volatile int* release, volatile 
   }
 }
 
-/// Reads n 16-byte words (the read-only streaming roofline, and the L2 flush).
-static __global__ void read_stream_kernel(const uint4* data, long long n, unsigned* sink) {
+/// How a streaming kernel loads: the L2 eviction priority decides which lines survive the next
+/// sweep.
+enum class load_policy {
+  read_only,  ///< ld.global.nc (__ldg), evict-normal: the library's gradient and score loads
+  global,     ///< ld.global.cg (__ldcg), evict-normal, not cached in L1: the L2 flush
+};
+
+/// Reads n 16-byte words with `Policy` (the read-only streaming roofline, and the L2 flush).
+template <load_policy Policy>
+__global__ void read_stream_kernel(const uint4* data, long long n, unsigned* sink) {
   unsigned acc = 0;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(data + i);
+    const uint4 v = Policy == load_policy::read_only ? __ldg(data + i) : __ldcg(data + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x12345678u) *sink = acc;  // keeps the loads
@@ -98,7 +108,7 @@ class device_timer {
       ZENFLOW_CUDA_TRY(cudaGetLastError());
     }
     for (int i = 0; i < reps; ++i) {
-      read(flush_, flush_bytes_);
+      read<load_policy::global>(flush_, flush_bytes_);
       ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i], stream_));
       f();
       ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i + 1], stream_));
@@ -116,15 +126,17 @@ class device_timer {
     return total / reps;
   }
 
-  /// The read-only streaming roofline over `bytes` at `data`, timed like everything else.
+  /// The read-only streaming roofline over `bytes` at `data` (ld.global.nc loads), timed like
+  /// everything else.
   double read_roofline_ms(const void* data, std::size_t bytes, int reps = 10) {
-    return mean_ms([&] { read(data, bytes); }, reps);
+    return mean_ms([&] { read<load_policy::read_only>(data, bytes); }, reps);
   }
 
  private:
+  template <load_policy Policy>
   void read(const void* data, std::size_t bytes) {
-    read_stream_kernel<<<blocks_, 256, 0, stream_>>>(static_cast<const uint4*>(data),
-                                                     static_cast<long long>(bytes / 16), sink_);
+    read_stream_kernel<Policy>
+        <<<blocks_, 256, 0, stream_>>>(static_cast<const uint4*>(data), static_cast<long long>(bytes / 16), sink_);
     ZENFLOW_CUDA_TRY(cudaGetLastError());
   }
 

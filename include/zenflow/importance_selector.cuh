@@ -242,7 +242,7 @@ class cuda_importance_selector {
   /// The launch plan of parameter i for this gradient view.
   detail::selector::score_desc plan(std::size_t i, const const_matrix_view& g, long long first_block) const {
     return detail::selector::make_score_desc(g, state_.score_offset(i), partial_offsets_[i], counter_offsets_[i],
-                                             first_block);
+                                             first_block, seg_rows_[i]);
   }
   static long long block_count(const detail::selector::score_desc& d) { return detail::selector::score_blocks(d); }
 
@@ -252,11 +252,13 @@ class cuda_importance_selector {
     if (!buffers_stale_) return;
     namespace sel = detail::selector;
     const std::size_t n = state_.parameter_count();
-    std::vector<long long> partial_offsets(n), counter_offsets(n);
+    if (resident_blocks_ == 0) resident_blocks_ = sel::score_resident_blocks(state_.norm());
+    std::vector<long long> partial_offsets(n), counter_offsets(n), seg_rows(n);
     long long partials = 0, counters = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const long long rows = state_.rows(i), cols = state_.cols(i);
-      const long long segments = sel::row_sweep_segments(rows, cols);
+      seg_rows[i] = sel::row_sweep_seg_rows(rows, cols, resident_blocks_);
+      const long long segments = sel::row_sweep_segments(rows, seg_rows[i]);
       partial_offsets[i] = partials, counter_offsets[i] = counters;
       if (segments > 1) partials += segments * cols, counters += sel::row_sweep_max_tiles(cols);
     }
@@ -293,6 +295,7 @@ class cuda_importance_selector {
     d_partials_ = std::move(partial_buf), d_counters_ = std::move(counter_buf), d_desc_ = std::move(desc);
     d_nan_ = std::move(nan), h_desc_ = std::move(h_desc), h_indices_ = std::move(h_indices), h_nan_ = std::move(h_nan);
     partial_offsets_ = std::move(partial_offsets), counter_offsets_ = std::move(counter_offsets);
+    seg_rows_ = std::move(seg_rows);
     host_scores_valid_ = false;
     buffers_stale_ = false;
   }
@@ -312,6 +315,8 @@ class cuda_importance_selector {
   detail::selector::pinned_array<std::int32_t> h_indices_;
   detail::selector::pinned_array<int> h_nan_;
   std::vector<long long> partial_offsets_, counter_offsets_;
+  std::vector<long long> seg_rows_;  // row_sweep rows per segment, per parameter
+  long long resident_blocks_ = 0;    // score blocks the device runs at once (0: not queried yet)
   mutable bool host_scores_valid_ = false;
   mutable std::unique_ptr<CUstream_st, detail::selector::cuda_stream_deleter> copy_stream_;
 };

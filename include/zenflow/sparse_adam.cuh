@@ -141,7 +141,7 @@ class cuda_sparse_adam {
   /// effective scale is not finite or negative, or (check_finite) any gradient value read is
   /// NaN/inf once scaled, nothing is written and the device step counter does not advance (with
   /// no parameter registered nothing is enqueued and the counter stays too). Every block
-  /// reads *skip_flag_device and *scale_ptr_device (device, managed or mapped pinned memory; any
+  /// reads *skip_flag_device and *scale_ptr_device once (device, managed or mapped pinned memory; any
   /// other pointer throws here): whoever writes them must be ordered before
   /// this call on `stream` (an event wait), never racing it from another stream. Host-side
   /// argument errors throw before anything is enqueued. Never synchronizes.
@@ -215,8 +215,8 @@ class cuda_sparse_adam {
 
 /// Gathers columns of a DEVICE matrix into a compact column-contiguous device buffer (i-th
 /// listed column at dst + i * rows, `dst_type`), each value * scale * (*scale_ptr_device if
-/// given), rounded to nearest even. `columns` is a DEVICE span (indices outside [0, cols) are
-/// skipped: they cannot be checked on the host). Asynchronous on `stream`.
+/// given: device, managed or mapped pinned memory, read once per block), rounded to nearest even. `columns` is a DEVICE
+/// span (indices outside [0, cols) are skipped: they cannot be checked on the host). Asynchronous on `stream`.
 void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
                          float scale, const float* scale_ptr_device, cudaStream_t stream);
 /// The same with scale 1.

@@ -1,44 +1,74 @@
 // The CUDA coordinator against the host coordinator (the oracle that CI runs): the same model,
 // the same gradients, the same options. The schedule (intervals, write-back steps) must be
 // identical; parameters must agree to within one rounding of their dtype (the device computes
-// its bias corrections with its own pow, which may differ from glibc's in the last bit).
+// its bias corrections with its own pow, which may differ from glibc's in the last bit), and the
+// CPU Adam's fp32 state must agree too. The gradients' magnitude changes by up to 7500x from
+// step to step, so a clip factor from the wrong step, or none, shows in the CPU state; one test
+// checks the CPU columns' clipped gradients against clip factors computed here. Checkpoints are
+// saved and restored through the CUDA backend.
 #include <zenflow/coordinator.cuh>
 
 #include <doctest/doctest.h>
 
+#include "device_helpers.cuh"
 #include "hold_stream.cuh"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 using namespace zenflow;
 
 namespace {
 
-struct device_memory {
-  void* ptr = nullptr;
-  explicit device_memory(std::size_t bytes) { ZENFLOW_CUDA_TRY(cudaMalloc(&ptr, bytes)); }
-  ~device_memory() { ZENFLOW_CUDA_ASSERT(cudaFree(ptr)); }
-};
+using device_memory = zenflow_test::device_buffer;
 
 constexpr index_t rows = 48, cols = 96, bias_size = 48;
+
+/// The gradients' scale at `step`: the global norm is ~190 x this (weight ~130, bias ~140), so
+/// with max_grad_norm 1 the clip factor changes by up to 7500x between steps, and the 0.004 steps
+/// (norm ~0.75) are not clipped at all.
+float step_magnitude(std::int64_t step) {
+  constexpr float cycle[] = {1.0f, 30.0f, 0.004f, 0.3f, 6.0f};
+  return cycle[step % 5];
+}
 
 std::vector<bfloat16> gradient(std::int64_t step) {
   std::mt19937 rng(static_cast<std::uint32_t>(77 + step));
   std::normal_distribution<float> n01(0.0f, 1.0f);
+  const float m = step_magnitude(step);
   std::vector<bfloat16> g(rows * cols);
   for (index_t r = 0; r < rows; ++r)
-    for (index_t c = 0; c < cols; ++c) g[r * cols + c] = to_bfloat16((c % 7 == 0 ? 5.0f : 0.3f) * n01(rng));
+    for (index_t c = 0; c < cols; ++c) g[r * cols + c] = to_bfloat16(m * (c % 7 == 0 ? 5.0f : 0.3f) * n01(rng));
   return g;
 }
 std::vector<float> bias_gradient(std::int64_t step) {
   std::mt19937 rng(static_cast<std::uint32_t>(991 + step));
   std::normal_distribution<float> n01(0.0f, 1.0f);
+  const float m = step_magnitude(step);
   std::vector<float> g(bias_size);
-  for (auto& x : g) x = n01(rng);
+  for (auto& x : g) x = 20.0f * m * n01(rng);  // as large as the weight's: a clip factor that ignores it is off
   return g;
+}
+
+/// Counts elements of `got` farther than `rel` x (|want| + 1e-3 x the largest |want|) from `want`.
+int far_apart(std::span<const float> got, std::span<const float> want, double rel) {
+  double largest = 0.0;
+  for (float w : want) largest = std::max(largest, std::fabs(static_cast<double>(w)));
+  int far = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i], tol = rel * (std::fabs(w) + 1e-3 * largest);
+    if (!(std::fabs(static_cast<double>(got[i]) - w) <= tol)) ++far;
+  }
+  return far;
 }
 
 /// The weight's initial fp32 master.
@@ -64,8 +94,8 @@ struct gpu_model {
   cudaStream_t stream{};
   gpu_model() {
     const auto w = to_bf16(w0);
-    ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.ptr, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-    ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.ptr, b0.data(), bias_size * 4, cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.get(), w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.get(), b0.data(), bias_size * 4, cudaMemcpyHostToDevice));
     // A pageable upload may return before its DMA landed, on the legacy stream, which the
     // non-blocking stream below does not wait for.
     ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
@@ -75,6 +105,47 @@ struct gpu_model {
   gpu_model& operator=(const gpu_model&) = delete;
   ~gpu_model() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream)); }
 };
+
+/// Registers gpu_model's weight and bias with `gpu` (indices 0 and 1).
+void register_model(cuda_coordinator& gpu, const gpu_model& m) {
+  gpu.register_parameter("w", matrix_view::row_major(m.w_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+                         const_matrix_view::row_major(m.w0.data(), rows, cols, dtype::f32), dtype::bf16);
+  gpu.register_parameter("b", vector_view{m.b_dev.get(), bias_size, dtype::f32, memory_space::device}, m.b0);
+}
+
+/// Trains `gpu` on the test gradients of steps [from, to) on m's stream, one step at a time.
+void drive(cuda_coordinator& gpu, const gpu_model& m, std::int64_t from, std::int64_t to) {
+  for (std::int64_t s = from; s < to; ++s) {
+    const auto g = gradient(s);
+    const auto gb = bias_gradient(s);
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(m.g_dev.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, m.stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(m.gb_dev.get(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, m.stream));
+    gpu.submit_gradient(0, const_matrix_view::row_major(m.g_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+                        m.stream);
+    gpu.submit_gradient(1, const_vector_view{m.gb_dev.get(), bias_size, dtype::f32, memory_space::device}, m.stream);
+    gpu.step(m.stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(m.stream));  // g and gb go out of scope; g_dev is refilled next
+  }
+}
+
+/// Everything a run leaves behind: the device weight (bits) and bias, the CPU Adam's fp32 state.
+struct run_state {
+  std::vector<std::uint16_t> w;
+  std::vector<float> b, cpu_params, cpu_exp_avg, cpu_exp_avg_sq;
+  bool operator==(const run_state&) const = default;
+};
+run_state snapshot(const cuda_coordinator& gpu, const gpu_model& m) {
+  run_state s;
+  s.w.resize(rows * cols);
+  s.b.resize(bias_size);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(s.w.data(), m.w_dev.get(), s.w.size() * 2, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(s.b.data(), m.b_dev.get(), bias_size * 4, cudaMemcpyDeviceToHost));
+  const auto& h = gpu.host_optimizer();
+  s.cpu_params.assign(h.params(0).begin(), h.params(0).end());
+  s.cpu_exp_avg.assign(h.exp_avg(0).begin(), h.exp_avg(0).end());
+  s.cpu_exp_avg_sq.assign(h.exp_avg_sq(0).begin(), h.exp_avg_sq(0).end());
+  return s;
+}
 
 /// Runs the same gradients through the CUDA and the host coordinator and compares the weights,
 /// the bias, the update trace and the bytes moved. At `nan_step` (if >= 0) one gradient element
@@ -95,9 +166,9 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   cuda_coordinator gpu(options, config);
   host_coordinator cpu(options, config);
   const auto initial = const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32);
-  gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device), initial,
-                         dtype::bf16);
-  gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, b0);
+  gpu.register_parameter("w", matrix_view::row_major(w_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+                         initial, dtype::bf16);
+  gpu.register_parameter("b", vector_view{b_dev.get(), bias_size, dtype::f32, memory_space::device}, b0);
   cpu.register_parameter("w", matrix_view::row_major(w_host.data(), rows, cols, dtype::bf16), initial, dtype::bf16);
   cpu.register_parameter("b", vector_view{b_host.data(), bias_size, dtype::f32}, b0);
 
@@ -108,11 +179,11 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
     if (s == nan_step) g[5 * cols + 17] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
     host.synchronize();
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the staging copies below reuse g_dev
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.ptr, g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(gb_dev.ptr, gb.data(), bias_size * 4, cudaMemcpyHostToDevice, stream));
-    gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(gb_dev.get(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, stream));
+    gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.get(), rows, cols, dtype::bf16, memory_space::device),
                         stream);
-    gpu.submit_gradient(1, const_vector_view{gb_dev.ptr, bias_size, dtype::f32, memory_space::device}, stream);
+    gpu.submit_gradient(1, const_vector_view{gb_dev.get(), bias_size, dtype::f32, memory_space::device}, stream);
     gpu.step(stream);
     cpu.submit_gradient(0, const_matrix_view::row_major(g.data(), rows, cols, dtype::bf16), &host);
     cpu.submit_gradient(1, const_vector_view{gb.data(), bias_size, dtype::f32}, &host);
@@ -124,7 +195,7 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   cpu.finish(&host);
 
   std::vector<bfloat16> w_back(w_host.size());
-  ZENFLOW_CUDA_TRY(cudaMemcpy(w_back.data(), w_dev.ptr, w_back.size() * 2, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(w_back.data(), w_dev.get(), w_back.size() * 2, cudaMemcpyDeviceToHost));
   int far = 0;
   for (std::size_t i = 0; i < w_back.size(); ++i) {
     const int d = std::abs(static_cast<int>(w_back[i].bits) - static_cast<int>(w_host[i].bits));
@@ -133,7 +204,7 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   CHECK(far == 0);
   // The bias: the same fp32 math on both sides (device pow and FMA contraction: a few ulps).
   std::vector<float> b_back(bias_size);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(b_back.data(), b_dev.ptr, bias_size * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(b_back.data(), b_dev.get(), bias_size * 4, cudaMemcpyDeviceToHost));
   for (index_t i = 0; i < bias_size; ++i) {
     CAPTURE(i);
     CHECK(b_back[i] == doctest::Approx(b_host[i]).epsilon(1e-5));
@@ -149,6 +220,15 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
     CHECK(gt[i].write_backs == 1);
   }
   CHECK(gpu.metrics().bytes_device_to_host == cpu.metrics().bytes_device_to_host);
+  // The CPU Adam's state of the weight (every column: the CPU ones it updated, the GPU ones it
+  // handed over or took back). The same schedule and the same clipped, offloaded gradients give
+  // the same fp32 state, up to the device's last-bit differences carried through migration.
+  const auto& gh = gpu.host_optimizer();
+  const auto& ch = cpu.host_optimizer();
+  CHECK(gh.step_count() == ch.step_count());
+  CHECK(far_apart(gh.params(0), ch.params(0), 1e-4) == 0);
+  CHECK(far_apart(gh.exp_avg(0), ch.exp_avg(0), 1e-3) == 0);
+  CHECK(far_apart(gh.exp_avg_sq(0), ch.exp_avg_sq(0), 1e-3) == 0);
 }
 
 /// The CUDA coordinator alone, ZenFlow async. With `hold`, every step after the first selection
@@ -172,9 +252,9 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
     config.h2d_slot_bytes = 4096;
     config.record_trace = true;
     cuda_coordinator gpu(options, config);
-    gpu.register_parameter("w", matrix_view::row_major(w_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
+    gpu.register_parameter("w", matrix_view::row_major(w_dev.get(), rows, cols, dtype::bf16, memory_space::device),
                            const_matrix_view::row_major(m.w0.data(), rows, cols, dtype::f32), dtype::bf16);
-    gpu.register_parameter("b", vector_view{b_dev.ptr, bias_size, dtype::f32, memory_space::device}, m.b0);
+    gpu.register_parameter("b", vector_view{b_dev.get(), bias_size, dtype::f32, memory_space::device}, m.b0);
     for (std::int64_t s = 0; s < steps; ++s) {
       auto g = gradient(s);
       const auto gb = bias_gradient(s);
@@ -183,15 +263,15 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
       if (s == 4) g[5 * cols + 17] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
       // Uploaded before any hold (a pageable copy would wait for the held stream); the trainer's
       // stream and every earlier step are idle here.
-      ZENFLOW_CUDA_TRY(cudaMemcpy(g_dev.ptr, g.data(), g.size() * 2, cudaMemcpyHostToDevice));
-      ZENFLOW_CUDA_TRY(cudaMemcpy(gb_dev.ptr, gb.data(), bias_size * 4, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(g_dev.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(gb_dev.get(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice));
       ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
       mapped_flags flags;
       const bool held = hold && s > 0;  // step 0 is the first selection, which synchronizes
       if (held) spin_until_flag<<<1, 1, 0, stream>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
-      gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.ptr, rows, cols, dtype::bf16, memory_space::device),
+      gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.get(), rows, cols, dtype::bf16, memory_space::device),
                           stream);
-      gpu.submit_gradient(1, const_vector_view{gb_dev.ptr, bias_size, dtype::f32, memory_space::device}, stream);
+      gpu.submit_gradient(1, const_vector_view{gb_dev.get(), bias_size, dtype::f32, memory_space::device}, stream);
       gpu.step(stream);
       if (held) {
         ++out.held;
@@ -208,8 +288,8 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
   }
   out.w.resize(m.w0.size());
   out.b.resize(bias_size);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(out.w.data(), w_dev.ptr, out.w.size() * 2, cudaMemcpyDeviceToHost));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(out.b.data(), b_dev.ptr, bias_size * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(out.w.data(), w_dev.get(), out.w.size() * 2, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(out.b.data(), b_dev.get(), bias_size * 4, cudaMemcpyDeviceToHost));
   return out;
 }
 
@@ -271,7 +351,131 @@ TEST_CASE("cuda_coordinator follows the host coordinator: global-norm clipping a
   o.topk_ratio = 0.1f;
   o.update_interval = interval_option::fixed(3);
   o.select_interval = interval_option::fixed(9);
-  o.max_grad_norm = 1.0f;  // the test gradients' norm is ~100: every step is clipped
+  o.max_grad_norm = 1.0f;  // the test gradients' norm is ~0.75 to ~5700: most steps are clipped
   compare_modes(o, 13, /*nan_step=*/4);
   compare_modes(zenflow_options::zero_offload(), 6, /*nan_step=*/2);
+}
+
+TEST_CASE("cuda_coordinator: the CPU columns get each step's own clip factor") {
+  // ZeRO-Offload: every weight column is a CPU column, updated synchronously every step, so the
+  // CPU Adam's moments are sums of the offloaded, clipped bf16 gradients of each step.
+  zenflow_options o = zenflow_options::zero_offload();
+  o.max_grad_norm = 1.0f;
+  const std::int64_t steps = 5;  // one cycle of step_magnitude: clipped by 1/190 .. 1/5700, and unclipped
+  gpu_model m;
+  coordinator_config config;
+  config.d2h_slot_bytes = 4096;
+  config.h2d_slot_bytes = 4096;
+  cuda_coordinator gpu(o, config);
+  register_model(gpu, m);
+  drive(gpu, m, 0, steps);
+  gpu.finish(m.stream);
+  REQUIRE(gpu.gpu_columns(0).empty());
+  const auto& h = gpu.host_optimizer();
+  REQUIRE(h.step_count() == steps);
+
+  // The clip factor of each step from the global norm computed here (fp64), the offloaded value
+  // bf16(g x factor), and the moments' recurrences in fp64. A flipped bf16 rounding (the device's
+  // norm may differ in its last bits) moves one term by 2^-8: 1% of the terms' magnitude allows
+  // it; a factor from another step (30x to 7500x apart), a missing one, or a norm without the bias
+  // (off by ~45%) does not fit.
+  const double beta1 = o.adam.beta1, beta2 = o.adam.beta2;
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  std::vector<double> m_want(n, 0.0), m_mass(n, 0.0), v_want(n, 0.0);
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const auto g = gradient(s);
+    const auto gb = bias_gradient(s);
+    double sum_of_squares = 0.0;
+    for (const auto x : g) sum_of_squares += static_cast<double>(to_float(x)) * to_float(x);
+    for (const float x : gb) sum_of_squares += static_cast<double>(x) * x;
+    const double norm = std::sqrt(sum_of_squares);
+    const float clip =
+        norm > o.max_grad_norm ? static_cast<float>(static_cast<double>(o.max_grad_norm) / (norm + 1e-6)) : 1.0f;
+    CAPTURE(s);
+    CAPTURE(clip);
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) {
+        const std::size_t i = static_cast<std::size_t>(c * rows + r);  // the CPU tensor is column-contiguous
+        const double x = to_float(to_bfloat16(to_float(g[static_cast<std::size_t>(r * cols + c)]) * clip));
+        m_want[i] = beta1 * m_want[i] + (1.0 - beta1) * x;
+        m_mass[i] = beta1 * m_mass[i] + (1.0 - beta1) * std::fabs(x);
+        v_want[i] = beta2 * v_want[i] + (1.0 - beta2) * x * x;
+      }
+  }
+  int m_far = 0, v_far = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!(std::fabs(h.exp_avg(0)[i] - m_want[i]) <= 1e-2 * m_mass[i] + 1e-30)) ++m_far;
+    if (!(std::fabs(h.exp_avg_sq(0)[i] - v_want[i]) <= 2e-2 * v_want[i] + 1e-30)) ++v_far;
+  }
+  CHECK(m_far == 0);
+  CHECK(v_far == 0);
+}
+
+TEST_CASE("cuda_coordinator: a checkpoint resumes bit-identically; a truncated one changes nothing") {
+  zenflow_options o;
+  o.topk_ratio = 0.1f;
+  o.update_interval = interval_option::fixed(3);
+  o.select_interval = interval_option::fixed(9);
+  o.max_grad_norm = 1.0f;
+  coordinator_config config;
+  config.d2h_slot_bytes = 4096;
+  config.h2d_slot_bytes = 4096;
+  const auto path = (std::filesystem::temp_directory_path() / "zenflow_gpu_test_checkpoint.bin").string();
+
+  run_state reference;
+  {
+    gpu_model m;
+    cuda_coordinator gpu(o, config);
+    register_model(gpu, m);
+    drive(gpu, m, 0, 20);
+    gpu.finish(m.stream);
+    reference = snapshot(gpu, m);
+  }
+  run_state resumed;
+  {
+    gpu_model m1;
+    cuda_coordinator first(o, config);
+    register_model(first, m1);
+    drive(first, m1, 0, 10);  // mid-interval, after a reselection, with a CPU update pending
+    first.save_checkpoint(path, m1.stream);
+    const run_state saved = snapshot(first, m1);
+    gpu_model m2;
+    cuda_coordinator second(o, config);
+    register_model(second, m2);
+    second.load_checkpoint(path, m2.stream);
+    CHECK(second.step_count() == 10);
+    const run_state loaded = snapshot(second, m2);
+    CHECK(loaded.w == saved.w);  // the checkpoint restores the device parameters too
+    CHECK(loaded.b == saved.b);
+    CHECK(loaded.cpu_params == saved.cpu_params);
+    CHECK(loaded.cpu_exp_avg == saved.cpu_exp_avg);
+    CHECK(loaded.cpu_exp_avg_sq == saved.cpu_exp_avg_sq);
+    drive(second, m2, 10, 20);
+    second.finish(m2.stream);
+    resumed = snapshot(second, m2);
+  }
+  CHECK(resumed.w == reference.w);
+  CHECK(resumed.b == reference.b);
+  CHECK(resumed.cpu_params == reference.cpu_params);
+  CHECK(resumed.cpu_exp_avg == reference.cpu_exp_avg);
+  CHECK(resumed.cpu_exp_avg_sq == reference.cpu_exp_avg_sq);
+
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(bytes.size() > 16);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  gpu_model m;
+  cuda_coordinator fresh(o, config);
+  register_model(fresh, m);
+  const run_state before = snapshot(fresh, m);
+  CHECK_THROWS_AS(fresh.load_checkpoint(path, m.stream), zenflow::error);
+  CHECK(fresh.step_count() == 0);
+  CHECK(snapshot(fresh, m) == before);
+  std::filesystem::remove(path);
 }

@@ -1,10 +1,19 @@
 // cuda_sparse_adam and the CUDA gather/scatter against the host backend (host_sparse_adam, the
 // exact reference). Label gpu: needs a CUDA device to run.
+//   - a non-unit effective scale (grad_scale x *scale_ptr) that changes every step, from device
+//     and from mapped pinned memory;
+//   - a parameter with more tiles than any build of the step kernel can keep blocks resident;
+//   - the device-pointer checks: mapped pinned memory where a kernel reads a scalar, device
+//     memory elsewhere, pageable memory nowhere;
+//   - gather/scatter past 2^21 rows (row-major) and 65535 row tiles (column-contiguous), where
+//     blocks walk several row tiles.
 #include <zenflow/concepts.hpp>
 #include <zenflow/sparse_adam.cuh>
 #include <zenflow/sparse_adam.hpp>
 
 #include <doctest/doctest.h>
+
+#include "device_helpers.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -88,17 +97,26 @@ float rounded(float master, dtype t) {
 /// any parameter, and a NaN in an unselected column does not skip.
 void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t seed) {
   std::mt19937 rng(seed);
-  const std::vector<matrix_case> cases = {
-      {64, 300, 30, true, dtype::bf16, dtype::bf16},
-      {128, 50, 5, false, dtype::f32, dtype::f32},
-      {33, 257, 25, true, dtype::f16, dtype::f32},
-      {1000, 40, 4, false, dtype::bf16, dtype::bf16},
-      {7, 4096, 409, true, dtype::f32, dtype::bf16},
-      {3, 5, 5, true, dtype::bf16, dtype::f16},
-      // ~1000 tiles of 1024 elements: more than one grid of resident blocks (132 SMs x 4 on an
-      // H100), so blocks walk several tiles and reuse their decision.
-      {1024, 1024, 1000, false, dtype::bf16, dtype::bf16},
+  std::vector<matrix_case> cases = {
+      {64, 300, 30, true, dtype::bf16, dtype::bf16}, {128, 50, 5, false, dtype::f32, dtype::f32},
+      {33, 257, 25, true, dtype::f16, dtype::f32},   {1000, 40, 4, false, dtype::bf16, dtype::bf16},
+      {7, 4096, 409, true, dtype::f32, dtype::bf16}, {3, 5, 5, true, dtype::bf16, dtype::f16},
   };
+  // More than twice as many tiles as the device's threads-per-SM limit lets blocks of kThreads be
+  // resident, whatever the step kernel's register count: every block walks at least two tiles
+  // and reuses its decision.
+  const long long resident_bound = zenflow_test::max_resident_blocks(sa::kThreads);
+  const index_t walk_rows = 1024, walk_k = (2 * resident_bound * sa::kTile) / walk_rows + 1;
+  cases.push_back({walk_rows, walk_k + 64, walk_k, false, dtype::bf16, dtype::bf16});
+  {
+    int device_id = 0, sms = 0, per_sm = 0;
+    ZENFLOW_CUDA_TRY(cudaGetDevice(&device_id));
+    ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id));
+    ZENFLOW_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sa::sparse_adam_step_kernel, sa::kThreads, 0));
+    const index_t walk_tiles = (walk_rows * walk_k + sa::kTile - 1) / sa::kTile;
+    REQUIRE(walk_tiles > 2 * static_cast<index_t>(sms) * per_sm);  // the grid cuda_sparse_adam launches
+  }
   zenflow::host_sparse_adam host(o);
   zenflow::cuda_sparse_adam device(o);
   cudaStream_t stream;
@@ -144,13 +162,13 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
                     stream);
   const std::size_t n_params = cases.size() + 1;
 
+  // The step's scale and skip flag: device memory on even steps, mapped pinned memory on odd ones.
   twin scale(4), skip(4);
-  const float scale_value = 0.5f;
-  std::memcpy(scale.host.data(), &scale_value, 4);
-  scale.to_device();
   const int no_skip = 0;
   std::memcpy(skip.host.data(), &no_skip, 4);
   skip.to_device();
+  zenflow_test::mapped_pinned<float> mapped_scale;
+  zenflow_test::mapped_pinned<int> mapped_skip;
 
   // Gradient views: the parameter's layout for even cases, the other layout for odd ones.
   std::vector<zenflow::const_matrix_view> hg, dg;
@@ -169,8 +187,20 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
     }
     fill(bias_grad.host, dtype::f32, rng, 0.1f);
     bias_grad.to_device();
-    REQUIRE(host.step(hg, hv, 2.0f, &scale_value, &no_skip, t % 2 == 0));
-    device.step(dg, dv, 2.0f, scale.dev.get<const float>(), skip.dev.get<const int>(), t % 2 == 0, stream);
+    // Effective scale 2 x (0.3 .. 0.51), different from step to step: a step or check that drops
+    // either factor, or reads a stale *scale_ptr, moves exp_avg by 2x or more.
+    const float scale_value = 0.3f + 0.07f * static_cast<float>(t % 4);
+    const bool mapped = t % 2 == 1;
+    if (mapped) {
+      *mapped_scale.host() = scale_value;  // the previous step has completed (synchronized below)
+    } else {
+      std::memcpy(scale.host.data(), &scale_value, 4);
+      scale.to_device();
+    }
+    const bool check = t % 3 == 0;
+    REQUIRE(host.step(hg, hv, 2.0f, &scale_value, &no_skip, check));
+    device.step(dg, dv, 2.0f, mapped ? mapped_scale.device() : scale.dev.get<const float>(),
+                mapped ? mapped_skip.device() : skip.dev.get<const int>(), check, stream);
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the host buffers of the gradients are refilled next
   }
   CHECK(device.step_count() == steps);
@@ -250,6 +280,14 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
   const float two = 2.0f;  // the same factor through the device scale: the check must apply it too
   ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.get(), &two, 4, cudaMemcpyHostToDevice));
   device.step(dg, dv, 1.0f, scale.dev.get<const float>(), nullptr, true, stream);
+  // The same factor from mapped pinned memory, read by the non-finite check; then a skip flag
+  // there.
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  *mapped_scale.host() = 2.0f;
+  device.step(dg, dv, 1.0f, mapped_scale.device(), nullptr, true, stream);
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  *mapped_skip.host() = 1;
+  device.step(dg, dv, 1.0f, nullptr, mapped_skip.device(), false, stream);
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
   CHECK(device.step_count() == steps);
   const snapshot skipped = device_snapshot();
@@ -376,6 +414,10 @@ TEST_CASE("device gather/scatter equal the host versions") {
         ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.get(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
         const float scale_value = 0.75f;
         ZENFLOW_CUDA_TRY(cudaMemcpy(scale_dev.get(), &scale_value, 4, cudaMemcpyHostToDevice));
+        // Every other combination reads the scale from mapped pinned memory.
+        zenflow_test::mapped_pinned<float> mapped_scale;
+        *mapped_scale.host() = scale_value;
+        const bool mapped = (static_cast<int>(st) + static_cast<int>(dt) + (row_major ? 1 : 0)) % 2 == 1;
         const std::size_t compact_bytes = columns.size() * c.rows * zenflow::dtype_size(dt);
         std::vector<std::byte> host_compact(compact_bytes);
         twin dev_compact(compact_bytes);
@@ -383,7 +425,8 @@ TEST_CASE("device gather/scatter equal the host versions") {
                                 host_compact.data(), dt, 0.5f * scale_value);
         const std::span<const std::int32_t> cols_span(columns_dev.get<const std::int32_t>(), columns.size());
         zenflow::cuda_gather_columns(make_view(src.dev.get(), c, st, memory_space::device, row_major), cols_span,
-                                     dev_compact.dev.get(), dt, 0.5f, scale_dev.get<const float>(), nullptr);
+                                     dev_compact.dev.get(), dt, 0.5f,
+                                     mapped ? mapped_scale.device() : scale_dev.get<const float>(), nullptr);
         CHECK(dev_compact.from_device() == host_compact);
 
         twin dst(c.rows * c.cols * zenflow::dtype_size(dt));
@@ -396,4 +439,108 @@ TEST_CASE("device gather/scatter equal the host versions") {
                                       make_view(dst.dev.get(), c, dt, memory_space::device, !row_major), nullptr);
         CHECK(dst.from_device() == host_dst);
       }
+}
+
+TEST_CASE("device-pointer checks: mapped pinned memory for the scalars kernels read, device memory elsewhere") {
+  const matrix_case c{16, 40, 4, true, dtype::bf16, dtype::bf16};
+  std::mt19937 rng(3);
+  twin param(c.rows * c.cols * 2), grad(c.rows * c.cols * 2), packed(3 * c.rows * c.k * 4);
+  fill(param.host, dtype::bf16, rng, 1.0f);
+  fill(grad.host, dtype::bf16, rng, 0.1f);
+  param.to_device();
+  grad.to_device();
+  packed.to_device();
+  zenflow::cuda_sparse_adam device(zenflow::adam_options{});
+  const auto selection = random_selection(c.cols, c.k, rng);
+  device.add_matrix(make_view(param.dev.get(), c, dtype::bf16, memory_space::device, true), selection,
+                    packed.dev.get<const float>(), nullptr);
+  const zenflow::const_matrix_view grads[] = {make_view(grad.dev.get(), c, dtype::bf16, memory_space::device, true)};
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+  zenflow_test::mapped_pinned<float> mapped_scale;
+  zenflow_test::mapped_pinned<int> mapped_skip;
+  zenflow_test::mapped_pinned<std::int32_t> mapped_columns(c.k);
+  zenflow_test::mapped_pinned<float> mapped_floats(3 * c.rows * c.k);
+  const float pageable_scale = 1.0f;
+  const int pageable_skip = 0;
+
+  // Pageable host memory is readable by no kernel: rejected before anything is enqueued.
+  CHECK_THROWS_AS(device.step(grads, {}, 1.0f, &pageable_scale, nullptr, false, nullptr), zenflow::error);
+  CHECK_THROWS_AS(device.step(grads, {}, 1.0f, nullptr, &pageable_skip, false, nullptr), zenflow::error);
+  CHECK(device.step_count() == 0);
+  // Mapped pinned scalars are read in place: a mapped skip flag skips, a mapped scale applies.
+  *mapped_skip.host() = 1;
+  *mapped_scale.host() = 0.5f;
+  device.step(grads, {}, 1.0f, mapped_scale.device(), mapped_skip.device(), true, nullptr);
+  CHECK(device.step_count() == 0);
+  *mapped_skip.host() = 0;
+  device.step(grads, {}, 1.0f, mapped_scale.device(), mapped_skip.device(), true, nullptr);
+  CHECK(device.step_count() == 1);
+
+  // Arrays the kernels index must be device memory, mapped or not.
+  for (std::int32_t j = 0; j < c.k; ++j) mapped_columns.host()[j] = selection[static_cast<std::size_t>(j)];
+  sa::device_memory compact(c.rows * c.k * 4);
+  const auto src = make_view(grad.dev.get(), c, dtype::bf16, memory_space::device, true);
+  const std::span<const std::int32_t> mapped_list(mapped_columns.device(), static_cast<std::size_t>(c.k));
+  CHECK_THROWS_AS(
+      zenflow::cuda_gather_columns(src, mapped_list, compact.get(), dtype::f32, mapped_scale.device(), nullptr),
+      zenflow::error);
+  CHECK_THROWS_AS(zenflow::cuda_gather_columns(src, device.selection_device(0), mapped_floats.device(), dtype::f32,
+                                               mapped_scale.device(), nullptr),
+                  zenflow::error);
+  CHECK_THROWS_AS(zenflow::cuda_gather_columns(src, device.selection_device(0), compact.get(), dtype::f32,
+                                               &pageable_scale, nullptr),
+                  zenflow::error);
+  CHECK_THROWS_AS(device.import_state(0, mapped_floats.device(), nullptr), zenflow::error);
+  CHECK_THROWS_AS(device.export_state(0, mapped_floats.device(), nullptr), zenflow::error);
+  // ... while the gather's scale may be mapped (the same check, with the mapped-host branch).
+  CHECK_NOTHROW(zenflow::cuda_gather_columns(src, device.selection_device(0), compact.get(), dtype::f32,
+                                             mapped_scale.device(), nullptr));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+namespace {
+
+/// Gathers `columns` of a rows x cols bf16 matrix (layout `row_major`) into f32 with a mapped
+/// scale and scatters them into another bf16 matrix of that layout, on device and on host;
+/// both must agree byte for byte. The values are a cheap function of the index (the matrices
+/// are large).
+void check_large_gather_scatter(index_t rows, index_t cols, const std::vector<std::int32_t>& columns, bool row_major) {
+  const matrix_case c{rows, cols, 0, row_major, dtype::bf16, dtype::bf16};
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  twin src(n * 2), dst(n * 2);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>(static_cast<int>((i * 2654435761u) >> 20 & 0xfff) - 2048) / 64.0f;
+    sa::store_from_float(src.host.data(), dtype::bf16, static_cast<index_t>(i), x);
+    sa::store_from_float(dst.host.data(), dtype::bf16, static_cast<index_t>(i), -x);
+  }
+  src.to_device();
+  dst.to_device();
+  sa::device_memory columns_dev(columns.size() * 4);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.get(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
+  zenflow_test::mapped_pinned<float> scale;
+  *scale.host() = 0.375f;
+  const std::size_t compact_bytes = columns.size() * static_cast<std::size_t>(rows) * 4;
+  std::vector<std::byte> host_compact(compact_bytes);
+  twin dev_compact(compact_bytes);
+  zenflow::gather_columns(make_view(src.host.data(), c, dtype::bf16, memory_space::host, row_major), columns,
+                          host_compact.data(), dtype::f32, 0.375f);
+  const std::span<const std::int32_t> list(columns_dev.get<const std::int32_t>(), columns.size());
+  zenflow::cuda_gather_columns(make_view(src.dev.get(), c, dtype::bf16, memory_space::device, row_major), list,
+                               dev_compact.dev.get(), dtype::f32, scale.device(), nullptr);
+  CHECK(dev_compact.from_device() == host_compact);
+  zenflow::scatter_columns(host_compact.data(), dtype::f32, columns,
+                           make_view(dst.host.data(), c, dtype::bf16, memory_space::host, row_major));
+  zenflow::cuda_scatter_columns(dev_compact.dev.get(), dtype::f32, list,
+                                make_view(dst.dev.get(), c, dtype::bf16, memory_space::device, row_major), nullptr);
+  CHECK(dst.from_device() == dst.host);
+}
+
+}  // namespace
+
+TEST_CASE("device gather/scatter where blocks walk several row tiles") {
+  // Row-major: 32-row tiles, gridDim.y capped at 65535, so past 65535 x 32 < 2^21 rows a block
+  // takes a second row tile.
+  check_large_gather_scatter((index_t{1} << 21) + 40, 8, {1, 4, 6}, true);
+  // Column-contiguous: kTile-row tiles, so past 65535 x kTile rows (a single column, 128 MiB of bf16).
+  check_large_gather_scatter(index_t{65535} * sa::kTile + 1000, 1, {0}, false);
 }

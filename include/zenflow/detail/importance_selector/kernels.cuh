@@ -8,7 +8,8 @@
 //     contiguous and aligned; then a fixed xor-butterfly warp sum.
 //   - row_sweep (col_stride < row_stride, e.g. row-major W[out, in]): a block covers a tile of
 //     32*V adjacent columns (V = 16 bytes / element size when vectorizable, else 1) and a segment
-//     of `seg_rows` rows; warp w sums rows w, w+8, ... of the segment for its lane's V columns;
+//     of `seg_rows` rows (segments sized so that the grid fills whole waves of the blocks the
+//     device keeps resident); warp w sums rows w, w+8, ... of the segment for its lane's V columns;
 //     the 8 warps are combined in order through shared memory. With several segments each block
 //     writes its partial sums, takes a ticket (integer atomic) for its tile, and the last block
 //     of the tile adds the segments' partials in segment order (0, 1, ...) and resets the ticket.
@@ -31,6 +32,7 @@
 
 #include "zenflow/config.hpp"
 #include "zenflow/detail/importance_selector/math.hpp"
+#include "zenflow/error.hpp"
 #include "zenflow/types.hpp"
 #include "zenflow/view.hpp"
 
@@ -72,18 +74,44 @@ struct topk_desc {
 
 // --- host-side planning (shape only, so buffer sizes are known at registration) ----------------
 
-/// Row segments of the row_sweep path: about 1024 blocks per parameter, at least 128 rows each.
-inline constexpr long long row_sweep_seg_rows(long long rows, long long cols) {
-  const long long tiles_ref = (cols + 255) / 256;
-  const long long max_segments = (rows + 127) / 128;
-  long long segments = (1024 + tiles_ref - 1) / tiles_ref;
-  segments = segments < 1 ? 1 : segments > max_segments ? max_segments : segments;
+/// Most waves of resident blocks the row_sweep plan spreads one parameter over.
+inline constexpr long long row_sweep_max_waves = 4;
+
+/// Rows per segment when `rows` are cut into `segments`: a multiple of the 8 warps.
+inline constexpr long long row_sweep_rows_per(long long rows, long long segments) {
   const long long per = (rows + segments - 1) / segments;
   return (per + score_warps - 1) / score_warps * score_warps;
 }
-inline constexpr long long row_sweep_segments(long long rows, long long cols) {
-  const long long seg_rows = row_sweep_seg_rows(rows, cols);
+/// Segments of `seg_rows` rows that cover `rows`.
+inline constexpr long long row_sweep_segments(long long rows, long long seg_rows) {
   return (rows + seg_rows - 1) / seg_rows;
+}
+
+/// Rows per segment of the row_sweep path (shape only, so buffer sizes are known before the
+/// gradients are). `resident_blocks` is how many score blocks the device runs at once (SMs x
+/// occupancy, score_resident_blocks). The grid of a parameter is tiles x segments blocks; with
+/// tiles_ref = ceil(cols / 256), the tile count of a vectorized 16-bit gradient (f32 and
+/// unvectorized gradients have about 2x and 8x as many tiles, which keeps whole waves whole), the
+/// plan takes the segment count in [1, ceil(rows / 128)], up to the first that makes
+/// row_sweep_max_waves waves, whose grid fills its waves best, the fewest segments among equals:
+/// a grid of 1.1 waves would leave most SMs idle during its second wave.
+inline constexpr long long row_sweep_seg_rows(long long rows, long long cols, long long resident_blocks) {
+  const long long resident = resident_blocks < 1 ? 1 : resident_blocks;
+  const long long tiles_ref = (cols + 255) / 256;
+  const long long max_segments = (rows + 127) / 128;
+  long long limit = (row_sweep_max_waves * resident + tiles_ref - 1) / tiles_ref;  // reaches max_waves waves
+  limit = limit < 1 ? 1 : limit > max_segments ? max_segments : limit;
+  long long best_rows = row_sweep_rows_per(rows, 1), best_blocks = 0, best_waves = 1;
+  for (long long s = 1; s <= limit; ++s) {
+    const long long seg_rows = row_sweep_rows_per(rows, s);
+    const long long blocks = tiles_ref * row_sweep_segments(rows, seg_rows);
+    const long long waves = (blocks + resident - 1) / resident;
+    if (blocks * best_waves > best_blocks * waves) {  // blocks / waves: the fill of the waves
+      best_rows = seg_rows, best_blocks = blocks, best_waves = waves;
+      if (blocks == waves * resident) break;  // every wave full
+    }
+  }
+  return best_rows;
 }
 /// Upper bound of the row_sweep tiles (V = 1).
 inline constexpr long long row_sweep_max_tiles(long long cols) {
@@ -91,9 +119,10 @@ inline constexpr long long row_sweep_max_tiles(long long cols) {
 }
 
 /// The launch plan of one gradient view (validated by the caller): the path from the strides,
-/// 16-byte vectors when the inner dimension is contiguous and aligned, the row segments.
+/// 16-byte vectors when the inner dimension is contiguous and aligned, and for the row_sweep path
+/// segments of `seg_rows` rows (row_sweep_seg_rows).
 inline score_desc make_score_desc(const const_matrix_view& g, long long score_offset, long long partial_offset,
-                                  long long counter_offset, long long first_block) {
+                                  long long counter_offset, long long first_block, long long seg_rows) {
   score_desc d{};
   d.data = g.data;
   d.rows = g.rows, d.cols = g.cols, d.row_stride = g.row_stride, d.col_stride = g.col_stride;
@@ -115,8 +144,8 @@ inline score_desc make_score_desc(const const_matrix_view& g, long long score_of
     d.vectorized = aligned && g.col_stride == 1 && (g.rows == 1 || (g.row_stride * esize) % 16 == 0);
     const long long tile_cols = 32LL * (d.vectorized ? 16 / esize : 1);
     d.tiles = static_cast<int>((g.cols + tile_cols - 1) / tile_cols);
-    d.seg_rows = row_sweep_seg_rows(g.rows, g.cols);
-    d.segments = static_cast<int>(row_sweep_segments(g.rows, g.cols));
+    d.seg_rows = seg_rows;
+    d.segments = static_cast<int>(row_sweep_segments(g.rows, seg_rows));
   }
   return d;
 }
@@ -316,6 +345,21 @@ __global__ void __launch_bounds__(score_threads)
       score_dispatch_layout<Norm, float>(d, local, scores, partials, counters, red, &last_flag);
       break;
   }
+}
+
+/// Score blocks the current device runs at once: SMs x resident blocks of the score kernel for
+/// `norm` per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor). Does not synchronize.
+inline long long score_resident_blocks(score_norm norm) {
+  int device = 0, sms = 0, per_sm = 0;
+  ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
+  ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (norm == score_norm::l1)
+    ZENFLOW_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, column_scores_kernel<score_norm::l1>, score_threads, 0));
+  else
+    ZENFLOW_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, column_scores_kernel<score_norm::l2_squared>, score_threads, 0));
+  return static_cast<long long>(sms < 1 ? 1 : sms) * (per_sm < 1 ? 1 : per_sm);
 }
 
 /// One block per parameter; see the header comment. `nan_flags[p]` = 1 when a score was NaN.

@@ -373,7 +373,7 @@ inline void cuda_sparse_adam::reselect(std::size_t i, std::span<const std::int32
   sa::rebuild_state_kernel<<<sa::grid_for(n, sa::kThreads), sa::kThreads, 0, stream>>>(old_state, new_state, layout,
                                                                                        maps, entering_in);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
-  sa::pack_state_kernel<<<sa::grid_for(3 * e.rows * moved, sa::kThreads), sa::kThreads, 0, stream>>>(
+  sa::pack_state_kernel<<<sa::grid_for(e.rows * moved, sa::kThreads), sa::kThreads, 0, stream>>>(
       old_state, layout, maps + e.selection.size(), moved, leaving_out);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
   ZENFLOW_CUDA_TRY(cudaMemcpyAsync(old_state.part[0], fresh, 3 * n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
@@ -396,8 +396,8 @@ inline void cuda_sparse_adam::export_state(std::size_t i, float* packed_out, cud
   sa::check_device_pointer(packed_out, "packed_out");
   remember(stream);
   const index_t k = static_cast<index_t>(e.selection.size());
-  sa::pack_state_kernel<<<sa::grid_for(3 * e.rows * k, sa::kThreads), sa::kThreads, 0, stream>>>(
-      e.arrays(), e.layout(), nullptr, k, packed_out);
+  sa::pack_state_kernel<<<sa::grid_for(e.rows * k, sa::kThreads), sa::kThreads, 0, stream>>>(e.arrays(), e.layout(),
+                                                                                             nullptr, k, packed_out);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
 }
 

@@ -178,6 +178,17 @@ __device__ ZENFLOW_FORCEINLINE void update_tile_any(const param_desc& d, std::ui
   }
 }
 
+/// effective_scale for a whole block: *scale_ptr is read by one thread and shared, because the
+/// pointer may be mapped pinned host memory, where each read crosses PCIe. Every thread of the
+/// block must call it (it synchronizes the block when scale_ptr is set).
+__device__ ZENFLOW_FORCEINLINE float block_effective_scale(float grad_scale, const float* scale_ptr) {
+  if (scale_ptr == nullptr) return grad_scale;  // a kernel argument: the same in every thread
+  __shared__ float scale;
+  if (threadIdx.x == 0 && threadIdx.y == 0) scale = effective_scale(grad_scale, scale_ptr);
+  __syncthreads();
+  return scale;
+}
+
 /// The step's decision (skip flag, non-finite flag, effective scale; the constants with the bias
 /// corrections in double from the device step counter), taken by one thread of every block: the
 /// same in every block. The four inputs are loaded unconditionally and independently, so their
@@ -244,7 +255,7 @@ static __global__ void __launch_bounds__(kThreads)
 static __global__ void __launch_bounds__(kThreads)
     sparse_adam_nonfinite_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
                                  float grad_scale, const float* scale_ptr, control_block* control) {
-  const float scale = effective_scale(grad_scale, scale_ptr);
+  const float scale = block_effective_scale(grad_scale, scale_ptr);
   bool bad = false;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int p = find_param(params, count, t);
@@ -287,17 +298,20 @@ static __global__ void rebuild_state_kernel(state_arrays old_state, state_arrays
 }
 
 /// Packs slots `slots[0..n)` (or 0..n when slots == nullptr) of a state into the packed format.
+/// One thread per (list position, row) moves all three parts: the part index is a compile-time
+/// constant (a runtime index into `state.part` would put the array on the local-memory stack),
+/// consecutive threads read consecutive rows and write consecutive packed values, and each
+/// thread reads its slot once.
 static __global__ void pack_state_kernel(state_arrays state, state_layout layout, const std::int32_t* slots, index_t n,
                                          float* packed) {
-  const index_t total = 3 * layout.rows * n;
+  const index_t total = layout.rows * n;
   for (index_t q = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; q < total;
        q += static_cast<index_t>(gridDim.x) * blockDim.x) {
-    const index_t r = q % layout.rows;
-    const index_t lp = q / layout.rows;
-    const index_t l = lp / 3;
-    const int p = static_cast<int>(lp - 3 * l);
-    const index_t slot = slots != nullptr ? slots[l] : l;
-    packed[q] = state.part[p][layout.index(r, slot)];
+    const index_t l = q / layout.rows;
+    const index_t r = q - l * layout.rows;
+    const index_t at = layout.index(r, slots != nullptr ? slots[l] : l);
+#pragma unroll
+    for (int p = 0; p < part_count; ++p) packed[packed_index(layout.rows, l, p, r)] = state.part[p][at];
   }
 }
 
@@ -310,8 +324,8 @@ static __global__ void __launch_bounds__(kThreads)
                                  float scale, const float* scale_ptr) {
   const index_t i = blockIdx.x;
   const std::int32_t c = columns[i];
-  if (c < 0 || c >= cols) return;  // out-of-range indices are ignored
-  const float s = effective_scale(scale, scale_ptr);
+  if (c < 0 || c >= cols) return;  // out-of-range indices are ignored (the whole block returns)
+  const float s = block_effective_scale(scale, scale_ptr);
   for (index_t t = blockIdx.y * static_cast<index_t>(kTile); t < rows; t += gridDim.y * static_cast<index_t>(kTile))
     for (index_t r = t + threadIdx.x; r < rows && r < t + kTile; r += kThreads)
       store_from_float(dst, dst_type, i * rows + r,
@@ -342,7 +356,7 @@ static __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
                                     dtype dst_type, float scale, const float* scale_ptr) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const index_t i0 = static_cast<index_t>(blockIdx.x) * kTransposeTile;
-  const float s = effective_scale(scale, scale_ptr);
+  const float s = block_effective_scale(scale, scale_ptr);
   const index_t i_load = i0 + threadIdx.x;
   const std::int32_t c_load = i_load < n ? columns[i_load] : -1;
   for (index_t r0 = static_cast<index_t>(blockIdx.y) * kTransposeTile; r0 < rows;
