@@ -545,6 +545,26 @@ inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
   expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
           "overlap_step)");
 }
+/// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
+/// never outlive the buffers declared before this guard. Never throws.
+template <class Backend>
+class synchronize_on_unwind {
+ public:
+  explicit synchronize_on_unwind(typename Backend::stream_type stream) noexcept : stream_(stream) {}
+  synchronize_on_unwind(const synchronize_on_unwind&) = delete;
+  synchronize_on_unwind& operator=(const synchronize_on_unwind&) = delete;
+  ~synchronize_on_unwind() {
+    if (std::uncaught_exceptions() <= exceptions_) return;
+    try {
+      Backend::synchronize(stream_);
+    } catch (...) {
+    }
+  }
+
+ private:
+  typename Backend::stream_type stream_;
+  int exceptions_ = std::uncaught_exceptions();
+};
 }  // namespace detail
 
 template <class Backend, host_optimizer HostOptimizer>
@@ -581,9 +601,9 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
   }
   w.put<std::uint64_t>(params_.size());
-  step_flags identity;
-  device_buffer identity_dev(sizeof(step_flags));
-  Backend::copy_async(identity_dev.data(), &identity, sizeof identity, stream);
+  // The values are gathered with the coordinator's own unit flags (scale 1, no skip): a member,
+  // so no copy of the flags can outlive their buffer.
+  const auto* identity = reinterpret_cast<const step_flags*>(unit_flags_dev_.data());
   for (const auto& p : params_) {
     w.put_string(p.name);
     w.put(p.is_vector);
@@ -614,23 +634,24 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     }
     w.put_array<float>(compact);
     w.put_array<float>(p.accumulator[interval_.index % 2]);
-    std::vector<std::byte> pending;
-    if (pending_interval_) {
-      const auto& buf = p.writeback_dev[*pending_interval_ % 2];
-      pending.resize(buf.bytes());
-      Backend::copy_async(pending.data(), buf.data(), buf.bytes(), stream);
-    }
+    // Every buffer a copy below uses is allocated first and lives until the stream is idle.
+    const device_buffer* pending_dev = pending_interval_ ? &p.writeback_dev[*pending_interval_ % 2] : nullptr;
+    std::vector<std::byte> pending(pending_dev ? pending_dev->bytes() : 0);
     // The model's parameter values, element by element (the view may be strided).
     std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
     std::iota(all.begin(), all.end(), 0);
     device_buffer all_dev(all.size() * sizeof(std::int32_t));
     device_buffer values_dev(p.matrix.rows * p.matrix.cols * dtype_size(p.matrix.type));
-    Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
-    Backend::gather(const_matrix_view(p.matrix), all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
-                    values_dev.data(), p.matrix.type, reinterpret_cast<const step_flags*>(identity_dev.data()), stream);
     std::vector<std::byte> values(values_dev.bytes());
-    Backend::copy_async(values.data(), values_dev.data(), values.size(), stream);
-    Backend::synchronize(stream);
+    {
+      detail::synchronize_on_unwind<Backend> guard(stream);
+      if (pending_dev) Backend::copy_async(pending.data(), pending_dev->data(), pending.size(), stream);
+      Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
+      Backend::gather(const_matrix_view(p.matrix), all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
+                      values_dev.data(), p.matrix.type, identity, stream);
+      Backend::copy_async(values.data(), values_dev.data(), values.size(), stream);
+      Backend::synchronize(stream);
+    }
     w.put_array<std::byte>(pending);
     w.put_array<std::byte>(values);
   }
