@@ -166,7 +166,8 @@ class checkpoint_reader {
     const auto n = get<std::uint64_t>();
     expects(n <= (payload_.size() - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
     std::vector<T> values(n);
-    std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));
+    if (n != 0)
+      std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));  // an empty vector's data() may be null
     pos_ += n * sizeof(T);
     return values;
   }
