@@ -11,14 +11,18 @@
 //                 options fingerprint, step and interval position, optimizer step counts, then
 //                 per parameter its name, shape, dtypes, CPU fp32 master/m/v, selection, GPU
 //                 compact state, accumulator, pending write-back and the model's parameter bytes.
+// Scalars are arithmetic or enum types only (no structs: no padding bytes reach the file); a bool
+// is one byte, 0 or 1 (any other value is rejected, never loaded as a bool).
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
-// checkpoint under the real name. The reader checks size, magic, version and hash before any
-// field is parsed, and every length against what remains.
+// checkpoint under the real name; a failed write or rename removes the .tmp file. The reader
+// accepts regular files only, checks size, magic, version and hash before any field is parsed,
+// and every length against what remains.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <span>
 #include <string>
@@ -33,6 +37,10 @@ inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', 
 inline constexpr std::uint32_t checkpoint_version = 2;
 inline constexpr std::size_t checkpoint_header_bytes = 32;
 
+/// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).
+template <class T>
+concept checkpoint_scalar = std::is_arithmetic_v<T> || std::is_enum_v<T>;
+
 inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ull;
   for (std::byte b : data) {
@@ -44,22 +52,25 @@ inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
 
 class checkpoint_writer {
  public:
-  template <class T>
-  requires std::is_trivially_copyable_v<T>
+  template <checkpoint_scalar T>
   void put(const T& value) {
-    const auto* p = reinterpret_cast<const std::byte*>(&value);
-    payload_.insert(payload_.end(), p, p + sizeof(T));
+    if constexpr (std::is_same_v<T, bool>) {
+      put<std::uint8_t>(value ? 1 : 0);
+    } else {
+      const auto* p = reinterpret_cast<const std::byte*>(&value);
+      payload_.insert(payload_.end(), p, p + sizeof(T));
+    }
   }
-  template <class T>
-  requires std::is_trivially_copyable_v<T>
-  void put_array(std::span<const T> values) {
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) void put_array(std::span<const T> values) {
     put<std::uint64_t>(values.size());
     const auto* p = reinterpret_cast<const std::byte*>(values.data());
     payload_.insert(payload_.end(), p, p + values.size_bytes());
   }
   void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
 
-  /// Writes header + payload to path.tmp, then renames it to path. Throws zenflow::error.
+  /// Writes header + payload to path.tmp, then renames it to path. Throws zenflow::error; on any
+  /// failure after path.tmp was created, path.tmp is removed (path is left as it was).
   void write(const std::string& path) const {
     std::vector<std::byte> header(checkpoint_header_bytes);
     std::memcpy(header.data(), checkpoint_magic, 8);
@@ -70,15 +81,22 @@ class checkpoint_writer {
     std::memcpy(header.data() + 16, &size, 8);
     std::memcpy(header.data() + 24, &hash, 8);
     const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      expects(static_cast<bool>(out), "path", "cannot open '", tmp, "' for writing");
-      out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
-      out.write(reinterpret_cast<const char*>(payload_.data()), static_cast<std::streamsize>(payload_.size()));
-      out.flush();
-      expects(static_cast<bool>(out), "path", "writing '", tmp, "' failed");
-    }
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    expects(static_cast<bool>(out), "path", "cannot open '", tmp, "' for writing");
+    // From here on path.tmp is ours: whatever fails (a write, the close, the rename) removes it.
+    struct remove_unless_renamed {
+      const std::string& file;
+      bool renamed = false;
+      ~remove_unless_renamed() {
+        if (!renamed) std::remove(file.c_str());
+      }
+    } cleanup{tmp};
+    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
+    out.write(reinterpret_cast<const char*>(payload_.data()), static_cast<std::streamsize>(payload_.size()));
+    out.close();
+    expects(static_cast<bool>(out), "path", "writing '", tmp, "' failed");
     expects(std::rename(tmp.c_str(), path.c_str()) == 0, "path", "cannot rename '", tmp, "' to '", path, "'");
+    cleanup.renamed = true;
   }
 
  private:
@@ -90,9 +108,18 @@ class checkpoint_reader {
   /// Reads and verifies the whole file; throws zenflow::error("checkpoint", ...) if it is not a
   /// complete, uncorrupted zenflow checkpoint of a supported version.
   explicit checkpoint_reader(const std::string& path) {
+    // A directory opens as a stream on Linux and reports a nonsense size; so would a FIFO or a
+    // device: only a regular file (or a link to one) can be a checkpoint.
+    std::error_code status_error;
+    const auto status = std::filesystem::status(path, status_error);
+    expects(std::filesystem::exists(status), "checkpoint", "cannot open '", path,
+            "': ", status_error ? status_error.message() : std::string("no such file"));
+    expects(std::filesystem::is_regular_file(status), "checkpoint", "'", path, "' is not a regular file");
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     expects(static_cast<bool>(in), "checkpoint", "cannot open '", path, "'");
-    const auto file_size = static_cast<std::size_t>(in.tellg());
+    const std::streamoff end = in.tellg();
+    expects(end >= 0, "checkpoint", "cannot determine the size of '", path, "'");
+    const auto file_size = static_cast<std::size_t>(end);
     expects(file_size >= checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated (", file_size,
             " bytes, the header alone is ", checkpoint_header_bytes, ")");
     std::vector<std::byte> file(file_size);
@@ -115,20 +142,32 @@ class checkpoint_reader {
     expects(fnv1a64(payload_) == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
   }
 
-  template <class T>
-  requires std::is_trivially_copyable_v<T> T get() {
-    expects(pos_ + sizeof(T) <= payload_.size(), "checkpoint", "payload ends early");
-    T value;
-    std::memcpy(&value, payload_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return value;
+  template <checkpoint_scalar T>
+  T get() {
+    if constexpr (std::is_same_v<T, bool>) {
+      const auto byte = get<std::uint8_t>();
+      expects(byte <= 1, "checkpoint", "a flag holds ", static_cast<int>(byte), " (expected 0 or 1)");
+      return byte == 1;
+    } else {
+      expects(sizeof(T) <= payload_.size() - pos_, "checkpoint", "payload ends early");
+      T value;
+      std::memcpy(&value, payload_.data() + pos_, sizeof(T));
+      pos_ += sizeof(T);
+      return value;
+    }
   }
-  template <class T>
-  requires std::is_trivially_copyable_v<T> std::vector<T> get_array() {
+  /// Skips `bytes` bytes (padding kept for compatibility with files that hold it).
+  void skip(std::size_t bytes) {
+    expects(bytes <= payload_.size() - pos_, "checkpoint", "payload ends early");
+    pos_ += bytes;
+  }
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) std::vector<T> get_array() {
     const auto n = get<std::uint64_t>();
     expects(n <= (payload_.size() - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
     std::vector<T> values(n);
-    std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));
+    if (n != 0)
+      std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));  // an empty vector's data() may be null
     pos_ += n * sizeof(T);
     return values;
   }

@@ -583,13 +583,17 @@ void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job
 namespace zenflow {
 
 namespace detail {
-/// The options a checkpoint must be resumed with (a mismatch is rejected).
+/// The options a checkpoint must be resumed with (a mismatch is rejected). update_interval is
+/// stored as the struct it once was: the flag, 7 zero bytes, the count (files written before the
+/// padding was zeroed hold arbitrary padding, which the reader skips).
 inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
   w.put(static_cast<std::uint8_t>(o.mode));
   w.put(o.topk_ratio);
   w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
   w.put(o.select_interval_steps());
-  w.put(o.update_interval);
+  w.put(o.update_interval.is_auto);
+  for (int i = 0; i < 7; ++i) w.put(std::uint8_t{0});
+  w.put(o.update_interval.value);
   w.put(o.full_warm_up_rounds);
   w.put(o.overlap_step);
   w.put(o.max_update_interval);
@@ -599,13 +603,40 @@ inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
   same = (r.get<float>() == o.topk_ratio) && same;
   same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
   same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
-  same = (r.get<interval_option>() == o.update_interval) && same;
+  same = (r.get<bool>() == o.update_interval.is_auto) && same;
+  r.skip(7);
+  same = (r.get<std::int64_t>() == o.update_interval.value) && same;
   same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
   same = (r.get<bool>() == o.overlap_step) && same;
   same = (r.get<std::int64_t>() == o.max_update_interval) && same;
   expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
           "overlap_step)");
 }
+
+/// The coordinator keeps one 8-byte count per interval since the start of training; a file whose
+/// interval index would need a larger table than this (128 MiB) is rejected as implausible.
+inline constexpr std::int64_t checkpoint_max_intervals = std::int64_t{1} << 24;
+
+/// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
+/// never outlive the buffers declared before this guard. Never throws.
+template <class Backend>
+class synchronize_on_unwind {
+ public:
+  explicit synchronize_on_unwind(typename Backend::stream_type stream) noexcept : stream_(stream) {}
+  synchronize_on_unwind(const synchronize_on_unwind&) = delete;
+  synchronize_on_unwind& operator=(const synchronize_on_unwind&) = delete;
+  ~synchronize_on_unwind() {
+    if (std::uncaught_exceptions() <= exceptions_) return;
+    try {
+      Backend::synchronize(stream_);
+    } catch (...) {
+    }
+  }
+
+ private:
+  typename Backend::stream_type stream_;
+  int exceptions_ = std::uncaught_exceptions();
+};
 }  // namespace detail
 
 template <class Backend, host_optimizer HostOptimizer>
@@ -643,9 +674,9 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
   }
   w.put<std::uint64_t>(params_.size());
-  step_flags identity;
-  device_buffer identity_dev(sizeof(step_flags));
-  Backend::copy_async(identity_dev.data(), &identity, sizeof identity, stream);
+  // The values are gathered with the coordinator's own unit flags (scale 1, no skip): a member,
+  // so no copy of the flags can outlive their buffer.
+  const auto* identity = reinterpret_cast<const step_flags*>(unit_flags_dev_.data());
   for (const auto& p : params_) {
     w.put_string(p.name);
     w.put(p.is_vector);
@@ -678,23 +709,24 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     }
     w.put_array<float>(compact);
     w.put_array<float>(p.accumulator[interval_.index % 2]);
-    std::vector<std::byte> pending;
-    if (pending_interval_) {
-      const auto& buf = p.writeback_dev[*pending_interval_ % 2];
-      pending.resize(buf.bytes());
-      Backend::copy_async(pending.data(), buf.data(), buf.bytes(), stream);
-    }
+    // Every buffer a copy below uses is allocated first and lives until the stream is idle.
+    const device_buffer* pending_dev = pending_interval_ ? &p.writeback_dev[*pending_interval_ % 2] : nullptr;
+    std::vector<std::byte> pending(pending_dev ? pending_dev->bytes() : 0);
     // The model's parameter values, element by element (the view may be strided).
     std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
     std::iota(all.begin(), all.end(), 0);
     device_buffer all_dev(all.size() * sizeof(std::int32_t));
     device_buffer values_dev(p.matrix.rows * p.matrix.cols * dtype_size(p.matrix.type));
-    Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
-    Backend::gather(const_matrix_view(p.matrix), all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
-                    values_dev.data(), p.matrix.type, reinterpret_cast<const step_flags*>(identity_dev.data()), stream);
     std::vector<std::byte> values(values_dev.bytes());
-    Backend::copy_async(values.data(), values_dev.data(), values.size(), stream);
-    Backend::synchronize(stream);
+    {
+      detail::synchronize_on_unwind<Backend> guard(stream);
+      if (pending_dev) Backend::copy_async(pending.data(), pending_dev->data(), pending.size(), stream);
+      Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
+      Backend::gather(const_matrix_view(p.matrix), all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
+                      values_dev.data(), p.matrix.type, identity, stream);
+      Backend::copy_async(values.data(), values_dev.data(), values.size(), stream);
+      Backend::synchronize(stream);
+    }
     w.put_array<std::byte>(pending);
     w.put_array<std::byte>(values);
   }
@@ -706,7 +738,8 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   rethrow_worker_error();
   expects(!started_ && step_ == 0, "load_checkpoint",
           "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
-  // Parse and validate everything first: nothing changes unless the whole file is good.
+  // Parse and validate everything first: nothing changes unless the whole file is good, and what
+  // follows the validation cannot fail on the file's content (only on a backend error).
   detail::checkpoint_reader r(path);
   detail::check_options(r, options_);
   struct saved_parameter {
@@ -729,11 +762,45 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   const auto device_steps = r.get<std::int64_t>();
   const auto current_count = r.get<std::int64_t>();
   const auto pending_count = r.get<std::int64_t>();
-  expects(step >= 0 && interval.index >= 0 && target >= 1 && pending < interval.index && host_steps >= 0 &&
-              device_steps >= 0,
-          "checkpoint", "holds inconsistent counters");
+  // The schedule between two steps (start, step, end_interval, reselect, finish):
+  // - nothing has happened before the first step; every interval spans at least one step, and
+  //   the current one began `steps` steps ago;
+  expects(step >= 0 && (started || step == 0) && interval.index >= 0 && interval.first_step >= interval.index &&
+              interval.first_step <= step && interval.steps == step - interval.first_step,
+          "checkpoint", "holds an inconsistent position: step ", step, ", interval ", interval.index, " begun at step ",
+          interval.first_step, " with ", interval.steps, " steps");
+  expects(interval.index < detail::checkpoint_max_intervals, "checkpoint", "holds interval index ", interval.index,
+          " (at most ", detail::checkpoint_max_intervals, " are supported)");
+  // - an interval ends when it reaches its target: 1 in warm-up and before the first step, else the
+  //   fixed update_interval, or with "auto" a count in [1, max_update_interval];
+  const std::int64_t max_target =
+      options_.update_interval.is_auto ? options_.max_update_interval : options_.update_interval.value;
+  expects(target >= 1 && target <= max_target && interval.steps < target && (started || target == 1), "checkpoint",
+          "holds an update interval target of ", target, " with ", interval.steps, " steps done (options allow 1 to ",
+          max_target, ")");
+  // - only the interval before the current one can await its write-back, and only when ZenFlow
+  //   overlaps the CPU update;
+  const bool overlapping = options_.mode == offload_mode::zenflow && options_.overlap_step;
+  expects(pending == -1 || (overlapping && pending == interval.index - 1), "checkpoint", "holds pending interval ",
+          pending, " in interval ", interval.index, overlapping ? "" : " (these options never leave one pending)");
+  // - counts never exceed what they count: non-skipped steps of an interval, one CPU update per
+  //   ended interval, one GPU update per step;
+  expects(current_count >= 0 && current_count <= interval.steps && pending_count >= 0 &&
+              (pending >= 0 ? pending_count <= interval.first_step : pending_count == 0),
+          "checkpoint", "holds accumulated step counts ", current_count, " and ", pending_count,
+          " inconsistent with its interval position");
+  expects(host_steps >= 0 && host_steps <= interval.index && device_steps >= 0 && device_steps <= step, "checkpoint",
+          "holds optimizer step counts ", host_steps, " (CPU) and ", device_steps, " (GPU) for ", interval.index,
+          " intervals and ", step, " steps");
+  expects(overlap >= 0.0 && overlap <= 1.0, "checkpoint", "holds selection overlap ", overlap, " (not in [0, 1])");
   const auto count = r.get<std::uint64_t>();
   expects(count == params_.size(), "checkpoint", "holds ", count, " parameters, ", params_.size(), " are registered");
+  // A selection exists from the first selection on (never in warm-up or ZeRO-Offload, where every
+  // column stays on the CPU), for every 2-D parameter at once, with the selector's k columns (all
+  // of them in dense mode).
+  const bool selection_possible =
+      started && options_.mode != offload_mode::zero_offload && step >= options_.full_warm_up_rounds;
+  std::size_t selected = 0, unselected = 0, cpu_columns = 0;
   std::vector<saved_parameter> saved(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
@@ -773,14 +840,31 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     bool sorted =
         std::adjacent_find(s.selection.begin(), s.selection.end(), std::greater_equal<>()) == s.selection.end();
     for (auto c : s.selection) sorted = sorted && c >= 0 && c < cols;
-    const std::size_t cpu_cols = static_cast<std::size_t>(cols) - s.selection.size();
-    expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && sorted &&
-                s.compact.size() == 3 * s.selection.size() * rows && s.accumulator.size() == cpu_cols * rows &&
-                (pending < 0 ? s.pending.empty() : s.pending.size() == cpu_cols * rows * dtype_size(type)) &&
+    const std::size_t k = s.selection.size();
+    const std::size_t expected_k = options_.mode == offload_mode::dense ? static_cast<std::size_t>(cols)
+                                   : options_.mode == offload_mode::zero_offload
+                                       ? 0
+                                       : static_cast<std::size_t>(selector_.k(p.selector_index));
+    expects(sorted && (k == 0 || (selection_possible && k == expected_k)), "checkpoint", "parameter '", name,
+            "' has a selection of ", k, " columns (expected ", selection_possible ? expected_k : 0,
+            ", ascending, each in [0, ", cols, "))");
+    (k == 0 ? unselected : selected) += 1;
+    const std::size_t cpu_cols = static_cast<std::size_t>(cols) - k;
+    cpu_columns += cpu_cols;
+    // The accumulator and staging buffers exist from the first step on.
+    expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && s.compact.size() == 3 * k * rows &&
+                s.accumulator.size() == (started ? cpu_cols * rows : 0) &&
+                s.pending.size() == (pending < 0 ? 0 : cpu_cols * rows * dtype_size(type)) &&
                 s.values.size() == n * dtype_size(type),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
+  expects(selected == 0 || unselected == 0, "checkpoint", "holds a selection for ", selected, " of ",
+          selected + unselected, " 2-D parameters (all or none)");
+  expects(cpu_columns > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(interval.index + 1), 0);
+  counts[static_cast<std::size_t>(interval.index)] = current_count;
+  if (pending >= 0) counts[static_cast<std::size_t>(pending)] = pending_count;
 
   // Apply.
   started_ = started;
@@ -793,9 +877,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   host_opt_.set_step_count(host_steps);
   {
     std::lock_guard lock(mutex_);
-    accumulated_counts_.assign(static_cast<std::size_t>(interval.index + 1), 0);
-    accumulated_counts_[interval.index] = current_count;
-    if (pending >= 0) accumulated_counts_[pending] = pending_count;
+    accumulated_counts_ = std::move(counts);
     offloaded_through_step_ = step - 1;
     stats_ready_step_ = step - 1;
     accumulated_interval_ = interval.index - 1;
@@ -822,17 +904,23 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
       p.device_index = Backend::add_matrix(
           device_opt_, p.matrix, s.selection,
           std::span<const float>(reinterpret_cast<const float*>(compact_dev.data()), s.compact.size()), stream);
-      selector_.set_selection(p.selector_index, s.selection);
+      // Dense mode does not use the selector (whose k may be smaller than every column).
+      if (options_.mode == offload_mode::zenflow) selector_.set_selection(p.selector_index, s.selection);
     }
-    p.selection = s.selection;
-    p.complement = complement_columns(p.selection, p.matrix.cols);
-    setup_buffers(p, stream);
-    p.accumulator[interval.index % 2] = s.accumulator;
-    if (pending >= 0)
-      Backend::copy_async(p.writeback_dev[pending % 2].data(), s.pending.data(), s.pending.size(), stream);
+    // Before the first step a coordinator has no selection, CPU column list or staging buffers
+    // yet (start() makes them).
+    if (started) {
+      p.selection = s.selection;
+      p.complement = complement_columns(p.selection, p.matrix.cols);
+      setup_buffers(p, stream);
+      p.accumulator[interval.index % 2] = std::move(s.accumulator);
+    }
     std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
     std::iota(all.begin(), all.end(), 0);
     device_buffer all_dev(all.size() * sizeof(std::int32_t)), values_dev(s.values.size());
+    detail::synchronize_on_unwind<Backend> guard(stream);
+    if (pending >= 0)
+      Backend::copy_async(p.writeback_dev[pending % 2].data(), s.pending.data(), s.pending.size(), stream);
     Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
     Backend::copy_async(values_dev.data(), s.values.data(), s.values.size(), stream);
     Backend::scatter(values_dev.data(), p.matrix.type, all, reinterpret_cast<const std::int32_t*>(all_dev.data()),

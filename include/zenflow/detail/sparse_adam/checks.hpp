@@ -18,9 +18,10 @@ inline void check_sorted_columns(std::span<const std::int32_t> selection, index_
   for (std::size_t i = 0; i < selection.size(); ++i) {
     expects(selection[i] >= 0 && selection[i] < cols, argument, "column index ", selection[i], " at position ", i,
             " is outside [0, ", cols, ")");
-    expects(i == 0 || selection[i - 1] < selection[i], argument,
-            "column indices must be strictly ascending: ", selection[i - 1], " then ", selection[i], " at position ",
-            i);
+    // The message's arguments are evaluated even when i == 0: never form selection[-1].
+    const std::size_t previous = i == 0 ? 0 : i - 1;
+    expects(i == 0 || selection[previous] < selection[i], argument, "column indices must be strictly ascending: ",
+            selection[previous], " then ", selection[i], " at position ", i);
   }
 }
 
