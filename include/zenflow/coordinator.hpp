@@ -481,6 +481,7 @@ class basic_coordinator {
   void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
   void reselect(stream_type stream);
   void end_interval(stream_type stream, bool synchronous, std::int64_t last_step);
+  void begin_interval(std::int64_t index, std::int64_t first_step);
   void write_back(std::int64_t interval, stream_type stream, const char* reason, std::int64_t at_end_of);
   void setup_buffers(parameter& p, stream_type stream);
   [[nodiscard]] bool has_cpu_columns() const noexcept {
@@ -532,7 +533,10 @@ class basic_coordinator {
   std::int64_t offloaded_through_step_ = -1;      // every gradient of steps <= this is accumulated
   std::int64_t stats_ready_step_ = -1;            // the flags of steps <= this are recorded (stats_ready_)
   std::int64_t accumulated_interval_ = -1;        // intervals <= this are fully accumulated
-  std::vector<std::int64_t> accumulated_counts_;  // non-skipped steps per interval (by index)
+  // Non-skipped steps per interval, by index % 4: at most three intervals are live at once (one
+  // awaiting its write-back, one in its CPU update, one accumulating).
+  std::array<std::int64_t, 4> accumulated_counts_{};
+  std::int64_t& accumulated_count(std::int64_t interval) { return accumulated_counts_[interval % 4]; }
   std::int64_t updated_interval_ = -1;            // CPU updates of intervals <= this are done
   std::vector<update_record> trace_;
   double last_update_seconds_ = 0.0;

@@ -118,10 +118,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     m.train(1);
     m.coordinator().finish(&m.stream());
-  } catch (const zenflow::error&) {
-    // A loaded state may hold NaN weights, whose gradients a reselection rejects.
   } catch (const std::exception& e) {
-    fail("training after the load threw something other than zenflow::error:", e.what());
+    // A loaded state may hold NaN weights: their steps are skipped, nothing throws.
+    fail("training after the load threw:", e.what());
   }
   return 0;
 }

@@ -219,8 +219,9 @@ class checkpoint_document {
     };
     scalar("options", 47);
     for (const char* name : {"step", "started", "interval", "first_step", "steps", "target", "pending", "overlap",
-                             "host_steps", "device_steps", "current_count", "pending_count", "parameters"})
-      scalar(name, std::string(name) == "started" ? 1 : 8);
+                             "selection_due", "host_steps", "device_steps", "current_count", "pending_count",
+                             "parameters"})
+      scalar(name, std::string(name) == "started" || std::string(name) == "selection_due" ? 1 : 8);
     std::uint64_t parameters = 0;
     std::memcpy(&parameters, fields_.back().bytes.data(), 8);
     for (std::uint64_t i = 0; i < parameters; ++i) {
@@ -228,6 +229,8 @@ class checkpoint_document {
       const std::string name(name_chars.begin(), name_chars.end());
       fields_.back().name = name + ".name";
       const bool is_vector = scalar(name + ".is_vector", 1)[0] != 0;
+      scalar(name + ".lr", 4);
+      scalar(name + ".weight_decay", 4);
       if (is_vector) {
         scalar(name + ".size", 8);
         scalar(name + ".type", 1);

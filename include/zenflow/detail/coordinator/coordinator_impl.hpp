@@ -181,7 +181,6 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
     update_job job{i, synchronous, {}};
     for (const auto& p : params_) job.adam.push_back(p.adam);
     update_jobs_.push_back(std::move(job));
-    if (accumulated_counts_.size() <= static_cast<std::size_t>(i)) accumulated_counts_.resize(i + 1, 0);
     if (config_.record_trace) {
       update_record r;
       r.interval = i;
@@ -199,7 +198,14 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
     write_back(i, stream, "synchronous CPU update", last_step);
   else
     pending_interval_ = i;
-  interval_ = {i + 1, last_step + 1, 0};
+  begin_interval(i + 1, last_step + 1);
+}
+
+template <class Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::begin_interval(std::int64_t index, std::int64_t first_step) {
+  interval_ = {index, first_step, 0};
+  std::lock_guard lock(mutex_);
+  accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
 }
 
 template <class Backend, host_optimizer HostOptimizer>
@@ -209,7 +215,7 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
   bool applied;
   {
     std::lock_guard lock(mutex_);
-    applied = accumulated_counts_[i] > 0;
+    applied = accumulated_count(i) > 0;
     for (auto& r : trace_)
       if (r.interval == i) {
         r.written_back_at = at_end_of;
@@ -396,7 +402,7 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
     if (has_cpu_columns())
       end_interval(stream, /*synchronous=*/!overlapped(), step_);
     else
-      interval_ = {interval_.index + 1, step_ + 1, 0};
+      begin_interval(interval_.index + 1, step_ + 1);
   }
   for (auto& p : params_) p.has_grad = p.offloaded = false;
   in_step_ = false;
@@ -476,9 +482,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
           accumulated_interval_ = job.interval;
         } else {
           if (job.flags != nullptr && !job.flags->skip) {
-            if (accumulated_counts_.size() <= static_cast<std::size_t>(job.interval))
-              accumulated_counts_.resize(job.interval + 1, 0);
-            ++accumulated_counts_[job.interval];
+            ++accumulated_count(job.interval);
           }
           offloaded_through_step_ = job.step;
         }
@@ -541,7 +545,7 @@ void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job
   std::int64_t count;
   {
     std::lock_guard lock(mutex_);
-    count = accumulated_counts_[job.interval];
+    count = accumulated_count(job.interval);
   }
   if (count > 0) {
     // The write-back of interval i-2 read writeback_dev[b]: it must have run before we refill it.
@@ -613,9 +617,6 @@ inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
           "overlap_step)");
 }
 
-/// The coordinator keeps one 8-byte count per interval since the start of training; a file whose
-/// interval index would need a larger table than this (128 MiB) is rejected as implausible.
-inline constexpr std::int64_t checkpoint_max_intervals = std::int64_t{1} << 24;
 
 /// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
 /// never outlive the buffers declared before this guard. Never throws.
@@ -668,7 +669,7 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
   {
     std::lock_guard lock(mutex_);
     auto count = [&](std::int64_t i) {
-      return i >= 0 && static_cast<std::size_t>(i) < accumulated_counts_.size() ? accumulated_counts_[i] : 0;
+      return i >= 0 ? accumulated_count(i) : std::int64_t{0};
     };
     w.put(count(interval_.index));
     w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
@@ -769,12 +770,10 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
               interval.first_step <= step && interval.steps == step - interval.first_step,
           "checkpoint", "holds an inconsistent position: step ", step, ", interval ", interval.index, " begun at step ",
           interval.first_step, " with ", interval.steps, " steps");
-  expects(interval.index < detail::checkpoint_max_intervals, "checkpoint", "holds interval index ", interval.index,
-          " (at most ", detail::checkpoint_max_intervals, " are supported)");
   // - an interval ends when it reaches its target: 1 in warm-up and before the first step, else the
   //   fixed update_interval, or with "auto" a count in [1, max_update_interval];
   const std::int64_t max_target =
-      options_.update_interval.is_auto ? options_.max_update_interval : options_.update_interval.value;
+      options_.update_interval.is_auto ? options_.effective_max_update_interval() : options_.update_interval.value;
   expects(target >= 1 && target <= max_target && interval.steps < target && (started || target == 1), "checkpoint",
           "holds an update interval target of ", target, " with ", interval.steps, " steps done (options allow 1 to ",
           max_target, ")");
@@ -862,9 +861,6 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   expects(selected == 0 || unselected == 0, "checkpoint", "holds a selection for ", selected, " of ",
           selected + unselected, " 2-D parameters (all or none)");
   expects(cpu_columns > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(interval.index + 1), 0);
-  counts[static_cast<std::size_t>(interval.index)] = current_count;
-  if (pending >= 0) counts[static_cast<std::size_t>(pending)] = pending_count;
 
   // Apply.
   started_ = started;
@@ -877,7 +873,9 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   host_opt_.set_step_count(host_steps);
   {
     std::lock_guard lock(mutex_);
-    accumulated_counts_ = std::move(counts);
+    accumulated_counts_ = {};
+    accumulated_count(interval.index) = current_count;
+    if (pending >= 0) accumulated_count(pending) = pending_count;
     offloaded_through_step_ = step - 1;
     stats_ready_step_ = step - 1;
     accumulated_interval_ = interval.index - 1;
