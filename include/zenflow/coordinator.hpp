@@ -186,13 +186,14 @@ class basic_coordinator {
     std::lock_guard lock(mutex_);
     return trace_;
   }
-  /// The CPU optimizer, for reading its state. Only while no CPU update is pending (the update
-  /// worker writes that state): in sync modes between steps, in async mode after finish(); throws
-  /// `zenflow::error` otherwise. The reference is valid until the next step().
+  /// The CPU optimizer, for reading its state between steps. Waits for CPU updates already
+  /// launched (the update worker writes that state); the state then stays as it is until the next
+  /// step(), which is how long the reference may be used. A result that is not yet written back is
+  /// already in it.
   [[nodiscard]] const HostOptimizer& host_optimizer() const {
-    rethrow_worker_error();
-    expects(!pending_interval_, "host_optimizer", "the CPU update of interval ", pending_interval_.value_or(-1),
-            " is still pending (overlap_step): call finish() before reading the CPU optimizer state");
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return updated_interval_ >= launched_interval_ || failed_; });
+    if (worker_error_) std::rethrow_exception(worker_error_);
     return host_opt_;
   }
   [[nodiscard]] const device_optimizer_type& device_optimizer() const noexcept { return device_opt_; }
@@ -527,7 +528,7 @@ class basic_coordinator {
 
   // Shared with the workers (mutex_).
   mutable std::mutex mutex_;
-  std::condition_variable cv_;
+  mutable std::condition_variable cv_;
   std::deque<offload_job> offload_jobs_;
   std::deque<update_job> update_jobs_;
   std::int64_t offloaded_through_step_ = -1;      // every gradient of steps <= this is accumulated
@@ -538,6 +539,7 @@ class basic_coordinator {
   std::array<std::int64_t, 4> accumulated_counts_{};
   std::int64_t& accumulated_count(std::int64_t interval) { return accumulated_counts_[interval % 4]; }
   std::int64_t updated_interval_ = -1;            // CPU updates of intervals <= this are done
+  std::int64_t launched_interval_ = -1;           // CPU updates of intervals <= this were handed over
   std::vector<update_record> trace_;
   double last_update_seconds_ = 0.0;
   std::exception_ptr worker_error_;

@@ -181,6 +181,7 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
     update_job job{i, synchronous, {}};
     for (const auto& p : params_) job.adam.push_back(p.adam);
     update_jobs_.push_back(std::move(job));
+    launched_interval_ = i;
     if (config_.record_trace) {
       update_record r;
       r.interval = i;
@@ -879,7 +880,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     offloaded_through_step_ = step - 1;
     stats_ready_step_ = step - 1;
     accumulated_interval_ = interval.index - 1;
-    updated_interval_ = interval.index - 1;
+    updated_interval_ = launched_interval_ = interval.index - 1;
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
