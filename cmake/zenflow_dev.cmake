@@ -12,7 +12,7 @@ target_compile_options(zenflow_dev INTERFACE
   $<$<COMPILE_LANG_AND_ID:CXX,GNU>:-Wno-error=restrict>
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --expt-relaxed-constexpr -Xcudafe=--display_error_number>)
 if(ZENFLOW_ENABLE_CUDA)
-  # fmt 9 under nvcc in C++20 needs this (see docs/DESIGN notes); harmless elsewhere.
+  # fmt 9 under nvcc in C++20 needs this (fmt's constexpr detection fails there); harmless elsewhere.
   target_compile_definitions(zenflow_dev INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:FMT_USE_CONSTEXPR=1>)
 endif()
 

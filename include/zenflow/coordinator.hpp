@@ -1,4 +1,4 @@
-// The bounded-async coordinator: the whole ZenFlow step (../shared/DESIGN.md, "The method").
+// The bounded-async coordinator: the whole ZenFlow step (README.md, "The schedule in one paragraph").
 //
 //   trainer thread        submit_gradient(i, grad, stream) ... step(stream)
 //   trainer stream        statistics -> GPU sparse Adam (selected columns, 1-D params)
