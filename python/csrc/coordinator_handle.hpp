@@ -1,0 +1,167 @@
+// zenflow.torch: one type-erased handle over basic_coordinator, so that the Python binding (g++,
+// host_coordinator) and the CUDA translation unit (nvcc, cuda_coordinator) share one interface.
+//
+// The handle takes zenflow views and an opaque stream (`void*`): a cudaStream_t for the CUDA
+// backend; ignored by the host backend, which owns the host_stream that plays the GPU stream and
+// synchronizes it at the end of every call that enqueued work (torch's CPU tensors are read by the
+// next forward pass right away).
+//
+// Features the coordinator may or may not offer yet are detected at compile time (see
+// `coordinator_features`), so the binding builds against today's coordinator and picks the new
+// calls up when they land.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "zenflow/coordinator.hpp"
+#include "zenflow/host_stream.hpp"
+
+namespace zenflow_torch {
+
+/// What the compiled-in coordinator supports beyond the base schedule.
+struct features {
+  bool set_adam_options = false;        ///< hyper-parameters can change between steps
+  bool per_parameter_adam = false;      ///< register_parameter takes per-parameter adam_options
+  bool skips_missing_gradients = false; ///< step() leaves a parameter without a gradient unchanged
+};
+
+template <class Coordinator>
+struct coordinator_features {
+  // TODO(merge, issue 16): these three follow the coordinator API the lead is adding
+  // (set_adam_options, a trailing adam_options argument of register_parameter, step() skipping
+  // parameters without a gradient). The first two are detected; the third has no signature to
+  // detect: set it to true when the C++ change lands.
+  static constexpr bool set_adam_options = requires(Coordinator& c, std::size_t i, const zenflow::adam_options& a) {
+    c.set_adam_options(i, a);
+  };
+  static constexpr bool per_parameter_adam =
+      requires(Coordinator& c, std::string n, zenflow::matrix_view p, zenflow::const_matrix_view init,
+               zenflow::dtype t, const zenflow::adam_options& a) { c.register_parameter(n, p, init, t, a); };
+  static constexpr bool skips_missing_gradients = false;
+};
+
+/// The coordinator behind a virtual interface (one instance per optimizer).
+class handle {
+ public:
+  virtual ~handle() = default;
+  [[nodiscard]] virtual features supported() const noexcept = 0;
+  [[nodiscard]] virtual const char* backend() const noexcept = 0;
+  virtual std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
+                                 zenflow::dtype grad_type, const zenflow::adam_options& adam) = 0;
+  virtual std::size_t add_vector(std::string name, zenflow::vector_view param, std::span<const float> initial,
+                                 const zenflow::adam_options& adam) = 0;
+  virtual void submit(std::size_t i, zenflow::const_matrix_view grad, void* stream) = 0;
+  virtual void submit(std::size_t i, zenflow::const_vector_view grad, void* stream) = 0;
+  virtual zenflow::step_metrics step(void* stream) = 0;
+  virtual void finish(void* stream) = 0;
+  virtual void save(const std::string& path, void* stream) = 0;
+  virtual void load(const std::string& path, void* stream) = 0;
+  virtual void set_adam_options(std::size_t i, const zenflow::adam_options& adam) = 0;
+  [[nodiscard]] virtual zenflow::step_metrics metrics() const = 0;
+  [[nodiscard]] virtual std::vector<zenflow::update_record> trace() const = 0;
+  [[nodiscard]] virtual std::vector<std::int32_t> gpu_columns(std::size_t i) const = 0;
+  [[nodiscard]] virtual std::int64_t step_count() const = 0;
+};
+
+/// The handle over one coordinator type (host_coordinator or cuda_coordinator).
+template <class Coordinator>
+class coordinator_handle final : public handle {
+  using stream_type = typename Coordinator::stream_type;
+  static constexpr bool host = std::is_same_v<stream_type, zenflow::host_stream*>;
+  using traits = coordinator_features<Coordinator>;
+
+ public:
+  coordinator_handle(const zenflow::zenflow_options& options, const zenflow::coordinator_config& config)
+      : coordinator_(options, config) {}
+
+  [[nodiscard]] features supported() const noexcept override {
+    return {traits::set_adam_options, traits::per_parameter_adam, traits::skips_missing_gradients};
+  }
+  [[nodiscard]] const char* backend() const noexcept override { return Coordinator::backend_type::name; }
+
+  std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
+                         zenflow::dtype grad_type, const zenflow::adam_options& adam) override {
+    if constexpr (traits::per_parameter_adam) {
+      return coordinator_.register_parameter(std::move(name), param, initial, grad_type, adam);
+    } else {
+      require_global_adam(adam);
+      return coordinator_.register_parameter(std::move(name), param, initial, grad_type);
+    }
+  }
+  std::size_t add_vector(std::string name, zenflow::vector_view param, std::span<const float> initial,
+                         const zenflow::adam_options& adam) override {
+    if constexpr (traits::per_parameter_adam) {
+      return coordinator_.register_parameter(std::move(name), param, initial, adam);
+    } else {
+      require_global_adam(adam);
+      return coordinator_.register_parameter(std::move(name), param, initial);
+    }
+  }
+  void submit(std::size_t i, zenflow::const_matrix_view grad, void* stream) override {
+    coordinator_.submit_gradient(i, grad, to_stream(stream));
+  }
+  void submit(std::size_t i, zenflow::const_vector_view grad, void* stream) override {
+    coordinator_.submit_gradient(i, grad, to_stream(stream));
+  }
+  zenflow::step_metrics step(void* stream) override {
+    zenflow::step_metrics m = coordinator_.step(to_stream(stream));
+    if constexpr (host) stream_.synchronize();
+    return m;
+  }
+  void finish(void* stream) override { coordinator_.finish(to_stream(stream)); }
+  void save(const std::string& path, void* stream) override { coordinator_.save_checkpoint(path, to_stream(stream)); }
+  void load(const std::string& path, void* stream) override { coordinator_.load_checkpoint(path, to_stream(stream)); }
+  void set_adam_options(std::size_t i, const zenflow::adam_options& adam) override {
+    if constexpr (traits::set_adam_options) {
+      coordinator_.set_adam_options(i, adam);
+    } else {
+      (void)i;
+      require_global_adam(adam);
+    }
+  }
+  [[nodiscard]] zenflow::step_metrics metrics() const override { return coordinator_.metrics(); }
+  [[nodiscard]] std::vector<zenflow::update_record> trace() const override { return coordinator_.trace(); }
+  [[nodiscard]] std::vector<std::int32_t> gpu_columns(std::size_t i) const override {
+    const auto c = coordinator_.gpu_columns(i);
+    return {c.begin(), c.end()};
+  }
+  [[nodiscard]] std::int64_t step_count() const override { return coordinator_.step_count(); }
+
+ private:
+  stream_type to_stream(void* stream) {
+    if constexpr (host) {
+      (void)stream;
+      return &stream_;
+    } else {
+      return static_cast<stream_type>(stream);
+    }
+  }
+  // Without per-parameter options the coordinator has one set, fixed at construction.
+  void require_global_adam(const zenflow::adam_options& a) const {
+    const auto& o = coordinator_.options().adam;
+    zenflow::expects(a.lr == o.lr && a.beta1 == o.beta1 && a.beta2 == o.beta2 && a.eps == o.eps &&
+                         a.weight_decay == o.weight_decay && a.adamw_mode == o.adamw_mode,
+                     "adam_options",
+                     "this build's coordinator has one set of Adam hyper-parameters, fixed at construction: "
+                     "per-parameter or changing values need its set_adam_options");
+  }
+
+  // The host "GPU stream" outlives the coordinator, whose destructor waits for events on it.
+  [[no_unique_address]] std::conditional_t<host, zenflow::host_stream, std::monostate> stream_;
+  Coordinator coordinator_;
+};
+
+/// Defined in cuda_coordinator.cu when the CUDA backend is built.
+std::unique_ptr<handle> make_cuda_handle(const zenflow::zenflow_options& options,
+                                         const zenflow::coordinator_config& config);
+
+}  // namespace zenflow_torch
