@@ -340,6 +340,17 @@ PYBIND11_MODULE(_C, m) {
   m.attr("cuda_reason") = std::string(ZENFLOW_TORCH_CUDA_REASON);
   m.attr("version") = std::to_string(ZENFLOW_VERSION_MAJOR) + "." + std::to_string(ZENFLOW_VERSION_MINOR) + "." +
                       std::to_string(ZENFLOW_VERSION_PATCH);
+  m.def(
+      "features",
+      [] {
+        using traits = zenflow_torch::coordinator_features<zenflow::host_coordinator>;
+        py::dict d;
+        d["set_adam_options"] = traits::set_adam_options;
+        d["per_parameter_adam"] = traits::per_parameter_adam;
+        d["skips_missing_gradients"] = traits::skips_missing_gradients;
+        return d;
+      },
+      "What this build's coordinator supports beyond the base schedule");
   py::class_<coordinator>(m, "Coordinator")
       .def(py::init<const py::dict&, const py::dict&, const std::string&>(), py::arg("options"), py::arg("config"),
            py::arg("device"))
