@@ -440,23 +440,27 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                                      f"param_groups[0]'s, and this build's coordinator has one set for all "
                                      f"parameters (no per-parameter Adam options)")
         self._group_index = []
+        # The coordinator writes through the registered storage until it is closed: keep that
+        # storage alive even if a parameter's .data is replaced (which step() then rejects).
+        self._registered = [p.detach() for p in self._params]
         index = 0
         try:
             for gi, g in enumerate(self.param_groups):
                 self._group_index.append([])
                 for p in g["params"]:
                     name = self._names[index]
+                    view = self._registered[index]
                     if p.dim() >= 2:
-                        k = core.add_matrix(name, p.detach(), int(g.get("column_dim", 1)), adams[gi])
+                        k = core.add_matrix(name, view, int(g.get("column_dim", 1)), adams[gi])
                     else:
-                        k = core.add_vector(name, p.detach(), adams[gi])
+                        k = core.add_vector(name, view, adams[gi])
                     assert k == index
                     self._group_index[gi].append(index)
                     index += 1
         except Exception:
             core.close()
             raise
-        self._data_ptrs = [p.data_ptr() for p in self._params]
+        self._data_ptrs = [p.data_ptr() for p in self._registered]
         self._pushed = adams
         self._core = core
         return core
