@@ -1,0 +1,373 @@
+// zenflow.torch._C: the coordinator for torch tensors.
+//
+// The Python layer (zenflow/torch/optim.py) validates its arguments and names them; this module
+// turns tensors into zenflow views (the host-framework contract: pointer, extents, strides, dtype,
+// memory space) and forwards to the coordinator handle of the tensors' backend. A zenflow::error
+// reaches Python as zenflow.torch.ZenFlowError (a ValueError).
+//
+// Columns: a 2-D parameter is seen as W[rows, cols] whose *columns* are its input channels.
+//   column_dim 1 (nn.Linear.weight [out, in], any other 2-D or flattened N-D weight): a column is
+//     W[:, j], strided -- matrix_view row_major(out, in).
+//   column_dim 0 (nn.Embedding.weight [num_embeddings, dim]): a column is one embedding, W[j, :],
+//     contiguous -- matrix_view column_contiguous(rows = dim, cols = num_embeddings).
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coordinator_handle.hpp"
+#include "zenflow/version.hpp"
+
+namespace py = pybind11;
+
+namespace zenflow_torch {
+namespace {
+
+#ifndef ZENFLOW_TORCH_CUDA_REASON
+#define ZENFLOW_TORCH_CUDA_REASON ""
+#endif
+
+#ifdef ZENFLOW_TORCH_WITH_CUDA
+constexpr bool with_cuda = true;
+#else
+constexpr bool with_cuda = false;
+std::unique_ptr<handle> make_cuda_handle_stub(const zenflow::zenflow_options&, const zenflow::coordinator_config&) {
+  throw zenflow::error("device", std::string("zenflow.torch was built without its CUDA backend: ") +
+                                     ZENFLOW_TORCH_CUDA_REASON);
+}
+#endif
+
+zenflow::dtype to_dtype(const at::Tensor& t, const char* argument) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return zenflow::dtype::f32;
+    case at::kBFloat16: return zenflow::dtype::bf16;
+    case at::kHalf: return zenflow::dtype::f16;
+    default:
+      throw zenflow::error(argument, std::string("dtype ") + c10::toString(t.scalar_type()) +
+                                         " is not supported (float32, bfloat16, float16)");
+  }
+}
+
+zenflow::memory_space to_space(const at::Tensor& t) {
+  return t.is_cuda() ? zenflow::memory_space::device : zenflow::memory_space::host;
+}
+
+template <class T>
+T get(const py::dict& d, const char* key) {
+  zenflow::expects(d.contains(key), key, "missing");
+  return d[key].cast<T>();
+}
+
+zenflow::interval_option to_interval(const py::dict& d, const char* key) {
+  zenflow::expects(d.contains(key), key, "missing");
+  py::object v = d[key];
+  if (py::isinstance<py::str>(v)) {
+    zenflow::expects(v.cast<std::string>() == "auto", key, "must be \"auto\" or an integer");
+    return zenflow::interval_option::automatic();
+  }
+  return zenflow::interval_option::fixed(v.cast<std::int64_t>());
+}
+
+zenflow::adam_options to_adam(const py::dict& d) {
+  zenflow::adam_options a;
+  a.lr = get<float>(d, "lr");
+  a.beta1 = get<float>(d, "beta1");
+  a.beta2 = get<float>(d, "beta2");
+  a.eps = get<float>(d, "eps");
+  a.weight_decay = get<float>(d, "weight_decay");
+  a.adamw_mode = get<bool>(d, "adamw_mode");
+  a.validate();
+  return a;
+}
+
+zenflow::zenflow_options to_options(const py::dict& d) {
+  zenflow::zenflow_options o;
+  const auto mode = get<std::string>(d, "mode");
+  if (mode == "zenflow") {
+    o.mode = zenflow::offload_mode::zenflow;
+  } else if (mode == "zero_offload") {
+    o.mode = zenflow::offload_mode::zero_offload;
+  } else if (mode == "dense") {
+    o.mode = zenflow::offload_mode::dense;
+  } else {
+    throw zenflow::error("mode", "must be zenflow, zero_offload or dense, got " + mode);
+  }
+  o.topk_ratio = get<float>(d, "topk_ratio");
+  const auto strategy = get<std::string>(d, "select_strategy");
+  if (strategy == "auto") {
+    o.select_strategy = zenflow::selection_strategy::automatic;
+  } else if (strategy == "step") {
+    o.select_strategy = zenflow::selection_strategy::step;
+  } else if (strategy == "epoch") {
+    o.select_strategy = zenflow::selection_strategy::epoch;
+  } else {
+    throw zenflow::error("select_strategy", "must be auto, step or epoch, got " + strategy);
+  }
+  o.select_interval = to_interval(d, "select_interval");
+  o.update_interval = to_interval(d, "update_interval");
+  o.full_warm_up_rounds = get<std::int64_t>(d, "full_warm_up_rounds");
+  o.overlap_step = get<bool>(d, "overlap_step");
+  o.steps_per_epoch = get<std::int64_t>(d, "steps_per_epoch");
+  o.auto_select_steps = get<std::int64_t>(d, "auto_select_steps");
+  o.max_update_interval = get<std::int64_t>(d, "max_update_interval");
+  o.max_grad_norm = get<float>(d, "max_grad_norm");
+  o.adam = to_adam(get<py::dict>(d, "adam"));
+  o.validate();
+  return o;
+}
+
+zenflow::coordinator_config to_config(const py::dict& d) {
+  zenflow::coordinator_config c;
+  c.cpu_threads = get<std::size_t>(d, "cpu_threads");
+  c.pin_threads = get<bool>(d, "pin_threads");
+  c.d2h_slot_bytes = get<std::size_t>(d, "d2h_slot_bytes");
+  c.d2h_slots = get<std::size_t>(d, "d2h_slots");
+  c.h2d_slot_bytes = get<std::size_t>(d, "h2d_slot_bytes");
+  c.h2d_slots = get<std::size_t>(d, "h2d_slots");
+  c.record_trace = get<bool>(d, "record_trace");
+  return c;
+}
+
+py::dict to_dict(const zenflow::step_metrics& m) {
+  py::dict d;
+  d["step"] = m.step;
+  d["stall_seconds"] = m.stall_seconds;
+  d["stall_reason"] = m.stall_reason;
+  d["cpu_update_seconds"] = m.cpu_update_seconds;
+  d["bytes_device_to_host"] = m.bytes_device_to_host;
+  d["bytes_host_to_device"] = m.bytes_host_to_device;
+  d["selection_overlap"] = m.selection_overlap;
+  d["interval"] = m.interval;
+  d["reselected"] = m.reselected;
+  d["cpu_update_launched"] = m.cpu_update_launched;
+  d["written_back"] = m.written_back;
+  return d;
+}
+
+void* to_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+/// How one registered parameter is viewed.
+struct layout {
+  bool is_vector = false;
+  int column_dim = 1;
+  zenflow::index_t rows = 0;
+  zenflow::index_t cols = 0;
+  at::ScalarType type = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+/// The 2-D view of a contiguous tensor under `column_dim` (see the file comment).
+template <class View, class Ptr>
+View matrix_of(Ptr data, const layout& l, zenflow::dtype type, zenflow::memory_space space) {
+  return l.column_dim == 1 ? View::row_major(data, l.rows, l.cols, type, space)
+                           : View::column_contiguous(data, l.rows, l.cols, type, space);
+}
+
+class coordinator {
+ public:
+  coordinator(const py::dict& options, const py::dict& config, const std::string& device) {
+    const auto o = to_options(options);
+    const auto c = to_config(config);
+    if (device == "cpu") {
+      handle_ = std::make_unique<coordinator_handle<zenflow::host_coordinator>>(o, c);
+    } else if (device == "cuda") {
+#ifdef ZENFLOW_TORCH_WITH_CUDA
+      handle_ = make_cuda_handle(o, c);
+#else
+      handle_ = make_cuda_handle_stub(o, c);
+#endif
+    } else {
+      throw zenflow::error("device", "must be cpu or cuda, got " + device);
+    }
+    device_ = device;
+  }
+
+  py::dict features() const {
+    const auto f = h().supported();
+    py::dict d;
+    d["set_adam_options"] = f.set_adam_options;
+    d["per_parameter_adam"] = f.per_parameter_adam;
+    d["skips_missing_gradients"] = f.skips_missing_gradients;
+    return d;
+  }
+  std::string backend() const { return h().backend(); }
+
+  std::size_t add_matrix(const std::string& name, const at::Tensor& param, int column_dim, const py::dict& adam) {
+    zenflow::expects(param.dim() >= 2 && param.is_contiguous() && param.numel() > 0, "param",
+                     "must be a non-empty contiguous tensor with at least 2 dimensions");
+    zenflow::expects(column_dim == 0 || column_dim == 1, "column_dim", "must be 0 or 1, got ", column_dim);
+    check_device(param, "param");
+    layout l;
+    l.column_dim = column_dim;
+    const auto first = param.size(0), rest = param.numel() / param.size(0);
+    l.rows = column_dim == 1 ? first : rest;
+    l.cols = column_dim == 1 ? rest : first;
+    l.type = param.scalar_type();
+    l.device = param.device();
+    const auto type = to_dtype(param, "param");
+    const at::Tensor initial = param.detach().to(at::kCPU, at::kFloat).contiguous();
+    const auto a = to_adam(adam);
+    std::size_t index;
+    {
+      py::gil_scoped_release release;
+      index = h().add_matrix(
+          name, matrix_of<zenflow::matrix_view>(param.data_ptr(), l, type, to_space(param)),
+          matrix_of<zenflow::const_matrix_view>(static_cast<const void*>(initial.data_ptr()), l, zenflow::dtype::f32,
+                                                zenflow::memory_space::host),
+          type, a);
+    }
+    layouts_.push_back(l);
+    return index;
+  }
+
+  std::size_t add_vector(const std::string& name, const at::Tensor& param, const py::dict& adam) {
+    zenflow::expects(param.is_contiguous() && param.numel() > 0, "param", "must be a non-empty contiguous tensor");
+    check_device(param, "param");
+    layout l;
+    l.is_vector = true;
+    l.rows = param.numel();
+    l.type = param.scalar_type();
+    l.device = param.device();
+    const auto type = to_dtype(param, "param");
+    const at::Tensor initial = param.detach().to(at::kCPU, at::kFloat).contiguous();
+    const auto a = to_adam(adam);
+    std::size_t index;
+    {
+      py::gil_scoped_release release;
+      index = h().add_vector(name, zenflow::vector_view(param.data_ptr(), l.rows, type, to_space(param)),
+                                  std::span<const float>(initial.data_ptr<float>(), static_cast<std::size_t>(l.rows)),
+                                  a);
+    }
+    layouts_.push_back(l);
+    return index;
+  }
+
+  void submit(std::size_t i, const at::Tensor& grad, std::uintptr_t stream) {
+    zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
+    const layout& l = layouts_[i];
+    zenflow::expects(grad.layout() == at::kStrided, "grad", "must be dense (sparse gradients are not supported)");
+    zenflow::expects(grad.is_contiguous(), "grad", "must be contiguous");
+    zenflow::expects(grad.device() == l.device, "grad", "is on ", grad.device().str(), ", its parameter on ",
+                     l.device.str());
+    zenflow::expects(grad.numel() == l.rows * (l.is_vector ? 1 : l.cols), "grad", "has ", grad.numel(),
+                     " elements, its parameter ", l.rows * (l.is_vector ? 1 : l.cols));
+    const auto type = to_dtype(grad, "grad");
+    py::gil_scoped_release release;
+    if (l.is_vector) {
+      h().submit(i, zenflow::const_vector_view(grad.data_ptr(), l.rows, type, to_space(grad)), to_stream(stream));
+    } else {
+      h().submit(i, matrix_of<zenflow::const_matrix_view>(static_cast<const void*>(grad.data_ptr()), l, type,
+                                                                to_space(grad)),
+                      to_stream(stream));
+    }
+  }
+
+  py::dict step(std::uintptr_t stream) {
+    zenflow::step_metrics m;
+    {
+      py::gil_scoped_release release;
+      m = h().step(to_stream(stream));
+    }
+    return to_dict(m);
+  }
+  void finish(std::uintptr_t stream) {
+    py::gil_scoped_release release;
+    h().finish(to_stream(stream));
+  }
+  void save(const std::string& path, std::uintptr_t stream) {
+    py::gil_scoped_release release;
+    h().save(path, to_stream(stream));
+  }
+  void load(const std::string& path, std::uintptr_t stream) {
+    py::gil_scoped_release release;
+    h().load(path, to_stream(stream));
+  }
+  void set_adam_options(std::size_t i, const py::dict& adam) {
+    zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
+    h().set_adam_options(i, to_adam(adam));
+  }
+  py::dict metrics() const { return to_dict(h().metrics()); }
+  py::list trace() const {
+    py::list out;
+    for (const auto& r : h().trace()) {
+      py::dict d;
+      d["interval"] = r.interval;
+      d["first_step"] = r.first_step;
+      d["last_step"] = r.last_step;
+      d["accumulated_steps"] = r.accumulated_steps;
+      d["written_back_at"] = r.written_back_at;
+      d["write_backs"] = r.write_backs;
+      d["synchronous"] = r.synchronous;
+      out.append(d);
+    }
+    return out;
+  }
+  std::vector<std::int32_t> gpu_columns(std::size_t i) const { return h().gpu_columns(i); }
+  std::int64_t step_count() const { return h().step_count(); }
+  /// Stops the workers (pending CPU results are not written back: call finish first).
+  void close() {
+    py::gil_scoped_release release;
+    handle_.reset();
+  }
+  bool closed() const { return handle_ == nullptr; }
+
+ private:
+  handle& h() const {
+    zenflow::expects(handle_ != nullptr, "optimizer", "is closed");
+    return *handle_;
+  }
+  void check_device(const at::Tensor& t, const char* argument) const {
+    zenflow::expects(t.is_cuda() == (device_ == "cuda") && (t.is_cuda() || t.is_cpu()), argument, "is on ",
+                     t.device().str(), ", this coordinator serves ", device_, " tensors");
+  }
+
+  std::string device_;
+  std::unique_ptr<handle> handle_;
+  std::vector<layout> layouts_;
+};
+
+}  // namespace
+}  // namespace zenflow_torch
+
+PYBIND11_MODULE(_C, m) {
+  using zenflow_torch::coordinator;
+  m.doc() = "zenflow.torch's extension: the zenflow coordinator for torch tensors";
+  py::register_exception<zenflow::error>(m, "ZenFlowError", PyExc_ValueError);
+  m.attr("with_cuda") = zenflow_torch::with_cuda;
+  m.attr("cuda_reason") = std::string(ZENFLOW_TORCH_CUDA_REASON);
+  m.attr("version") = std::to_string(ZENFLOW_VERSION_MAJOR) + "." + std::to_string(ZENFLOW_VERSION_MINOR) + "." +
+                      std::to_string(ZENFLOW_VERSION_PATCH);
+  m.def(
+      "features",
+      [] {
+        py::dict d;  // the coordinator takes every registered parameter's gradient in every step
+        d["set_adam_options"] = true;
+        d["per_parameter_adam"] = true;
+        d["skips_missing_gradients"] = false;
+        return d;
+      },
+      "What this build's coordinator supports beyond the base schedule");
+  py::class_<coordinator>(m, "Coordinator")
+      .def(py::init<const py::dict&, const py::dict&, const std::string&>(), py::arg("options"), py::arg("config"),
+           py::arg("device"))
+      .def("features", &coordinator::features)
+      .def("backend", &coordinator::backend)
+      .def("add_matrix", &coordinator::add_matrix, py::arg("name"), py::arg("param"), py::arg("column_dim"),
+           py::arg("adam"))
+      .def("add_vector", &coordinator::add_vector, py::arg("name"), py::arg("param"), py::arg("adam"))
+      .def("submit", &coordinator::submit, py::arg("index"), py::arg("grad"), py::arg("stream"))
+      .def("step", &coordinator::step, py::arg("stream"))
+      .def("finish", &coordinator::finish, py::arg("stream"))
+      .def("save", &coordinator::save, py::arg("path"), py::arg("stream"))
+      .def("load", &coordinator::load, py::arg("path"), py::arg("stream"))
+      .def("set_adam_options", &coordinator::set_adam_options, py::arg("index"), py::arg("adam"))
+      .def("metrics", &coordinator::metrics)
+      .def("trace", &coordinator::trace)
+      .def("gpu_columns", &coordinator::gpu_columns, py::arg("index"))
+      .def("step_count", &coordinator::step_count)
+      .def("close", &coordinator::close)
+      .def("closed", &coordinator::closed);
+}

@@ -1,0 +1,128 @@
+// zenflow.torch: one type-erased handle over basic_coordinator, so that the Python binding (g++,
+// host_coordinator) and the CUDA translation unit (nvcc, cuda_coordinator) share one interface.
+//
+// The handle takes zenflow views and an opaque stream (`void*`): a cudaStream_t for the CUDA
+// backend; ignored by the host backend, which owns the host_stream that plays the GPU stream and
+// synchronizes it at the end of every call that enqueued work (torch's CPU tensors are read by the
+// next forward pass right away).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "zenflow/coordinator.hpp"
+#include "zenflow/host_stream.hpp"
+
+namespace zenflow_torch {
+
+/// What the coordinator supports beyond the base schedule.
+struct features {
+  bool set_adam_options = false;         ///< hyper-parameters can change between steps
+  bool per_parameter_adam = false;       ///< each parameter has its own lr and weight_decay
+  bool skips_missing_gradients = false;  ///< step() leaves a parameter without a gradient unchanged
+};
+
+/// The coordinator behind a virtual interface (one instance per optimizer).
+class handle {
+ public:
+  virtual ~handle() = default;
+  [[nodiscard]] virtual features supported() const noexcept = 0;
+  [[nodiscard]] virtual const char* backend() const noexcept = 0;
+  virtual std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
+                                 zenflow::dtype grad_type, const zenflow::adam_options& adam) = 0;
+  virtual std::size_t add_vector(std::string name, zenflow::vector_view param, std::span<const float> initial,
+                                 const zenflow::adam_options& adam) = 0;
+  virtual void submit(std::size_t i, zenflow::const_matrix_view grad, void* stream) = 0;
+  virtual void submit(std::size_t i, zenflow::const_vector_view grad, void* stream) = 0;
+  virtual zenflow::step_metrics step(void* stream) = 0;
+  virtual void finish(void* stream) = 0;
+  virtual void save(const std::string& path, void* stream) = 0;
+  virtual void load(const std::string& path, void* stream) = 0;
+  virtual void set_adam_options(std::size_t i, const zenflow::adam_options& adam) = 0;
+  [[nodiscard]] virtual zenflow::step_metrics metrics() const = 0;
+  [[nodiscard]] virtual std::vector<zenflow::update_record> trace() const = 0;
+  [[nodiscard]] virtual std::vector<std::int32_t> gpu_columns(std::size_t i) const = 0;
+  [[nodiscard]] virtual std::int64_t step_count() const = 0;
+};
+
+/// The handle over one coordinator type (host_coordinator or cuda_coordinator).
+template <class Coordinator>
+class coordinator_handle final : public handle {
+  using stream_type = typename Coordinator::stream_type;
+  static constexpr bool host = std::is_same_v<stream_type, zenflow::host_stream*>;
+
+ public:
+  coordinator_handle(const zenflow::zenflow_options& options, const zenflow::coordinator_config& config)
+      : coordinator_(options, config) {}
+
+  [[nodiscard]] features supported() const noexcept override {
+    // The coordinator takes every registered parameter's gradient in every step.
+    return {true, true, false};
+  }
+  [[nodiscard]] const char* backend() const noexcept override { return Coordinator::backend_type::name; }
+
+  std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
+                         zenflow::dtype grad_type, const zenflow::adam_options& adam) override {
+    const std::size_t i = coordinator_.register_parameter(std::move(name), param, initial, grad_type);
+    coordinator_.set_adam_options(i, adam);
+    return i;
+  }
+  std::size_t add_vector(std::string name, zenflow::vector_view param, std::span<const float> initial,
+                         const zenflow::adam_options& adam) override {
+    const std::size_t i = coordinator_.register_parameter(std::move(name), param, initial);
+    coordinator_.set_adam_options(i, adam);
+    return i;
+  }
+  void submit(std::size_t i, zenflow::const_matrix_view grad, void* stream) override {
+    coordinator_.submit_gradient(i, grad, to_stream(stream));
+  }
+  void submit(std::size_t i, zenflow::const_vector_view grad, void* stream) override {
+    coordinator_.submit_gradient(i, grad, to_stream(stream));
+  }
+  zenflow::step_metrics step(void* stream) override {
+    zenflow::step_metrics m = coordinator_.step(to_stream(stream));
+    if constexpr (host) stream_.synchronize();
+    return m;
+  }
+  void finish(void* stream) override { coordinator_.finish(to_stream(stream)); }
+  void save(const std::string& path, void* stream) override { coordinator_.save_checkpoint(path, to_stream(stream)); }
+  void load(const std::string& path, void* stream) override { coordinator_.load_checkpoint(path, to_stream(stream)); }
+  void set_adam_options(std::size_t i, const zenflow::adam_options& adam) override {
+    coordinator_.set_adam_options(i, adam);
+  }
+  [[nodiscard]] zenflow::step_metrics metrics() const override { return coordinator_.metrics(); }
+  [[nodiscard]] std::vector<zenflow::update_record> trace() const override { return coordinator_.trace(); }
+  [[nodiscard]] std::vector<std::int32_t> gpu_columns(std::size_t i) const override {
+    const auto c = coordinator_.gpu_columns(i);
+    return {c.begin(), c.end()};
+  }
+  [[nodiscard]] std::int64_t step_count() const override { return coordinator_.step_count(); }
+
+ private:
+  stream_type to_stream(void* stream) {
+    if constexpr (host) {
+      (void)stream;
+      return &stream_;
+    } else {
+      return static_cast<stream_type>(stream);
+    }
+  }
+
+  // The host "GPU stream" outlives the coordinator, whose destructor waits for events on it.
+  [[no_unique_address]] std::conditional_t<host, zenflow::host_stream, std::monostate> stream_;
+  Coordinator coordinator_;
+};
+
+/// Defined in cuda_coordinator.cu when the CUDA backend is built.
+std::unique_ptr<handle> make_cuda_handle(const zenflow::zenflow_options& options,
+                                         const zenflow::coordinator_config& config);
+
+}  // namespace zenflow_torch

@@ -1,0 +1,1 @@
+"""zenflow: offload-optimizer primitives (ZenFlow). ``zenflow.torch`` is the PyTorch optimizer."""

@@ -1,0 +1,247 @@
+"""ZenFlowAdamW against torch.optim.AdamW and against itself, on CPU tensors (the host backend)."""
+
+import copy
+import io
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from zenflow.torch import ZenFlowAdamW, param_groups
+from conftest import FEATURES, batch, make_model, max_diff, train_step
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+# Per-step bound on |p_zenflow - p_torch| over 300 steps. zenflow's Adam forms the whole change
+# of p (decay included) and rounds once; torch multiplies by (1 - lr*wd) first: the two differ by
+# a few ulp per step, which Adam's normalisation keeps from growing beyond this.
+TRACK_TOL = 2e-5
+
+
+def groups(model):
+    """One set of hyper-parameters; the embedding's columns are its embeddings (column_dim 0)."""
+    return [
+        {"params": [model.emb.weight], "column_dim": 0},
+        {"params": [p for n, p in model.named_parameters() if not n.startswith("emb.")]},
+    ]
+
+
+@pytest.mark.parametrize("mode", ["dense", "zero_offload"])
+def test_tracks_torch_adamw(mode):
+    ref, ours = make_model(), make_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)
+    with ZenFlowAdamW(groups(ours), mode=mode, **HYPER) as opt:
+        for step in range(300):
+            train_step(ref, ref_opt, step)
+            train_step(ours, opt, step)
+            d = max_diff(ref, ours)
+            assert d <= TRACK_TOL, f"step {step}: max |diff| {d}"
+
+
+def test_zero_offload_equals_dense_exactly():
+    a, b = make_model(), make_model()
+    with ZenFlowAdamW(groups(a), mode="dense", **HYPER) as oa, \
+            ZenFlowAdamW(groups(b), mode="zero_offload", **HYPER) as ob:
+        for step in range(200):
+            train_step(a, oa, step)
+            train_step(b, ob, step)
+            assert max_diff(a, b) == 0.0, f"step {step}"
+        assert ob.metrics()["cpu_update_launched"] and ob.metrics()["bytes_device_to_host"] > 0
+        assert oa.metrics()["bytes_device_to_host"] == 0
+
+
+def test_clipping_tracks_torch_clip_grad_norm():
+    ref, ours = make_model(), make_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)
+    with ZenFlowAdamW(groups(ours), mode="dense", max_grad_norm=0.05, **HYPER) as opt:
+        for step in range(100):
+            tokens, labels = batch(step)
+            ref_opt.zero_grad()
+            nn.functional.cross_entropy(ref(tokens), labels).backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+            ref_opt.step()
+            train_step(ours, opt, step)
+            assert max_diff(ref, ours) <= TRACK_TOL, f"step {step}"
+
+
+def test_gradient_accumulation_tracks_torch():
+    ref, ours = make_model(), make_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)
+    with ZenFlowAdamW(groups(ours), mode="zero_offload", gradient_accumulation_steps=2, **HYPER) as opt:
+        for step in range(50):
+            for m, o in ((ref, ref_opt), (ours, opt)):
+                o.zero_grad()
+                for micro in range(2):
+                    tokens, labels = batch(2 * step + micro)
+                    (nn.functional.cross_entropy(m(tokens), labels) / 2).backward()
+                o.step()
+            assert max_diff(ref, ours) <= TRACK_TOL, f"step {step}"
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zenflow_staleness_and_write_back(overlap):
+    interval = 4
+    model = make_model()
+    with ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=interval, select_interval=20,
+                      overlap_step=overlap, record_trace=True, **HYPER) as opt:
+        expected_d2h = 0
+        for step in range(60):
+            train_step(model, opt, step)
+            if step == 0:
+                for name, p, rows, cols in (("emb", model.emb.weight, 16, 40), ("fc1", model.fc1.weight, 32, 16),
+                                            ("fc2", model.fc2.weight, 4, 32)):
+                    k = max(1, int(0.25 * cols))
+                    assert len(opt.gpu_columns(p)) == k, name
+                    expected_d2h += (cols - k) * rows * 4
+            m = opt.metrics()
+            if not m["reselected"]:
+                assert m["bytes_device_to_host"] == expected_d2h, f"step {step}"
+        opt.flush()
+        trace = opt.trace()
+    assert len(trace) >= 60 // interval
+    for r in trace:
+        assert r["write_backs"] == 1, r
+        assert r["synchronous"] != overlap or r["last_step"] == 59 or r["written_back_at"] == r["last_step"], r
+        bound = r["last_step"] + (interval if overlap else 0)
+        assert r["last_step"] <= r["written_back_at"] <= bound, r
+
+
+def test_columns_linear_and_embedding():
+    # One important column per weight: the selection must find it under the documented convention.
+    model = make_model()
+    with ZenFlowAdamW(groups(model), topk_ratio=1 / 16, update_interval=8, select_interval=8, **HYPER) as opt:
+        before = copy.deepcopy(model)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        model.fc1.weight.grad[:, 5] = 1.0  # input feature 5 of fc1 (W[out, in]: column = second index)
+        model.emb.weight.grad[7, :] = 1.0  # embedding 7 (column = first index)
+        opt.step()
+        assert opt.gpu_columns(model.fc1.weight) == [5]
+        assert 7 in opt.gpu_columns(model.emb.weight)  # k = 2 of 40; the other has score 0
+        # The GPU column changed at once; the CPU columns wait for their interval.
+        changed = (model.fc1.weight - before.fc1.weight).abs().sum(0) > 0
+        assert changed.nonzero().flatten().tolist() == [5]
+        changed = (model.emb.weight - before.emb.weight).abs().sum(1) > 0
+        assert 7 in changed.nonzero().flatten().tolist()
+
+
+def _run(mode, overlap):
+    model = make_model()
+    opt = ZenFlowAdamW(groups(model), mode=mode, topk_ratio=0.25, update_interval=3, select_interval=9,
+                       overlap_step=overlap, **HYPER)
+    return model, opt
+
+
+@pytest.mark.parametrize("mode,overlap", [("zenflow", True), ("zenflow", False), ("zero_offload", False)])
+def test_state_dict_round_trip_bit_identical(mode, overlap):
+    model, opt = _run(mode, overlap)
+    for step in range(25):
+        train_step(model, opt, step)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    for step in range(25, 45):
+        train_step(model, opt, step)
+    opt.flush()
+    resumed, ropt = _run(mode, overlap)  # different weights until the checkpoint restores them
+    with torch.no_grad():
+        for p in resumed.parameters():
+            p.add_(1.0)
+    buf.seek(0)
+    ropt.load_state_dict(torch.load(buf, weights_only=False))
+    for step in range(25, 45):
+        train_step(resumed, ropt, step)
+    ropt.flush()
+    assert max_diff(model, resumed) == 0.0
+    opt.close()
+    ropt.close()
+
+
+def test_metrics_dict():
+    model = make_model()
+    with ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=2, **HYPER) as opt:
+        assert opt.metrics() == {}
+        train_step(model, opt, 0)
+        m = opt.metrics()
+    assert set(m) == {"step", "stall_seconds", "stall_reason", "cpu_update_seconds", "bytes_device_to_host",
+                      "bytes_host_to_device", "selection_overlap", "interval", "reselected",
+                      "cpu_update_launched", "written_back"}
+    assert m["step"] == 0 and m["reselected"]
+
+
+def test_close_and_context_manager():
+    model = make_model()
+    with ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=4, **HYPER) as opt:
+        for step in range(6):
+            train_step(model, opt, step)
+    with pytest.raises(ValueError, match="closed"):
+        train_step(model, opt, 6)
+    opt.close()  # idempotent
+
+
+def test_interpreter_exit_completes_pending_work(tmp_path):
+    # Leaves an asynchronous CPU update pending and the optimizer open: atexit closes it.
+    script = textwrap.dedent("""
+        import torch, sys
+        sys.path.insert(0, %r)
+        from conftest import make_model, train_step
+        from zenflow.torch import ZenFlowAdamW
+        model = make_model()
+        opt = ZenFlowAdamW(model.parameters(), topk_ratio=0.25, update_interval=4)
+        for step in range(7):
+            train_step(model, opt, step)
+        print("trained")
+    """ % str(__import__("pathlib").Path(__file__).parent))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "trained" in r.stdout
+
+
+def test_param_groups_track_torch():
+    ref, ours = make_model(), make_model()
+    ref_opt = torch.optim.AdamW(param_groups(ref, weight_decay=0.1), lr=3e-3)
+    gs = param_groups(ours, weight_decay=0.1)
+    gs[0]["lr"] = 1e-3
+    ref_gs = param_groups(ref, weight_decay=0.1)
+    ref_gs[0]["lr"] = 1e-3
+    ref_opt = torch.optim.AdamW(ref_gs, lr=3e-3)
+    with ZenFlowAdamW(gs, lr=3e-3, mode="zero_offload") as opt:
+        for step in range(100):
+            train_step(ref, ref_opt, step)
+            train_step(ours, opt, step)
+            assert max_diff(ref, ours) <= TRACK_TOL, f"step {step}"
+
+
+@pytest.mark.parametrize("mode", ["dense", "zero_offload"])
+def test_lr_scheduler_tracks_torch(mode):
+    ref, ours = make_model(), make_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)
+    opt = ZenFlowAdamW(groups(ours), mode=mode, **HYPER)
+    sched = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / 120))
+             for o in (ref_opt, opt)]
+    for step in range(100):
+        train_step(ref, ref_opt, step)
+        train_step(ours, opt, step)
+        for s in sched:
+            s.step()
+        assert max_diff(ref, ours) <= TRACK_TOL, f"step {step}"
+    opt.close()
+
+
+@pytest.mark.xfail(not FEATURES["skips_missing_gradients"], strict=True,
+                   reason="needs step() to skip parameters without a gradient (issue 16)")
+def test_parameters_without_gradient_are_skipped():
+    # An unused branch (fc_unused) and a frozen layer, as torch.optim.AdamW handles them.
+    ref, ours = make_model(), make_model()
+    for m in (ref, ours):
+        m.fc_unused = nn.Linear(4, 4)
+        m.norm.weight.requires_grad_(False)
+    ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)
+    with ZenFlowAdamW(ours.parameters(), mode="zero_offload", **HYPER) as opt:
+        unused = ours.fc_unused.weight.detach().clone()
+        for step in range(50):
+            train_step(ref, ref_opt, step)
+            train_step(ours, opt, step)
+            assert max_diff(ref, ours) <= TRACK_TOL
+        assert torch.equal(ours.fc_unused.weight, unused)
