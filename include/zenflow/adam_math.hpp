@@ -31,11 +31,11 @@ struct adam_step_constants {
   float one_minus_beta1 = 0.1f;
   float one_minus_beta2 = 0.001f;
   float eps = 1e-8f;
-  float step_size = 1e-3f;     ///< lr / (1 - beta1^t)   (lr without bias correction)
-  float inv_sqrt_bc2 = 1.0f;   ///< 1 / sqrt(1 - beta2^t) (1 without bias correction)
-  float lr_wd = 0.0f;          ///< lr * weight_decay for AdamW, 0 for Adam
-  float l2 = 0.0f;             ///< weight_decay for Adam (L2), 0 for AdamW
-  float grad_scale = 1.0f;     ///< multiplies the raw gradient (1/accumulation count, unscale, clip)
+  float step_size = 1e-3f;    ///< lr / (1 - beta1^t)   (lr without bias correction)
+  float inv_sqrt_bc2 = 1.0f;  ///< 1 / sqrt(1 - beta2^t) (1 without bias correction)
+  float lr_wd = 0.0f;         ///< lr * weight_decay for AdamW, 0 for Adam
+  float l2 = 0.0f;            ///< weight_decay for Adam (L2), 0 for AdamW
+  float grad_scale = 1.0f;    ///< multiplies the raw gradient (1/accumulation count, unscale, clip)
 };
 
 /// The first bias correction, 1 - beta1^t (1 without bias correction), in double.

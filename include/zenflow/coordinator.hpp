@@ -347,13 +347,13 @@ class basic_coordinator {
     dtype grad_type = dtype::f32;
     std::size_t cpu_tensor = 0;
     std::size_t selector_index = 0;
-    std::size_t device_index = npos;       // in the device optimizer (npos: no GPU columns yet)
-    adam_options adam;                     // hyper-parameters for the next step
+    std::size_t device_index = npos;          // in the device optimizer (npos: no GPU columns yet)
+    adam_options adam;                        // hyper-parameters for the next step
     std::optional<adam_options> device_adam;  // the last ones handed to the device optimizer
-    std::vector<std::int32_t> selection;   // GPU columns (ascending)
-    std::vector<std::int32_t> complement;  // CPU columns (ascending)
-    device_buffer complement_dev;          // device copy of complement (int32)
-    device_buffer grad_stage[2];           // compact gathered gradient, per step parity
+    std::vector<std::int32_t> selection;      // GPU columns (ascending)
+    std::vector<std::int32_t> complement;     // CPU columns (ascending)
+    device_buffer complement_dev;             // device copy of complement (int32)
+    device_buffer grad_stage[2];              // compact gathered gradient, per step parity
     // Recorded after this parameter's gather, per step parity; the offload worker's copies wait
     // for it (behind a pointer: events do not move).
     std::unique_ptr<std::array<typename Backend::event_type, 2>> gathered =
@@ -531,15 +531,15 @@ class basic_coordinator {
   mutable std::condition_variable cv_;
   std::deque<offload_job> offload_jobs_;
   std::deque<update_job> update_jobs_;
-  std::int64_t offloaded_through_step_ = -1;      // every gradient of steps <= this is accumulated
-  std::int64_t stats_ready_step_ = -1;            // the flags of steps <= this are recorded (stats_ready_)
-  std::int64_t accumulated_interval_ = -1;        // intervals <= this are fully accumulated
+  std::int64_t offloaded_through_step_ = -1;  // every gradient of steps <= this is accumulated
+  std::int64_t stats_ready_step_ = -1;        // the flags of steps <= this are recorded (stats_ready_)
+  std::int64_t accumulated_interval_ = -1;    // intervals <= this are fully accumulated
   // Non-skipped steps per interval, by index % 4: at most three intervals are live at once (one
   // awaiting its write-back, one in its CPU update, one accumulating).
   std::array<std::int64_t, 4> accumulated_counts_{};
   std::int64_t& accumulated_count(std::int64_t interval) { return accumulated_counts_[interval % 4]; }
-  std::int64_t updated_interval_ = -1;            // CPU updates of intervals <= this are done
-  std::int64_t launched_interval_ = -1;           // CPU updates of intervals <= this were handed over
+  std::int64_t updated_interval_ = -1;   // CPU updates of intervals <= this are done
+  std::int64_t launched_interval_ = -1;  // CPU updates of intervals <= this were handed over
   std::vector<update_record> trace_;
   double last_update_seconds_ = 0.0;
   std::exception_ptr worker_error_;

@@ -149,10 +149,10 @@ struct zenflow_options {
     expects(select_strategy == selection_strategy::automatic || select_strategy == selection_strategy::step ||
                 select_strategy == selection_strategy::epoch,
             "select_strategy", "must be auto, step or epoch");
-    expects(select_interval.is_auto || select_interval.value >= 1, "select_interval",
-            "must be auto or >= 1, got ", select_interval.value);
-    expects(update_interval.is_auto || update_interval.value >= 1, "update_interval",
-            "must be auto or >= 1, got ", update_interval.value);
+    expects(select_interval.is_auto || select_interval.value >= 1, "select_interval", "must be auto or >= 1, got ",
+            select_interval.value);
+    expects(update_interval.is_auto || update_interval.value >= 1, "update_interval", "must be auto or >= 1, got ",
+            update_interval.value);
     expects(full_warm_up_rounds >= 0, "full_warm_up_rounds", "must be >= 0, got ", full_warm_up_rounds);
     expects(steps_per_epoch >= 0, "steps_per_epoch", "must be >= 0, got ", steps_per_epoch);
     expects(select_strategy != selection_strategy::epoch || steps_per_epoch >= 1, "steps_per_epoch",

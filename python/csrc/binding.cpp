@@ -35,16 +35,19 @@ constexpr bool with_cuda = true;
 #else
 constexpr bool with_cuda = false;
 std::unique_ptr<handle> make_cuda_handle_stub(const zenflow::zenflow_options&, const zenflow::coordinator_config&) {
-  throw zenflow::error("device", std::string("zenflow.torch was built without its CUDA backend: ") +
-                                     ZENFLOW_TORCH_CUDA_REASON);
+  throw zenflow::error("device",
+                       std::string("zenflow.torch was built without its CUDA backend: ") + ZENFLOW_TORCH_CUDA_REASON);
 }
 #endif
 
 zenflow::dtype to_dtype(const at::Tensor& t, const char* argument) {
   switch (t.scalar_type()) {
-    case at::kFloat: return zenflow::dtype::f32;
-    case at::kBFloat16: return zenflow::dtype::bf16;
-    case at::kHalf: return zenflow::dtype::f16;
+    case at::kFloat:
+      return zenflow::dtype::f32;
+    case at::kBFloat16:
+      return zenflow::dtype::bf16;
+    case at::kHalf:
+      return zenflow::dtype::f16;
     default:
       throw zenflow::error(argument, std::string("dtype ") + c10::toString(t.scalar_type()) +
                                          " is not supported (float32, bfloat16, float16)");
@@ -147,7 +150,9 @@ py::dict to_dict(const zenflow::step_metrics& m) {
   return d;
 }
 
-void* to_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+void* to_stream(std::uintptr_t stream) {
+  return reinterpret_cast<void*>(stream);
+}
 
 /// How one registered parameter is viewed.
 struct layout {
@@ -193,7 +198,9 @@ class coordinator {
     d["skips_missing_gradients"] = f.skips_missing_gradients;
     return d;
   }
-  std::string backend() const { return h().backend(); }
+  std::string backend() const {
+    return h().backend();
+  }
 
   std::size_t add_matrix(const std::string& name, const at::Tensor& param, int column_dim, const py::dict& adam) {
     zenflow::expects(param.dim() >= 2 && param.is_contiguous() && param.numel() > 0, "param",
@@ -213,11 +220,10 @@ class coordinator {
     std::size_t index;
     {
       py::gil_scoped_release release;
-      index = h().add_matrix(
-          name, matrix_of<zenflow::matrix_view>(param.data_ptr(), l, type, to_space(param)),
-          matrix_of<zenflow::const_matrix_view>(static_cast<const void*>(initial.data_ptr()), l, zenflow::dtype::f32,
-                                                zenflow::memory_space::host),
-          type, a);
+      index = h().add_matrix(name, matrix_of<zenflow::matrix_view>(param.data_ptr(), l, type, to_space(param)),
+                             matrix_of<zenflow::const_matrix_view>(static_cast<const void*>(initial.data_ptr()), l,
+                                                                   zenflow::dtype::f32, zenflow::memory_space::host),
+                             type, a);
     }
     layouts_.push_back(l);
     return index;
@@ -238,8 +244,7 @@ class coordinator {
     {
       py::gil_scoped_release release;
       index = h().add_vector(name, zenflow::vector_view(param.data_ptr(), l.rows, type, to_space(param)),
-                                  std::span<const float>(initial.data_ptr<float>(), static_cast<std::size_t>(l.rows)),
-                                  a);
+                             std::span<const float>(initial.data_ptr<float>(), static_cast<std::size_t>(l.rows)), a);
     }
     layouts_.push_back(l);
     return index;
@@ -259,9 +264,9 @@ class coordinator {
     if (l.is_vector) {
       h().submit(i, zenflow::const_vector_view(grad.data_ptr(), l.rows, type, to_space(grad)), to_stream(stream));
     } else {
-      h().submit(i, matrix_of<zenflow::const_matrix_view>(static_cast<const void*>(grad.data_ptr()), l, type,
-                                                                to_space(grad)),
-                      to_stream(stream));
+      h().submit(
+          i, matrix_of<zenflow::const_matrix_view>(static_cast<const void*>(grad.data_ptr()), l, type, to_space(grad)),
+          to_stream(stream));
     }
   }
 
@@ -289,7 +294,9 @@ class coordinator {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
     h().set_adam_options(i, to_adam(adam));
   }
-  py::dict metrics() const { return to_dict(h().metrics()); }
+  py::dict metrics() const {
+    return to_dict(h().metrics());
+  }
   py::list trace() const {
     py::list out;
     for (const auto& r : h().trace()) {
@@ -305,14 +312,20 @@ class coordinator {
     }
     return out;
   }
-  std::vector<std::int32_t> gpu_columns(std::size_t i) const { return h().gpu_columns(i); }
-  std::int64_t step_count() const { return h().step_count(); }
+  std::vector<std::int32_t> gpu_columns(std::size_t i) const {
+    return h().gpu_columns(i);
+  }
+  std::int64_t step_count() const {
+    return h().step_count();
+  }
   /// Stops the workers (pending CPU results are not written back: call finish first).
   void close() {
     py::gil_scoped_release release;
     handle_.reset();
   }
-  bool closed() const { return handle_ == nullptr; }
+  bool closed() const {
+    return handle_ == nullptr;
+  }
 
  private:
   handle& h() const {

@@ -218,9 +218,9 @@ class checkpoint_document {
       return fields_.back().bytes;
     };
     scalar("options", 47);
-    for (const char* name : {"step", "started", "interval", "first_step", "steps", "target", "pending", "overlap",
-                             "selection_due", "host_steps", "device_steps", "current_count", "pending_count",
-                             "parameters"})
+    for (const char* name :
+         {"step", "started", "interval", "first_step", "steps", "target", "pending", "overlap", "selection_due",
+          "host_steps", "device_steps", "current_count", "pending_count", "parameters"})
       scalar(name, std::string(name) == "started" || std::string(name) == "selection_due" ? 1 : 8);
     std::uint64_t parameters = 0;
     std::memcpy(&parameters, fields_.back().bytes.data(), 8);

@@ -10,19 +10,18 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <thread>
-#include <cstdint>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace zenflow::testing {
-
 
 // A tiny "model" in host memory (the host backend's device memory): two weights of different
 // layouts and dtypes and a bias, trained towards fixed targets with noisy gradients whose
@@ -259,6 +258,5 @@ inline void check_staleness(const std::vector<update_record>& trace, std::int64_
   }
   CHECK(expected_first == steps);
 }
-
 
 }  // namespace zenflow::testing

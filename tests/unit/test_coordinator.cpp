@@ -25,7 +25,6 @@
 using namespace zenflow;
 using namespace zenflow::testing;
 
-
 static_assert(offload_coordinator<host_coordinator>);
 static_assert(!offload_coordinator<host_stream>);
 

@@ -6,9 +6,9 @@
 
 #include <chrono>
 #include <future>
-#include <thread>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator_harness.hpp"
@@ -56,8 +56,7 @@ TEST_CASE("a rejected step() leaves the coordinator as if the step had not begun
     h.train(3);
     h.backward();
     h.submit(0);  // offloaded at once (no clipping, mid-interval)
-    CHECK_THROWS_WITH_AS(h.coordinator.step(&h.stream), doctest::Contains("no gradient was submitted"),
-                         zenflow::error);
+    CHECK_THROWS_WITH_AS(h.coordinator.step(&h.stream), doctest::Contains("no gradient was submitted"), zenflow::error);
     CHECK(h.coordinator.step_count() == 3);
     {
       watchdog guard("the step after a rejected one");
@@ -102,7 +101,9 @@ TEST_CASE("after a worker error the coordinator is failed: every call rethrows, 
     auto o = base_options();
     o.overlap_step = overlap;
     basic_harness<basic_coordinator<host_backend, failing_cpu_adam>> h(o);
-    auto is_injected = [](const std::runtime_error& e) { return std::string(e.what()) == "injected CPU update failure"; };
+    auto is_injected = [](const std::runtime_error& e) {
+      return std::string(e.what()) == "injected CPU update failure";
+    };
     bool surfaced = false;
     try {
       h.train(20);
@@ -132,7 +133,7 @@ TEST_CASE("after a worker error the coordinator is failed: every call rethrows, 
     h.stream.synchronize();
     CHECK(h.coordinator.step_count() == failed_at);
     CHECK(h.model.snapshot() == model_after_failure);  // no stale buffer was written back
-  }  // and destruction of a failed coordinator is clean
+  }                                                    // and destruction of a failed coordinator is clean
 }
 
 TEST_CASE("a non-finite gradient on a selection step skips the step; the selection waits for the next one") {
@@ -151,8 +152,7 @@ TEST_CASE("a non-finite gradient on a selection step skips the step; the selecti
   h.stream.synchronize();
   CHECK(h.model.snapshot() == before);
   CHECK_FALSE(h.coordinator.metrics().reselected);
-  CHECK(std::vector<std::int32_t>(h.coordinator.gpu_columns(0).begin(), h.coordinator.gpu_columns(0).end()) ==
-        columns);
+  CHECK(std::vector<std::int32_t>(h.coordinator.gpu_columns(0).begin(), h.coordinator.gpu_columns(0).end()) == columns);
   CHECK(h.coordinator.host_optimizer().step_count() == cpu_steps);
   CHECK(h.coordinator.device_optimizer().step_count() == gpu_steps);
   h.train(1);
@@ -251,8 +251,8 @@ TEST_CASE("what a new user sets works as written") {
       const auto v = w.view();
       for (index_t r = 0; r < w.rows; ++r)
         for (index_t col = 0; col < w.cols; ++col) exact[r * w.cols + col] = toy_model::load(v, r, col);
-      const auto initial = own_dtype ? const_matrix_view(v)
-                                     : const_matrix_view::row_major(exact.data(), w.rows, w.cols, dtype::f32);
+      const auto initial =
+          own_dtype ? const_matrix_view(v) : const_matrix_view::row_major(exact.data(), w.rows, w.cols, dtype::f32);
       c.register_parameter("w0", w.view(), initial, w.type);
       for (int s = 0; s < 6; ++s) {
         stream.synchronize();
@@ -269,8 +269,8 @@ TEST_CASE("what a new user sets works as written") {
     auto& w1 = model.weights[1];  // an f32 param: a bf16 initial value is neither f32 nor its dtype
     std::vector<std::byte> bf16_values(static_cast<std::size_t>(w1.rows * w1.cols) * 2);
     CHECK_THROWS_WITH_AS(
-        c.register_parameter("w1", w1.view(), const_matrix_view::row_major(bf16_values.data(), w1.rows, w1.cols, dtype::bf16),
-                             w1.type),
+        c.register_parameter("w1", w1.view(),
+                             const_matrix_view::row_major(bf16_values.data(), w1.rows, w1.cols, dtype::bf16), w1.type),
         doctest::Contains("must be f32 or the param's dtype (f32), got bf16"), zenflow::error);
   }
 }

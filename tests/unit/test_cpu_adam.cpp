@@ -543,7 +543,9 @@ TEST_CASE("a task's own hyper-parameters (parameter groups) equal an optimizer w
     REQUIRE(alone.step(std::span(&t, 1)).applied);
     REQUIRE(plain.step(std::span(&t, 1)).applied);
   }
-  auto same = [](std::span<const float> a, std::span<const float> b) { return std::equal(a.begin(), a.end(), b.begin(), b.end()); };
+  auto same = [](std::span<const float> a, std::span<const float> b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  };
   CHECK(same(mixed.params(1), alone.params(0)));  // the task's options, bit for bit
   CHECK(same(mixed.params(0), plain.params(0)));  // the optimizer's for the others
   CHECK_FALSE(same(mixed.params(0), mixed.params(1)));

@@ -91,7 +91,7 @@ TEST_CASE("defect: a step counter that stops at 256 (bias correction past step 2
   std::vector<float> packed;
   for (std::int32_t c : selection) {
     for (index_t r = 0; r < rows; ++r) packed.push_back(static_cast<float>(ref[r * cols + c].p));  // master
-    for (int s = 0; s < 2 * rows; ++s) packed.push_back(0.0f);                                      // m, v
+    for (int s = 0; s < 2 * rows; ++s) packed.push_back(0.0f);                                     // m, v
   }
   opt.add_matrix(view, selection, packed);
   std::mt19937 rng(3);
@@ -136,7 +136,7 @@ TEST_CASE("defect: bf16 moments that never decay") {
   std::vector<float> s1(3 * rows);
   opt.export_state(0, s1);
   for (index_t r = 0; r < rows; ++r) {
-    CHECK(s1[rows + r] == doctest::Approx(s0[rows + r] * std::pow(0.9, quiet)).epsilon(1e-4));        // m
+    CHECK(s1[rows + r] == doctest::Approx(s0[rows + r] * std::pow(0.9, quiet)).epsilon(1e-4));            // m
     CHECK(s1[2 * rows + r] == doctest::Approx(s0[2 * rows + r] * std::pow(0.999, quiet)).epsilon(1e-5));  // v
   }
 }
@@ -153,8 +153,8 @@ TEST_CASE("defect: optimizer state lost or truncated when columns move (fp64 ref
   o.full_warm_up_rounds = 1;
   harness h(o);
   struct tracked {
-    std::vector<adam64> state;           // column-major: c * rows + r
-    std::vector<double> accumulator;     // the CPU columns' gradient sum of the current interval
+    std::vector<adam64> state;        // column-major: c * rows + r
+    std::vector<double> accumulator;  // the CPU columns' gradient sum of the current interval
   };
   std::vector<tracked> ref(h.model.weights.size());
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -189,11 +189,10 @@ TEST_CASE("defect: optimizer state lost or truncated when columns move (fp64 ref
   for (std::int64_t s = 0; s < steps; ++s) {
     h.stream.synchronize();
     for (auto& w : h.model.weights) {  // rotating hot columns, as the trainer's gradients
-      matrix_view g{w.grad.data(), w.rows, w.cols, w.view().row_stride, w.view().col_stride, w.type,
+      matrix_view g{w.grad.data(),     w.rows, w.cols, w.view().row_stride, w.view().col_stride, w.type,
                     memory_space::host};
       for (index_t r = 0; r < w.rows; ++r)
-        for (index_t c = 0; c < w.cols; ++c)
-          toy_model::store(g, r, c, n01(rng) + ((c + s / 3) % 4 == 0 ? 6.0f : 0.0f));
+        for (index_t c = 0; c < w.cols; ++c) toy_model::store(g, r, c, n01(rng) + ((c + s / 3) % 4 == 0 ? 6.0f : 0.0f));
     }
     for (auto& b : h.model.bias_grad) b = n01(rng);
     for (std::size_t i = 0; i <= h.model.weights.size(); ++i) h.submit(i);
@@ -339,7 +338,7 @@ TEST_CASE("defect: PCIe traffic other than the unselected columns (independent b
         const auto& w = h.model.weights[i];
         const auto sel = h.coordinator.gpu_columns(i);
         const std::uint64_t cpu_cols = static_cast<std::uint64_t>(w.cols) - sel.size();
-        d2h += cpu_cols * w.rows * dtype_size(w.type);      // this step's CPU-column gradients (grad dtype)
+        d2h += cpu_cols * w.rows * dtype_size(w.type);                // this step's CPU-column gradients (grad dtype)
         h2d += write_backs * cpu_cols * w.rows * dtype_size(w.type);  // the CPU columns' parameters
         const std::vector<std::int32_t> now(sel.begin(), sel.end());
         std::vector<std::int32_t> entering, leaving;

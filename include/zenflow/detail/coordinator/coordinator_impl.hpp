@@ -75,8 +75,7 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   if (k == 0 || rest == 0 || !(unimportant > 0.0)) return bound;
   const double ratio = (important / static_cast<double>(k)) / (unimportant / static_cast<double>(rest));
   const double steps = std::ceil(ratio);
-  return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1,
-                                  bound);
+  return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1, bound);
 }
 
 template <class Backend, host_optimizer HostOptimizer>
@@ -323,8 +322,8 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (!params_[i].has_grad) {
       abandon_step(stream);
-      expects(false, "step", "no gradient was submitted for parameter ", i, " (", params_[i].name, ") in step ",
-              step_, "; the step's gradients were dropped: submit all of them again");
+      expects(false, "step", "no gradient was submitted for parameter ", i, " (", params_[i].name, ") in step ", step_,
+              "; the step's gradients were dropped: submit all of them again");
     }
   or_fail([&] { run_step(stream); });
   return metrics_;
@@ -618,7 +617,6 @@ inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
           "overlap_step)");
 }
 
-
 /// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
 /// never outlive the buffers declared before this guard. Never throws.
 template <class Backend>
@@ -669,9 +667,7 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
   w.put(device_opt_.step_count());
   {
     std::lock_guard lock(mutex_);
-    auto count = [&](std::int64_t i) {
-      return i >= 0 ? accumulated_count(i) : std::int64_t{0};
-    };
+    auto count = [&](std::int64_t i) { return i >= 0 ? accumulated_count(i) : std::int64_t{0}; };
     w.put(count(interval_.index));
     w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
   }

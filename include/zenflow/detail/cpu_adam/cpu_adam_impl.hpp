@@ -232,7 +232,8 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
   const adam_step_constants c = make_adam_step_constants(options_, step_count_ + 1, grad_scale);  // validates
   std::vector<adam_step_constants> task_constants(tasks.size(), c);
   for (std::size_t i = 0; i < tasks.size(); ++i)
-    if (tasks[i].options != nullptr) task_constants[i] = make_adam_step_constants(*tasks[i].options, step_count_ + 1, grad_scale);
+    if (tasks[i].options != nullptr)
+      task_constants[i] = make_adam_step_constants(*tasks[i].options, step_count_ + 1, grad_scale);
   validate_tasks(tasks);
   build_segments(tasks);
   const std::size_t total = segments_.empty() ? 0 : segments_.back().begin + segments_.back().n;

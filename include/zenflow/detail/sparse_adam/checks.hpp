@@ -20,8 +20,9 @@ inline void check_sorted_columns(std::span<const std::int32_t> selection, index_
             " is outside [0, ", cols, ")");
     // The message's arguments are evaluated even when i == 0: never form selection[-1].
     const std::size_t previous = i == 0 ? 0 : i - 1;
-    expects(i == 0 || selection[previous] < selection[i], argument, "column indices must be strictly ascending: ",
-            selection[previous], " then ", selection[i], " at position ", i);
+    expects(i == 0 || selection[previous] < selection[i], argument,
+            "column indices must be strictly ascending: ", selection[previous], " then ", selection[i], " at position ",
+            i);
   }
 }
 

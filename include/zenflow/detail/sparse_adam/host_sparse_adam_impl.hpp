@@ -85,7 +85,9 @@ inline void host_sparse_adam::set_options(const adam_options& options) {
   options_ = options;
   for (auto& e : entries_) e.options = options;
 }
-inline const adam_options& host_sparse_adam::options(std::size_t i) const { return at(i).options; }
+inline const adam_options& host_sparse_adam::options(std::size_t i) const {
+  return at(i).options;
+}
 inline void host_sparse_adam::set_options(std::size_t i, const adam_options& options) {
   entry& e = at(i);
   options.validate();
