@@ -6,7 +6,7 @@
 // and releases it, the producer (host_to_device) has written each slot in place, as the
 // coordinator does. `pipelined_*` adds the CPU copy between the slots and a pageable buffer.
 // Counters: GB/s (1e9 bytes/s) and fraction = GB/s / the same direction's roofline.
-// Bars (issue 4): fraction >= 0.90 for slots >= 4 MiB; bidirectional >= 1.6x one direction when
+// Bars: fraction >= 0.90 for slots >= 4 MiB; bidirectional >= 1.6x one direction when
 // the GPU has two copy engines (see `copy_engines` in the context).
 //
 //   build/default/bench/bench_transfer_queue

@@ -230,7 +230,7 @@ def test_lr_scheduler_tracks_torch(mode):
 
 
 @pytest.mark.xfail(not FEATURES["skips_missing_gradients"], strict=True,
-                   reason="needs step() to skip parameters without a gradient (issue 16)")
+                   reason="step() does not yet skip parameters without a gradient")
 def test_parameters_without_gradient_are_skipped():
     # An unused branch (fc_unused) and a frozen layer, as torch.optim.AdamW handles them.
     ref, ours = make_model(), make_model()

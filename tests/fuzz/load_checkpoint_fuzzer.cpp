@@ -30,7 +30,7 @@ namespace {
 using namespace zenflow;
 using namespace zenflow::testing;
 
-constexpr std::size_t options_bytes = 47;  // the options fingerprint at the start of the payload
+constexpr std::size_t options_bytes = 40;  // the options fingerprint at the start of the payload
 
 struct known_configuration {
   zenflow_options options;

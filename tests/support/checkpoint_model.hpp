@@ -217,7 +217,7 @@ class checkpoint_document {
       pos += n * element;
       return fields_.back().bytes;
     };
-    scalar("options", 47);
+    scalar("options", 40);
     for (const char* name :
          {"step", "started", "interval", "first_step", "steps", "target", "pending", "overlap", "selection_due",
           "host_steps", "device_steps", "current_count", "pending_count", "parameters"})

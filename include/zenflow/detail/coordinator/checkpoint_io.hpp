@@ -156,11 +156,6 @@ class checkpoint_reader {
       return value;
     }
   }
-  /// Skips `bytes` bytes (padding kept for compatibility with files that hold it).
-  void skip(std::size_t bytes) {
-    expects(bytes <= payload_.size() - pos_, "checkpoint", "payload ends early");
-    pos_ += bytes;
-  }
   template <checkpoint_scalar T>
   requires(!std::is_same_v<T, bool>) std::vector<T> get_array() {
     const auto n = get<std::uint64_t>();

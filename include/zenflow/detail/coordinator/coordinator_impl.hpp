@@ -587,16 +587,14 @@ void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job
 namespace zenflow {
 
 namespace detail {
-/// The options a checkpoint must be resumed with (a mismatch is rejected). update_interval is
-/// stored as the struct it once was: the flag, 7 zero bytes, the count (files written before the
-/// padding was zeroed hold arbitrary padding, which the reader skips).
+/// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
+/// struct padding reaches the file).
 inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
   w.put(static_cast<std::uint8_t>(o.mode));
   w.put(o.topk_ratio);
   w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
   w.put(o.select_interval_steps());
   w.put(o.update_interval.is_auto);
-  for (int i = 0; i < 7; ++i) w.put(std::uint8_t{0});
   w.put(o.update_interval.value);
   w.put(o.full_warm_up_rounds);
   w.put(o.overlap_step);
@@ -608,7 +606,6 @@ inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
   same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
   same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
   same = (r.get<bool>() == o.update_interval.is_auto) && same;
-  r.skip(7);
   same = (r.get<std::int64_t>() == o.update_interval.value) && same;
   same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
   same = (r.get<bool>() == o.overlap_step) && same;
