@@ -4,6 +4,9 @@
 // writes the updated weights as bf16 (the copy a GPU would receive). Exits non-zero unless the
 // model recovers the generating weights.
 #include <zenflow/cpu_adam.hpp>
+#include <zenflow/format.hpp>
+
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstdio>
@@ -57,7 +60,7 @@ int main() {
       // Fused accumulate with the non-finite check (a bad micro-batch would return false).
       if (!adam.accumulate(acc_w.data(), grad_w.data(), zenflow::dtype::bf16, in * out) ||
           !adam.accumulate(acc_b.data(), grad_b.data(), zenflow::dtype::bf16, out)) {
-        std::fprintf(stderr, "non-finite gradient at step %d\n", step);
+        fmt::print(stderr, "non-finite gradient at step {}\n", step);
         return 1;
       }
     }
@@ -66,7 +69,7 @@ int main() {
     tasks[0].copy_out = w_bf16.data();  // the bf16 weights a GPU would receive
     tasks[0].copy_out_type = zenflow::dtype::bf16;
     if (!adam.step(tasks, 1.0f / micro_batches, /*check_finite=*/false).applied) return 1;
-    if (step % 100 == 0) std::printf("step %4d  loss %.6f\n", step, loss);
+    if (step % 100 == 0) fmt::print("step {:4}  loss {:.6f}\n", step, loss);
   }
 
   double max_err = 0;
@@ -74,15 +77,15 @@ int main() {
   for (int i = 0; i < in * out; ++i) {
     max_err = std::max(max_err, static_cast<double>(std::fabs(wp[i] - w_true[i])));
     if (w_bf16[i].bits != zenflow::to_bfloat16(wp[i]).bits) {
-      std::fprintf(stderr, "copy-out mismatch at %d\n", i);
+      fmt::print(stderr, "copy-out mismatch at {}\n", i);
       return 1;
     }
   }
   for (int o = 0; o < out; ++o) max_err = std::max(max_err, static_cast<double>(std::fabs(bp[o] - b_true[o])));
-  std::printf("final loss %.6f, max |param - truth| %.4f, %lld steps on %zu threads (%s)\n", loss, max_err,
-              static_cast<long long>(adam.step_count()), adam.pool().size(), zenflow::cpu_isa_name(adam.isa()).data());
+  fmt::print("final loss {:.6f}, max |param - truth| {:.4f}, {} steps on {} threads ({})\n", loss, max_err,
+             adam.step_count(), adam.pool().size(), adam.isa());
   if (!(max_err < 0.05) || adam.step_count() != steps) {
-    std::fprintf(stderr, "FAILED: the model did not converge\n");
+    fmt::print(stderr, "FAILED: the model did not converge\n");
     return 1;
   }
   return 0;

@@ -6,19 +6,22 @@
 //   zenflow-sync   top 10% of columns on the GPU, the rest every 4 steps on the CPU, synchronously
 //   zenflow-async  the same with the CPU update overlapped and written back one interval later
 // This build runs the coordinator's host backend (a host_stream stands in for the GPU stream).
-// It prints per-step loss, stall time and bytes moved, writes finetune_mlp.csv (one row per mode
-// and step; docs/plot_finetune.py turns it into docs/finetune.png) and a final table, and exits
-// non-zero if ZenFlow's held-out accuracy is not within 1 percentage point of dense.
+// It prints the options of each run, per-step loss, stall time and bytes moved, writes
+// finetune_mlp.csv (one row per mode and step; docs/plot_finetune.py turns it into
+// docs/finetune.png) and a final table, and exits non-zero if ZenFlow's held-out accuracy is not
+// within 1 percentage point of dense.
 //
 // Usage: finetune_mlp [digits.csv] [epochs]
 #include <zenflow/coordinator.hpp>
+#include <zenflow/format.hpp>
 
 #include "finetune_mlp/common.hpp"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -145,6 +148,7 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
   options.adam.lr = 2e-3f;
   options.adam.weight_decay = 0.01f;
   options.adam.adamw_mode = true;
+  finetune::print_options(name, options);
   mlp model(1234);  // the same initial weights for every mode
   zenflow::host_stream stream;
   zenflow::coordinator_config config;
@@ -192,13 +196,7 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
       result.final_loss = loss;
       csv << name << ',' << m.step << ',' << loss << ',' << m.stall_seconds * 1e3 << ',' << m.bytes_device_to_host
           << ',' << m.bytes_host_to_device << ',' << m.interval << ',' << m.selection_overlap << '\n';
-      if (m.step % 50 == 0) {
-        std::printf("  [%s] step %4lld  loss %.4f  stall %.3f ms%s%s  d2h %llu B  h2d %llu B  interval %lld\n",
-                    name.c_str(), static_cast<long long>(m.step), loss, m.stall_seconds * 1e3,
-                    m.stall_reason.empty() ? "" : " ", m.stall_reason.c_str(),
-                    static_cast<unsigned long long>(m.bytes_device_to_host),
-                    static_cast<unsigned long long>(m.bytes_host_to_device), static_cast<long long>(m.interval));
-      }
+      if (m.step % 50 == 0) finetune::print_step(name, m, loss);
       ++result.steps;
     }
   }
@@ -230,14 +228,25 @@ finetune::mode_result finetune::train_gpu(const std::string&, zenflow::zenflow_o
 }
 #endif
 
+// What a run trains with and, every 50 steps, what it did: for the host and the GPU runs alike
+// (gpu.cu calls these, so fmt stays out of nvcc).
+void finetune::print_options(const std::string& name, const zenflow::zenflow_options& options) {
+  fmt::print("[{}] {}\n", name, options);
+}
+
+void finetune::print_step(const std::string& name, const zenflow::step_metrics& m, float loss) {
+  fmt::print("  [{}] step {:4}  loss {:.4f}  stall {:.3f} ms{}{}  d2h {} B  h2d {} B  interval {}\n", name, m.step,
+             loss, m.stall_seconds * 1e3, m.stall_reason.empty() ? "" : " ", m.stall_reason, m.bytes_device_to_host,
+             m.bytes_host_to_device, m.interval);
+}
+
 namespace {
 void print_table(const std::vector<mode_result>& results) {
-  std::printf("\n%-18s %9s %10s %12s %14s %14s %8s\n", "mode", "accuracy", "final loss", "stall ms", "D2H bytes",
-              "H2D bytes", "seconds");
+  fmt::print("\n{:<18} {:>9} {:>10} {:>12} {:>14} {:>14} {:>8}\n", "mode", "accuracy", "final loss", "stall ms",
+             "D2H bytes", "H2D bytes", "seconds");
   for (const auto& r : results)
-    std::printf("%-18s %8.2f%% %10.4f %12.2f %14llu %14llu %8.2f\n", r.name.c_str(), r.accuracy, r.final_loss,
-                r.stall_ms, static_cast<unsigned long long>(r.bytes_d2h), static_cast<unsigned long long>(r.bytes_h2d),
-                r.seconds);
+    fmt::print("{:<18} {:>8.2f}% {:>10.4f} {:>12.2f} {:>14} {:>14} {:>8.2f}\n", r.name, r.accuracy, r.final_loss,
+               r.stall_ms, r.bytes_d2h, r.bytes_h2d, r.seconds);
 }
 }  // namespace
 
@@ -253,15 +262,16 @@ int main(int argc, char** argv) {
   const std::size_t n_test = data.n / 5;
   const std::vector<std::size_t> test_idx(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n_test));
   const std::vector<std::size_t> train_idx(idx.begin() + static_cast<std::ptrdiff_t>(n_test), idx.end());
-  std::printf(
-      "zenflow %d.%d.%d fine-tune: 3-layer MLP 64-256-256-10 (bf16) on %zu optical digits (%zu train, %zu "
-      "held out), %d epochs, host backend\n",
-      zenflow::version_major, zenflow::version_minor, zenflow::version_patch, data.n, train_idx.size(), n_test, epochs);
+  fmt::print(
+      "zenflow {}.{}.{} fine-tune: 3-layer MLP 64-256-256-10 ({}) on {} optical digits ({} train, {} held out), {} "
+      "epochs, host backend\n",
+      zenflow::version_major, zenflow::version_minor, zenflow::version_patch, zenflow::dtype::bf16, data.n,
+      train_idx.size(), n_test, epochs);
 
   std::ofstream csv("finetune_mlp.csv");
   csv << "mode,step,loss,stall_ms,bytes_d2h,bytes_h2d,interval,selection_overlap\n";
 
-  zenflow::zenflow_options zenflow_async;  // DeepSpeed-style defaults, then the settings
+  zenflow::zenflow_options zenflow_async;  // DeepSpeed-style defaults, then the demo's settings
   zenflow_async.topk_ratio = 0.1f;
   zenflow_async.update_interval = zenflow::interval_option::fixed(4);
   zenflow_async.select_interval = zenflow::interval_option::fixed(100);
@@ -278,7 +288,7 @@ int main(int argc, char** argv) {
 
   const bool on_gpu = finetune::gpu_available();
   if (on_gpu) {
-    std::printf("\nA CUDA GPU is present: the same four runs through cuda_coordinator.\n");
+    fmt::print("\nA CUDA GPU is present: the same four runs through cuda_coordinator.\n");
     results.push_back(
         finetune::train_gpu("gpu-dense", zenflow::zenflow_options::dense(), data, train_idx, test_idx, epochs, csv));
     results.push_back(finetune::train_gpu("gpu-zero-offload", zenflow::zenflow_options::zero_offload(), data, train_idx,
@@ -286,17 +296,17 @@ int main(int argc, char** argv) {
     results.push_back(finetune::train_gpu("gpu-zenflow-sync", zenflow_sync, data, train_idx, test_idx, epochs, csv));
     results.push_back(finetune::train_gpu("gpu-zenflow-async", zenflow_async, data, train_idx, test_idx, epochs, csv));
   } else {
-    std::printf("\n(no CUDA GPU in this build or on this machine: host backend only)\n");
+    fmt::print("\n(no CUDA GPU in this build or on this machine: host backend only)\n");
   }
   print_table(results);
-  std::printf("per-step rows written to finetune_mlp.csv (plot: python3 docs/plot_finetune.py finetune_mlp.csv)\n");
+  fmt::print("per-step rows written to finetune_mlp.csv (plot: python3 docs/plot_finetune.py finetune_mlp.csv)\n");
   bool ok = true;
   for (std::size_t base = 0; base < results.size(); base += 4) {
     const double gap = results[base].accuracy - results[base + 3].accuracy;
     const bool within = gap <= 1.0;
-    std::printf("%s held-out accuracy is %.2f points %s %s: %s\n", results[base + 3].name.c_str(), std::fabs(gap),
-                gap >= 0 ? "below" : "above", results[base].name.c_str(),
-                within ? "within 1 point (pass)" : "NOT within 1 point (fail)");
+    fmt::print("{} held-out accuracy is {:.2f} points {} {}: {}\n", results[base + 3].name, std::fabs(gap),
+               gap >= 0 ? "below" : "above", results[base].name,
+               within ? "within 1 point (pass)" : "NOT within 1 point (fail)");
     ok = ok && within;
   }
   if (results.size() == 8) {
@@ -306,8 +316,8 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < 4; ++i) {
       const double diff = std::fabs(results[4 + i].accuracy - results[i].accuracy);
       const bool close = diff <= 2.0;
-      std::printf("%s is %.2f points from %s: %s\n", results[4 + i].name.c_str(), diff, results[i].name.c_str(),
-                  close ? "within 2 points (pass)" : "NOT within 2 points (fail)");
+      fmt::print("{} is {:.2f} points from {}: {}\n", results[4 + i].name, diff, results[i].name,
+                 close ? "within 2 points (pass)" : "NOT within 2 points (fail)");
       ok = ok && close;
     }
   }

@@ -1,7 +1,9 @@
 // Shared by the host and GPU halves of examples/finetune_mlp: the data set, its loader, the
-// per-mode result, and the GPU entry points (defined in gpu.cu when built with CUDA).
+// per-mode result, the printed lines (defined in finetune_mlp.cpp) and the GPU entry points
+// (defined in gpu.cu when built with CUDA).
 #pragma once
 
+#include <zenflow/coordinator.hpp>
 #include <zenflow/options.hpp>
 
 #include <cstdint>
@@ -46,6 +48,11 @@ struct mode_result {
   std::uint64_t bytes_d2h = 0, bytes_h2d = 0;
   std::int64_t steps = 0;
 };
+
+/// Prints the options a run trains with.
+void print_options(const std::string& name, const zenflow::zenflow_options& options);
+/// Prints one step of a run: loss, stall (and why), bytes moved, update interval.
+void print_step(const std::string& name, const zenflow::step_metrics& m, float loss);
 
 /// True when this build has the CUDA half and a CUDA device is present.
 bool gpu_available();

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <memory>
 #include <random>
 
@@ -209,6 +208,7 @@ finetune::mode_result finetune::train_gpu(const std::string& name, zenflow::zenf
   options.adam.lr = 2e-3f;  // the host half's settings
   options.adam.weight_decay = 0.01f;
   options.adam.adamw_mode = true;
+  finetune::print_options(name, options);
   gpu_mlp model(1234);
   zenflow::coordinator_config config;
   config.d2h_slot_bytes = 64 << 10;
@@ -262,11 +262,7 @@ finetune::mode_result finetune::train_gpu(const std::string& name, zenflow::zenf
       result.final_loss = loss;
       csv << name << ',' << m.step << ',' << loss << ',' << m.stall_seconds * 1e3 << ',' << m.bytes_device_to_host
           << ',' << m.bytes_host_to_device << ',' << m.interval << ',' << m.selection_overlap << '\n';
-      if (m.step % 50 == 0)
-        std::printf("  [%s] step %4lld  loss %.4f  stall %.3f ms  d2h %llu B  h2d %llu B\n", name.c_str(),
-                    static_cast<long long>(m.step), loss, m.stall_seconds * 1e3,
-                    static_cast<unsigned long long>(m.bytes_device_to_host),
-                    static_cast<unsigned long long>(m.bytes_host_to_device));
+      if (m.step % 50 == 0) finetune::print_step(name, m, loss);
       ++result.steps;
     }
   }
