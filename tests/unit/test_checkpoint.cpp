@@ -139,7 +139,7 @@ TEST_CASE("a directory, a device or a missing file is not a checkpoint") {
   const auto cpu = m.cpu_state();
   const auto directory = temp_path("directory");
   std::filesystem::create_directory(directory);
-  // A directory opens as a stream and reports a huge size: this used to throw std::bad_alloc.
+  // A directory opens as a stream and reports a huge size: rejected as an error, not std::bad_alloc.
   CHECK_THROWS_WITH_AS(m.coordinator().load_checkpoint(directory, &m.stream()), doctest::Contains("not a regular file"),
                        zenflow::error);
   CHECK_THROWS_WITH_AS(m.coordinator().load_checkpoint("/dev/null", &m.stream()),
