@@ -128,9 +128,12 @@ auto pad_text(const fmt::formatter<fmt::string_view>& f, const T& value, FormatC
 
 }  // namespace zenflow::detail::format
 
+// The specializations, in fmt's namespace.
+namespace fmt {
+
 /// "f32", "bf16", "f16".
 template <>
-struct fmt::formatter<zenflow::dtype> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::dtype> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(zenflow::dtype value, FormatContext& ctx) const {
     return zenflow::detail::format::pad(*this, zenflow::detail::format::name(value), ctx);
@@ -139,7 +142,7 @@ struct fmt::formatter<zenflow::dtype> : fmt::formatter<fmt::string_view> {
 
 /// "host", "device".
 template <>
-struct fmt::formatter<zenflow::memory_space> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::memory_space> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(zenflow::memory_space value, FormatContext& ctx) const {
     return zenflow::detail::format::pad(*this, zenflow::detail::format::name(value), ctx);
@@ -148,7 +151,7 @@ struct fmt::formatter<zenflow::memory_space> : fmt::formatter<fmt::string_view> 
 
 /// "automatic", "scalar", "avx2", "avx512".
 template <>
-struct fmt::formatter<zenflow::cpu_isa> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::cpu_isa> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(zenflow::cpu_isa value, FormatContext& ctx) const {
     return zenflow::detail::format::pad(*this, zenflow::detail::format::name(value), ctx);
@@ -157,7 +160,7 @@ struct fmt::formatter<zenflow::cpu_isa> : fmt::formatter<fmt::string_view> {
 
 /// "auto", "step", "epoch".
 template <>
-struct fmt::formatter<zenflow::selection_strategy> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::selection_strategy> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(zenflow::selection_strategy value, FormatContext& ctx) const {
     return zenflow::detail::format::pad(*this, zenflow::detail::format::name(value), ctx);
@@ -166,7 +169,7 @@ struct fmt::formatter<zenflow::selection_strategy> : fmt::formatter<fmt::string_
 
 /// "zenflow", "zero_offload", "dense".
 template <>
-struct fmt::formatter<zenflow::offload_mode> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::offload_mode> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(zenflow::offload_mode value, FormatContext& ctx) const {
     return zenflow::detail::format::pad(*this, zenflow::detail::format::name(value), ctx);
@@ -175,7 +178,7 @@ struct fmt::formatter<zenflow::offload_mode> : fmt::formatter<fmt::string_view> 
 
 /// The value as a float: `fmt::format("{:.2f}", zenflow::to_bfloat16(1.5f))` is "1.50".
 template <>
-struct fmt::formatter<zenflow::bfloat16> : fmt::formatter<float> {
+struct formatter<zenflow::bfloat16> : fmt::formatter<float> {
   template <class FormatContext>
   auto format(zenflow::bfloat16 value, FormatContext& ctx) const {
     return fmt::formatter<float>::format(zenflow::to_float(value), ctx);
@@ -184,7 +187,7 @@ struct fmt::formatter<zenflow::bfloat16> : fmt::formatter<float> {
 
 /// The value as a float, as for bfloat16.
 template <>
-struct fmt::formatter<zenflow::float16> : fmt::formatter<float> {
+struct formatter<zenflow::float16> : fmt::formatter<float> {
   template <class FormatContext>
   auto format(zenflow::float16 value, FormatContext& ctx) const {
     return fmt::formatter<float>::format(zenflow::to_float(value), ctx);
@@ -193,7 +196,7 @@ struct fmt::formatter<zenflow::float16> : fmt::formatter<float> {
 
 /// "auto" or the fixed count.
 template <>
-struct fmt::formatter<zenflow::interval_option> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::interval_option> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(const zenflow::interval_option& value, FormatContext& ctx) const {
     return zenflow::detail::format::pad_text(*this, value, ctx);
@@ -202,7 +205,7 @@ struct fmt::formatter<zenflow::interval_option> : fmt::formatter<fmt::string_vie
 
 /// `{lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1e-08, weight_decay: 0, adamw_mode: true, bias_correction: true}`.
 template <>
-struct fmt::formatter<zenflow::adam_options> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::adam_options> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(const zenflow::adam_options& value, FormatContext& ctx) const {
     return zenflow::detail::format::pad_text(*this, value, ctx);
@@ -211,7 +214,7 @@ struct fmt::formatter<zenflow::adam_options> : fmt::formatter<fmt::string_view> 
 
 /// Every field in declaration order: `{mode: zenflow, topk_ratio: 0.1, ..., adam: {lr: 0.001, ...}}`.
 template <>
-struct fmt::formatter<zenflow::zenflow_options> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::zenflow_options> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(const zenflow::zenflow_options& value, FormatContext& ctx) const {
     return zenflow::detail::format::pad_text(*this, value, ctx);
@@ -220,7 +223,7 @@ struct fmt::formatter<zenflow::zenflow_options> : fmt::formatter<fmt::string_vie
 
 /// `{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768}`.
 template <>
-struct fmt::formatter<zenflow::cpu_adam_config> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::cpu_adam_config> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(const zenflow::cpu_adam_config& value, FormatContext& ctx) const {
     return zenflow::detail::format::pad_text(*this, value, ctx);
@@ -229,7 +232,7 @@ struct fmt::formatter<zenflow::cpu_adam_config> : fmt::formatter<fmt::string_vie
 
 /// Every field in declaration order: `{cpu_threads: 0, pin_threads: false, d2h_slot_bytes: 4194304, ...}`.
 template <>
-struct fmt::formatter<zenflow::coordinator_config> : fmt::formatter<fmt::string_view> {
+struct formatter<zenflow::coordinator_config> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
   auto format(const zenflow::coordinator_config& value, FormatContext& ctx) const {
     return zenflow::detail::format::pad_text(*this, value, ctx);
@@ -239,4 +242,6 @@ struct fmt::formatter<zenflow::coordinator_config> : fmt::formatter<fmt::string_
 /// Exactly what `operator<<(std::ostream&, const step_metrics&)` writes: the formatter calls it, so
 /// the two never differ.
 template <>
-struct fmt::formatter<zenflow::step_metrics> : fmt::ostream_formatter {};
+struct formatter<zenflow::step_metrics> : ostream_formatter {};
+
+}  // namespace fmt
