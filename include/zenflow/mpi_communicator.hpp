@@ -49,8 +49,8 @@ struct mpi_communicator_options {
   /// How long one collective (or one staging round of a large one) may take once issued, waiting
   /// for the slowest peer included; also bounds construction and the wait for earlier collectives.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
-  /// The most bytes one staging round moves through the communicator's own buffer (a round of
-  /// reduce_scatter / all_gather holds size() + 1 blocks). The smallest value of all ranks is used.
+  /// About the most bytes one staging round moves through the communicator's own buffer (larger
+  /// collectives take several rounds). The smallest value of all ranks is used.
   std::size_t staging_bytes = std::size_t{64} << 20;
 };
 
@@ -88,7 +88,8 @@ class mpi_communicator {
   /// The staging size in use (the smallest of all ranks' options).
   [[nodiscard]] std::size_t staging_bytes() const noexcept { return core_->staging_bytes(); }
 
-  /// recv[i] = op over every rank's send[i] (R3). Does not synchronize.
+  /// recv[i] = op over every rank's send[i] (R3), as a reduce-scatter and an all-gather: each
+  /// element is reduced on one rank, so all ranks get the same bits (O4). Does not synchronize.
   template <communicable T>
   void all_reduce(std::span<const T> send, std::span<T> recv, reduce_op op, stream_type stream) {
     detail::check_all_reduce(send, recv, op, stream != nullptr);

@@ -12,7 +12,7 @@
 // - Abort channel. Every rank keeps one receive posted (any source, a private tag on the
 //   duplicate); failing sends the reason to every peer, so a rank that fails makes the others
 //   fail at once rather than at their deadline.
-// - Staging. Data moves through a buffer the communicator owns, in rounds of at most
+// - Staging. Data moves through a buffer the communicator owns, in rounds of about
 //   `staging_bytes` (which also keeps every MPI count within int). A failed collective cannot be
 //   cancelled in MPI, so after a failure that buffer, the posted receive's buffer and the
 //   duplicate are deliberately leaked: a late peer can never write into memory the caller got
@@ -261,18 +261,28 @@ class core {
     turn_cv_.notify_all();
   }
 
+  /// A reduce-scatter then an all-gather per round: each element is reduced once, on one rank,
+  /// so every rank receives the same bits whatever algorithm MPI picks (O4).
   template <class T>
   void all_reduce(const T* send, T* recv, std::size_t n, reduce_op op, const std::string& what) {
-    const std::size_t step = round_elements(1, sizeof(T));
+    const auto blocks = static_cast<std::size_t>(size_);
+    const std::size_t step = round_elements(2, sizeof(T));
     for (std::size_t o = 0; o < n; o += step) {
       const std::size_t c = std::min(step, n - o);
-      T* buffer = staging<T>(c);
-      std::memcpy(buffer, send + o, c * sizeof(T));
+      const std::size_t per_rank = (c + blocks - 1) / blocks;
+      T* in = staging<T>(2 * blocks * per_rank);
+      T* out = in + blocks * per_rank;
+      std::memcpy(in, send + o, c * sizeof(T));
+      std::memset(static_cast<void*>(in + c), 0, (blocks * per_rank - c) * sizeof(T));  // padding
+      const int count = static_cast<int>(per_rank);
       MPI_Request request = MPI_REQUEST_NULL;
-      call(MPI_Iallreduce(MPI_IN_PLACE, buffer, static_cast<int>(c), datatype<T>(), mpi_op<T>(op), comm_, &request),
+      call(MPI_Ireduce_scatter_block(in, out + static_cast<std::size_t>(rank_) * per_rank, count, datatype<T>(),
+                                     mpi_op<T>(op), comm_, &request),
            what);
       wait(request, what);
-      std::memcpy(recv + o, buffer, c * sizeof(T));
+      call(MPI_Iallgather(MPI_IN_PLACE, count, datatype<T>(), out, count, datatype<T>(), comm_, &request), what);
+      wait(request, what);
+      std::memcpy(recv + o, out, c * sizeof(T));
     }
   }
 
