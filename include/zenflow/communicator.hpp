@@ -193,6 +193,9 @@ class self_communicator {
   template <class T>
   static void copy(const T* src, T* dst, std::size_t n, stream_type stream) {
     if (n == 0 || src == dst) return;
+    // Checked by every caller already; restated so that no compiler sees a null stream here.
+    if (stream == nullptr) [[unlikely]]
+      throw error("stream", "must not be null");
     stream->enqueue([=] { std::memcpy(dst, src, n * sizeof(T)); });
   }
 

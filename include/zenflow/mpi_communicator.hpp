@@ -155,6 +155,9 @@ class mpi_communicator {
       check();
       return;
     }
+    // Checked by every caller already; restated so that no compiler sees a null stream below.
+    if (stream == nullptr) [[unlikely]]
+      throw error("stream", "must not be null");
     const std::uint64_t ticket = core_->take_ticket(operation);
     try {
       auto guard = std::make_shared<detail::mpi::ticket_guard>(
