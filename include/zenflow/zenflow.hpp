@@ -1,7 +1,9 @@
-// Umbrella header: every host-compilable (.hpp) public header of zenflow.
+// Umbrella header: every host-compilable (.hpp) public header of zenflow (mpi_communicator.hpp
+// needs MPI and zenflow::mpi: include it on its own).
 #pragma once
 
 #include "zenflow/adam_math.hpp"
+#include "zenflow/communicator.hpp"
 #include "zenflow/concepts.hpp"
 #include "zenflow/config.hpp"
 #include "zenflow/coordinator.hpp"

@@ -1,0 +1,173 @@
+// nccl_communicator with one rank on one GPU: every collective of every element type (with one
+// rank each is a copy: the wiring of types, ops and in-place layouts), the argument checks,
+// abort, the bootstrap helpers, and an initialization that a missing rank never completes.
+#include <zenflow/nccl_communicator.cuh>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../gpu/device_helpers.cuh"
+
+using namespace std::chrono_literals;
+using zenflow::bfloat16;
+using zenflow::float16;
+using zenflow::nccl_communicator;
+using zenflow::reduce_op;
+
+namespace {
+
+template <class T>
+T make(double x) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+    return zenflow::from_float<T>(static_cast<float>(x));
+  else
+    return static_cast<T>(x);
+}
+
+template <class T>
+std::vector<T> pattern(std::size_t n, double offset) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = make<T>(static_cast<double>(i % 37) - 11.0 + offset);
+  return v;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// A device copy of `values`.
+template <class T>
+struct device_vector {
+  explicit device_vector(const std::vector<T>& values) : n(values.size()), buffer(values.size() * sizeof(T)) {
+    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.get(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> out(n);
+    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  std::span<T> span() { return {buffer.get<T>(), n}; }
+  std::span<const T> cspan() const { return {buffer.get<T>(), n}; }
+  std::size_t n;
+  zenflow_test::device_buffer buffer;
+};
+
+struct stream_holder {
+  cudaStream_t stream = nullptr;
+  stream_holder() { ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~stream_holder() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream)); }
+  void synchronize() const { ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream)); }
+};
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const zenflow::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("one rank: every collective, every element type, in place too", T, float, double, std::int32_t,
+                   std::int64_t, bfloat16, float16) {
+  nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1);
+  CHECK(comm.rank() == 0);
+  CHECK(comm.size() == 1);
+  stream_holder s;
+  const std::size_t n = 1000;
+  const std::vector<T> values = pattern<T>(n, 0.0);
+  for (const reduce_op op : {reduce_op::sum, reduce_op::max, reduce_op::min}) {
+    device_vector<T> send(values), recv(pattern<T>(n, 100.0));
+    comm.all_reduce(send.cspan(), recv.span(), op, s.stream);
+    s.synchronize();
+    CHECK(same_bits(recv.download(), values));
+    comm.all_reduce(send.cspan(), send.span(), op, s.stream);  // in place
+    comm.reduce_scatter(send.cspan(), recv.span(), op, s.stream);
+    s.synchronize();
+    CHECK(same_bits(send.download(), values));
+    CHECK(same_bits(recv.download(), values));
+  }
+  device_vector<T> send(values), recv(pattern<T>(n, 100.0));
+  comm.all_gather(send.cspan(), recv.span(), s.stream);
+  comm.all_gather(send.cspan(), send.span(), s.stream);  // in place
+  comm.broadcast(send.span(), 0, s.stream);
+  s.synchronize();
+  CHECK(same_bits(recv.download(), values));
+  CHECK(same_bits(send.download(), values));
+  comm.check();
+}
+
+TEST_CASE("one rank: bad arguments are rejected before anything is enqueued") {
+  nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1);
+  stream_holder s;
+  device_vector<float> a(pattern<float>(8, 0.0)), b(pattern<float>(4, 0.0));
+  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), b.span(), reduce_op::sum, s.stream); }),
+                 "zenflow: recv: all_reduce needs recv.size() == send.size(), got 4 and 8"));
+  CHECK(contains(error_of([&] { comm.reduce_scatter(a.cspan(), b.span(), reduce_op::sum, s.stream); }),
+                 "zenflow: send: reduce_scatter needs send.size() == size() * recv.size()"));
+  CHECK(contains(error_of([&] { comm.broadcast(a.span(), 1, s.stream); }), "zenflow: root: must be in [0, 1), got 1"));
+  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), a.span(), static_cast<reduce_op>(9), s.stream); }),
+                 "zenflow: op: unknown reduce_op value 9"));
+  // The legacy default stream is a valid CUDA stream.
+  comm.all_reduce(a.cspan(), a.span(), reduce_op::sum, nullptr);
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+  comm.check();
+}
+
+TEST_CASE("one rank: abort fails the communicator for good") {
+  nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1);
+  stream_holder s;
+  device_vector<float> a(pattern<float>(8, 0.0));
+  comm.abort("bad input");
+  comm.abort("ignored");
+  CHECK(comm.native_handle() == nullptr);
+  CHECK(error_of([&] { comm.check(); }) == "zenflow: nccl_communicator: aborted on rank 0 of 1: bad input");
+  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), a.span(), reduce_op::sum, s.stream); }),
+                 "all_reduce called after the communicator failed: aborted on rank 0 of 1: bad input"));
+}
+
+TEST_CASE("an initialization a missing rank never joins fails within the timeout") {
+  zenflow::nccl_communicator_options options;
+  options.timeout = 1000ms;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] { nccl_communicator comm(zenflow::nccl_unique_id(), 0, 2, options); });
+  CHECK(contains(message,
+                 "zenflow: nccl_communicator: initialization (ncclCommInitRankConfig) did not complete "
+                 "within 1000 ms on rank 0 of 2: every rank must construct the communicator"));
+  CHECK(std::chrono::steady_clock::now() - start < 30s);
+}
+
+TEST_CASE("bootstrap: the id's bytes round-trip; a host communicator or a broadcast callable shares it") {
+  const ncclUniqueId id = zenflow::nccl_unique_id();
+  const auto bytes = zenflow::nccl_unique_id_bytes(id);
+  const ncclUniqueId back = zenflow::nccl_unique_id_from_bytes(bytes);
+  CHECK(std::memcmp(&back, &id, sizeof id) == 0);
+  CHECK(contains(error_of([&] { (void)zenflow::nccl_unique_id_from_bytes(std::span(bytes).first(100)); }),
+                 "zenflow: bytes: an ncclUniqueId has 128 bytes, got 100"));
+
+  zenflow::self_communicator host;
+  nccl_communicator a(zenflow::shared_nccl_unique_id(host), host.rank(), host.size());
+  int broadcasts = 0;
+  const ncclUniqueId shared = zenflow::shared_nccl_unique_id(0, [&](void* data, std::size_t size) {
+    CHECK(data != nullptr);
+    CHECK(size == 128);
+    ++broadcasts;
+  });
+  CHECK(broadcasts == 1);
+  nccl_communicator b(shared, 0, 1);
+  a.check();
+  b.check();
+}
