@@ -23,7 +23,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
-#include <vector>
 
 #include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/detail/transfer_queue/basic_queue.hpp"
@@ -149,75 +148,11 @@ class pinned_pool {
   pinned_buffer buffer_;
 };
 
-namespace detail {
+}  // namespace zenflow
 
-/// The CUDA engine: a pinned_pool, the queue's own non-blocking copy stream on the device
-/// current at construction, one timing-free event per slot. See basic_queue.hpp.
-class cuda_copy_engine {
- public:
-  using stream_type = cudaStream_t;
+#include "zenflow/detail/transfer_queue/cuda_copy_engine.cuh"
 
-  cuda_copy_engine(std::size_t slot_bytes, std::size_t slot_count, pinned_allocation kind, event_wait wait)
-      : pool_(slot_bytes, slot_count, kind), copy_(cudaStreamNonBlocking) {
-    const unsigned flags = cudaEventDisableTiming | (wait == event_wait::block ? cudaEventBlockingSync : 0u);
-    try {
-      events_.reserve(slot_count);
-      for (std::size_t i = 0; i < slot_count; ++i) {
-        events_.emplace_back(flags);
-        events_.back().create();
-      }
-    } catch (...) {
-      destroy();
-      throw;
-    }
-  }
-  cuda_copy_engine(const cuda_copy_engine&) = delete;
-  cuda_copy_engine& operator=(const cuda_copy_engine&) = delete;
-  /// Waits for every copy (slot events only), then destroys events, stream and memory.
-  ~cuda_copy_engine() { destroy(); }
-
-  std::byte* slot_data(std::size_t i) const noexcept { return pool_.slot(i); }
-  cudaStream_t copy_stream() const noexcept { return copy_.get(); }
-
-  void submit_device_to_host(std::size_t i, const void* src, std::size_t n, cudaStream_t caller) {
-    cuda_event& event = events_[i];
-    event.record(caller);
-    event.wait(copy_.get());
-    if (n > 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(pool_.slot(i), src, n, cudaMemcpyDeviceToHost, copy_.get()));
-    event.record(copy_.get());
-  }
-
-  void submit_host_to_device(std::size_t i, void* dst, std::size_t n, cudaStream_t caller) {
-    cuda_event& event = events_[i];
-    event.record(caller);  // `dst` may still be in use there
-    event.wait(copy_.get());
-    if (n > 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, pool_.slot(i), n, cudaMemcpyHostToDevice, copy_.get()));
-    event.record(copy_.get());
-    event.wait(caller);
-  }
-
-  void wait(std::size_t i) const { events_[i].synchronize(); }
-  bool query(std::size_t i) const { return events_[i].query(); }
-
- private:
-  void destroy() noexcept {
-    // The queue's own stream first: it also covers a copy whose submit failed half-way (its event
-    // may not have been recorded after it). Never the caller's stream.
-    if (copy_) ZENFLOW_CUDA_ASSERT(cudaStreamSynchronize(copy_.get()));
-    for (cuda_event& event : events_) {  // no DMA into or out of freed memory
-      if (event.created()) ZENFLOW_CUDA_ASSERT(cudaEventSynchronize(event.native()));
-      event.reset();
-    }
-    events_.clear();
-    copy_.reset();
-  }
-
-  pinned_pool pool_;  // first: freed after the events were waited for
-  cuda_stream copy_;
-  std::vector<cuda_event> events_;  // one per slot
-};
-
-}  // namespace detail
+namespace zenflow {
 
 /// CUDA backend of the transfer queue (models zenflow::transfer_queue), the same interface as
 /// host_transfer_queue with stream_type = cudaStream_t (any stream of the device current at
