@@ -14,7 +14,7 @@
 //
 // The template takes an execution backend that names the component types and the "device"
 // operations: host_backend (detail/coordinator/host_backend.hpp; a host_stream plays the GPU
-// stream) ships here, cuda_backend in coordinator.cuh.
+// stream) ships here, cuda_backend with coordinator.cuh (detail/coordinator/cuda_backend.cuh).
 #pragma once
 
 #include <algorithm>
