@@ -12,9 +12,10 @@
 // selected columns. A selection boundary first completes and writes back all CPU work, then
 // re-selects and migrates optimizer state both ways (nothing is zeroed or truncated).
 //
-// The template takes an execution backend that names the component types and the "device"
-// operations: host_backend (detail/coordinator/host_backend.hpp; a host_stream plays the GPU
-// stream) ships here, cuda_backend with coordinator.cuh (detail/coordinator/cuda_backend.cuh).
+// The template takes an execution backend (a coordinator_backend, concepts.hpp) that names the
+// component types and the "device" operations: host_backend (detail/coordinator/host_backend.hpp;
+// a host_stream plays the GPU stream) ships here, cuda_backend with coordinator.cuh
+// (detail/coordinator/cuda_backend.cuh).
 #pragma once
 
 #include <algorithm>
@@ -97,7 +98,10 @@ struct update_record {
   bool synchronous = false;
 };
 
-template <class Backend, host_optimizer HostOptimizer = cpu_adam>
+/// The schedule over an execution backend (host_backend, cuda_backend) and a CPU optimizer. The
+/// CPU optimizer is a template parameter so that a trainer (or a test) can plug in its own: the
+/// host_optimizer concept lists exactly what the coordinator calls on it.
+template <coordinator_backend Backend, host_optimizer HostOptimizer = cpu_adam>
 class basic_coordinator {
  public:
   using backend_type = Backend;
@@ -105,9 +109,6 @@ class basic_coordinator {
   using selector_type = typename Backend::selector_type;
   using device_optimizer_type = typename Backend::device_optimizer_type;
   using queue_type = typename Backend::queue_type;
-  static_assert(importance_selector<selector_type>);
-  static_assert(device_optimizer<device_optimizer_type>);
-  static_assert(transfer_queue<queue_type>);
 
   /// Validates the options; starts the worker threads. Does not synchronize.
   explicit basic_coordinator(const zenflow_options& options, const coordinator_config& config = {})

@@ -40,7 +40,7 @@ inline std::vector<std::int32_t> set_difference(std::span<const std::int32_t> a,
 }
 }  // namespace detail
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::start(stream_type stream) {
   started_ = true;
   for (auto& p : params_)
@@ -50,7 +50,7 @@ void basic_coordinator<Backend, HostOptimizer>::start(stream_type stream) {
   if (!warm_up() && !options_.update_interval.is_auto) interval_target_ = options_.update_interval.value;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   // "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
   // reaches the important mass per GPU column. With the selection's scores (L1 per column) as
@@ -78,7 +78,7 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1, bound);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::set_selection(parameter& p, std::vector<std::int32_t> selection,
                                                               stream_type stream) {
   const index_t rows = p.matrix.rows;
@@ -114,7 +114,7 @@ void basic_coordinator<Backend, HostOptimizer>::set_selection(parameter& p, std:
   setup_buffers(p, stream);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::setup_buffers(parameter& p, stream_type stream) {
   const std::size_t n = p.complement.size() * static_cast<std::size_t>(p.matrix.rows);
   // k is fixed per parameter, so after the first call the sizes never change: the device buffers
@@ -133,7 +133,7 @@ void basic_coordinator<Backend, HostOptimizer>::setup_buffers(parameter& p, stre
   Backend::synchronize(stream);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
   // A selection change moves optimizer state: first complete and write back every CPU update,
   // so no accumulated gradient is lost and no stale result lands on a column the GPU now owns.
@@ -170,7 +170,7 @@ void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
   interval_target_ = options_.update_interval.is_auto ? auto_interval() : options_.update_interval.value;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream, bool synchronous,
                                                              std::int64_t last_step) {
   const std::int64_t i = interval_.index;
@@ -201,14 +201,14 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
   begin_interval(i + 1, last_step + 1);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::begin_interval(std::int64_t index, std::int64_t first_step) {
   interval_ = {index, first_step, 0};
   std::lock_guard lock(mutex_);
   accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, stream_type stream, const char* reason,
                                                            std::int64_t at_end_of) {
   stall_until([&] { return updated_interval_ >= i; }, reason);
@@ -235,7 +235,7 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
   metrics_.written_back = true;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::begin_step() {
   if (in_step_) return;
   last_metrics_ = metrics_;
@@ -247,7 +247,7 @@ void basic_coordinator<Backend, HostOptimizer>::begin_step() {
   stall_until([&] { return offloaded_through_step_ >= step_ - 2; }, "offload backpressure");
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::abandon_step(stream_type stream) {
   // Gradients handed over during backward may already be with the offload worker, which waits for
   // this step's flags: give it flags that skip, wait until it has dropped them, then rewind its
@@ -277,7 +277,7 @@ void basic_coordinator<Backend, HostOptimizer>::abandon_step(stream_type stream)
   in_step_ = step_offloaded_ = false;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
   if (warm_up()) return false;
   if (selection_due_) return true;
@@ -287,7 +287,7 @@ bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
   return options_.mode == offload_mode::zenflow && policy_.should_select(step_ - options_.full_warm_up_rounds);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, const step_flags* scale,
                                                                  stream_type stream) {
   const int parity = static_cast<int>(step_ % 2);
@@ -316,7 +316,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, c
   step_offloaded_ = true;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream) {
   rethrow_worker_error();
   for (std::size_t i = 0; i < params_.size(); ++i)
@@ -329,7 +329,7 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   return metrics_;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   if (!started_) start(stream);
   begin_step();
@@ -420,7 +420,7 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   if constexpr (Backend::device_space == memory_space::host) Backend::record(step_done_, stream);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
   rethrow_worker_error();
   abandon_step(stream);
@@ -431,7 +431,7 @@ void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
   });
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
   struct in_flight {
     offload_job job;
@@ -512,7 +512,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
   if (error) fail(std::move(error));
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::update_loop() {
   std::exception_ptr error;
   try {
@@ -538,7 +538,7 @@ void basic_coordinator<Backend, HostOptimizer>::update_loop() {
   if (error) fail(std::move(error));
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job) {
   const auto t0 = clock::now();
   const int b = static_cast<int>(job.interval % 2);
@@ -636,7 +636,7 @@ class synchronize_on_unwind {
 };
 }  // namespace detail
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::string& path, stream_type stream) {
   rethrow_worker_error();
   for (const auto& p : params_)
@@ -728,7 +728,7 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
   w.write(path);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::string& path, stream_type stream) {
   rethrow_worker_error();
   expects(!started_ && step_ == 0, "load_checkpoint",

@@ -13,6 +13,7 @@
 #include <span>
 #include <utility>
 
+#include "zenflow/concepts.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/importance_selector.cuh"
@@ -38,7 +39,7 @@ static __global__ void make_step_flags_kernel(const gradient_stats_device* stats
 }
 }  // namespace detail
 
-/// The CUDA execution backend of basic_coordinator.
+/// The CUDA execution backend of basic_coordinator (models coordinator_backend).
 struct cuda_backend {
   using stream_type = cudaStream_t;
   using selector_type = cuda_importance_selector<>;
@@ -52,7 +53,6 @@ struct cuda_backend {
         : cuda_transfer_queue(direction, slot_bytes, slot_count, pinned_allocation::host_alloc, event_wait::block) {}
   };
   static constexpr memory_space device_space = memory_space::device;
-  static constexpr const char* name = "cuda";
 
   /// Owning device allocation (cudaMalloc), freed exactly once.
   class device_buffer {
@@ -242,5 +242,7 @@ struct cuda_backend {
     return i;
   }
 };
+
+static_assert(coordinator_backend<cuda_backend>);
 
 }  // namespace zenflow

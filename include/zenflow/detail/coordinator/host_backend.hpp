@@ -19,7 +19,7 @@
 
 namespace zenflow {
 
-/// The host execution backend of basic_coordinator.
+/// The host execution backend of basic_coordinator (models coordinator_backend).
 struct host_backend {
   using stream_type = host_stream*;
   using event_type = host_event;
@@ -27,7 +27,6 @@ struct host_backend {
   using device_optimizer_type = host_sparse_adam;
   using queue_type = host_transfer_queue;
   static constexpr memory_space device_space = memory_space::host;
-  static constexpr const char* name = "host";
 
   /// One "device": nothing to bind on worker threads.
   static int current_device() noexcept { return 0; }
