@@ -107,7 +107,8 @@ class basic_coordinator {
   using device_optimizer_type = typename Backend::device_optimizer_type;
   using queue_type = typename Backend::queue_type;
 
-  /// Validates the options; starts the worker threads. Does not synchronize.
+  /// Validates the options and the config (throws naming the field); starts the worker threads.
+  /// Does not synchronize.
   explicit basic_coordinator(const zenflow_options& options, const coordinator_config& config = {});
 
   basic_coordinator(const basic_coordinator&) = delete;
@@ -228,7 +229,8 @@ class basic_coordinator {
 
   // Construction (coordinator_impl.hpp).
   static zenflow_options validated(const zenflow_options& options);
-  static std::size_t checked_slot_bytes(std::size_t bytes, const char* field);
+  static coordinator_config validated(const coordinator_config& config);
+  static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config);
   void stop_workers() noexcept;
 
   // Checks and failure (coordinator_impl.hpp).

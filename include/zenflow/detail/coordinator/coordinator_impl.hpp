@@ -39,13 +39,13 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer>
 basic_coordinator<Backend, HostOptimizer>::basic_coordinator(const zenflow_options& options,
                                                              const coordinator_config& config)
     : options_(validated(options)),
-      config_(config),
-      host_opt_(options.adam, cpu_adam_config{config.cpu_threads, config.pin_threads}),
+      config_(validated(config)),
+      host_opt_(make_host_optimizer(options.adam, config)),
       device_opt_(options.adam),
       selector_(options.topk_ratio),
       policy_(options),
-      offload_(shared_, checked_slot_bytes(config.d2h_slot_bytes, "d2h_slot_bytes"), config.d2h_slots),
-      update_(shared_, host_opt_, checked_slot_bytes(config.h2d_slot_bytes, "h2d_slot_bytes"), config.h2d_slots) {
+      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots),
+      update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots) {
   statistics_scratch_ = device_buffer(Backend::statistics_scratch_bytes);
   unit_flags_dev_ = device_buffer(sizeof(step_flags));
   const step_flags unit{};
@@ -95,10 +95,36 @@ zenflow_options basic_coordinator<Backend, HostOptimizer>::validated(const zenfl
   return options;
 }
 
+namespace detail {
+/// The coordinator's check of one transfer queue's settings, naming the coordinator_config fields
+/// (the queue would name its own constructor's arguments).
+inline void check_queue_config(std::size_t slot_bytes, std::size_t slots, const char* slot_bytes_field,
+                               const char* slots_field) {
+  // A slot carries whole fp32 elements (an offloaded gradient is accumulated per slot), so the
+  // smallest slot that makes progress is 4 bytes.
+  expects(slot_bytes >= 4, slot_bytes_field, "must be >= 4 (a slot carries whole fp32 elements), got ", slot_bytes);
+  expects(slots >= 2, slots_field, "must be at least 2 (double buffering), got ", slots);
+  (void)slot_stride(slot_bytes, slots, slot_bytes_field, slots_field);  // the pool's size overflow check
+}
+}  // namespace detail
+
 template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::size_t basic_coordinator<Backend, HostOptimizer>::checked_slot_bytes(std::size_t bytes, const char* field) {
-  expects(bytes >= 4, field, "must be >= 4 (a slot carries whole fp32 elements), got ", bytes);
-  return bytes;
+coordinator_config basic_coordinator<Backend, HostOptimizer>::validated(const coordinator_config& config) {
+  detail::check_queue_config(config.d2h_slot_bytes, config.d2h_slots, "d2h_slot_bytes", "d2h_slots");
+  detail::check_queue_config(config.h2d_slot_bytes, config.h2d_slots, "h2d_slot_bytes", "h2d_slots");
+  return config;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+HostOptimizer basic_coordinator<Backend, HostOptimizer>::make_host_optimizer(const adam_options& adam,
+                                                                             const coordinator_config& config) {
+  try {
+    return HostOptimizer(adam, cpu_adam_config{config.cpu_threads, config.pin_threads});
+  } catch (const error& e) {
+    // cpu_adam names its own config's field; the trainer set coordinator_config::cpu_threads.
+    if (e.argument() == "config.threads") throw error("cpu_threads", e.reason());
+    throw;
+  }
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer>
