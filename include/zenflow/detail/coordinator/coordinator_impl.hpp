@@ -17,6 +17,7 @@
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/detail/coordinator/jobs.hpp"
 #include "zenflow/detail/coordinator/migration.hpp"
 #include "zenflow/detail/coordinator/offload_worker.hpp"
 #include "zenflow/detail/coordinator/update_worker.hpp"

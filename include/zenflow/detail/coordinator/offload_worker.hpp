@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "zenflow/detail/coordinator/jobs.hpp"
 #include "zenflow/detail/coordinator/shared_state.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/detail/cpu_adam/isa.hpp"
@@ -18,23 +19,6 @@
 #include "zenflow/types.hpp"
 
 namespace zenflow::detail {
-
-/// Work for the offload worker: one gathered gradient, or a marker (src == nullptr).
-template <class Backend>
-struct offload_job {
-  std::int64_t step = 0;
-  std::int64_t interval = 0;
-  /// Marker only: every gradient of `interval` has been handed over (else: every gradient of
-  /// `step`; with flags == nullptr the step is not counted).
-  bool interval_end = false;
-  const std::byte* src = nullptr;  ///< the gathered gradient (device memory, compact)
-  std::size_t bytes = 0;
-  dtype type = dtype::f32;
-  float* accumulator = nullptr;       ///< the interval's fp32 accumulator of this parameter's CPU columns
-  const step_flags* flags = nullptr;  ///< host copy of the step's flags, valid once *flags_ready completed
-  typename Backend::event_type* flags_ready = nullptr;  ///< recorded after the step's flags were written
-  typename Backend::event_type* gathered = nullptr;     ///< the gather this copy must wait for
-};
 
 /// Owns the device_to_host queue, its copy stream, the job list and the thread. The coordinator
 /// starts it once, pushes jobs under the shared mutex, and requests the stop (shared_state) before

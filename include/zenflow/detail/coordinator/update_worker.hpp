@@ -17,33 +17,13 @@
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/cpu_adam.hpp"
+#include "zenflow/detail/coordinator/jobs.hpp"
 #include "zenflow/detail/coordinator/shared_state.hpp"
 #include "zenflow/detail/transfer_queue/basic_queue.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/types.hpp"
 
 namespace zenflow::detail {
-
-/// One parameter's share of a CPU update.
-struct update_item {
-  adam_options adam;                      ///< its hyper-parameters as the interval ended
-  std::size_t tensor = 0;                 ///< its tensor in the host optimizer
-  std::span<const std::int32_t> columns;  ///< its CPU columns (ascending)
-  std::span<float> accumulator;           ///< the interval's accumulated gradient, compact (zeroed after)
-  std::span<std::byte> out;               ///< the updated columns in `out_type`, compact (host staging)
-  dtype out_type = dtype::f32;
-  std::byte* device_out = nullptr;  ///< where the write-back reads them from (device memory)
-};
-
-/// Work for the update worker: the CPU update of one interval.
-template <class Backend>
-struct update_job {
-  std::int64_t interval = 0;
-  std::vector<update_item> items;  ///< the parameters with CPU columns
-  /// The write-back that last read this interval parity's device staging (interval - 2's): it must
-  /// have run before the staging is refilled.
-  typename Backend::event_type* written_back = nullptr;
-};
 
 /// Owns the host_to_device queue, its copy stream, the job list, the thread and the trace of the
 /// CPU updates. The coordinator starts it once, pushes jobs under the shared mutex, and requests
