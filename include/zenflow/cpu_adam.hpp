@@ -58,8 +58,16 @@ struct cpu_adam_task {
   dtype copy_out_type = dtype::bf16;
   bool out_compact = false;  ///< layout of copy_out, as grad_compact is for grad
   /// This task's hyper-parameters (parameter groups); nullptr: the optimizer's options(). The step
-  /// count, and so the bias correction, is the optimizer's.
+  /// count, and so the bias correction, is the optimizer's unless `step` says otherwise.
   const adam_options* options = nullptr;
+  /// This task's bias-correction step t (1-based), for a caller that counts steps per parameter as
+  /// torch does (a parameter without a gradient is left out of a step and does not count it);
+  /// 0: the optimizer's, step_count() + 1. The optimizer's own count advances by one per step
+  /// either way.
+  std::int64_t step = 0;
+  /// Multiplies the step's grad_scale for this task's gradient (e.g. 1 / the number of gradients
+  /// this parameter accumulated, when parameters accumulated different numbers).
+  float grad_scale = 1.0f;
 };
 
 /// What a step did. applied == false: a non-finite gradient was found and nothing changed.

@@ -20,8 +20,11 @@
 // added and those of the vectors in the order the vectors were added.
 //
 // Math: every element is adam_math.hpp's adam_update on the fp32 master, then the parameter is
-// the master rounded to nearest even to its dtype. The step count is 1-based as in
-// make_adam_step_constants and counts applied steps only.
+// the master rounded to nearest even to its dtype. Step counts are 1-based as in
+// make_adam_step_constants and count applied steps only. As torch keeps a `step` per parameter,
+// each parameter has its own count (its bias correction): a step that has no gradient for a
+// parameter (a view with data == nullptr: torch's `grad is None`) leaves that parameter, its state
+// and its count untouched.
 #pragma once
 
 #include <cstddef>
@@ -75,12 +78,19 @@ class host_sparse_adam {
   void set_options(std::size_t i, const adam_options& options);
   /// Number of applied steps (skipped steps do not count).
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_; }
-  /// Sets the step count (checkpoint restore); must be >= 0.
+  /// Number of applied steps that had a gradient for parameter i: its next step uses
+  /// t = step_count(i) + 1 for its bias correction. A parameter starts from step_count() as it was
+  /// when the parameter was added.
+  [[nodiscard]] std::int64_t step_count(std::size_t i) const;
+  /// Sets the step count and every parameter's (checkpoint restore); must be >= 0.
   void set_step_count(std::int64_t step);
+  /// Sets parameter i's step count (checkpoint restore); must be >= 0.
+  void set_step_count(std::size_t i, std::int64_t step);
 
   /// One Adam/AdamW step of every parameter: selected columns of every matrix, all of every
   /// vector, from the current gradients (host views with the parameters' shapes, any layout and
-  /// dtype). Effective gradient scale = grad_scale * (*scale_ptr if scale_ptr). Nothing is
+  /// dtype; a view with data == nullptr: no gradient for that parameter this step, which is left
+  /// as it is and does not count the step). Effective gradient scale = grad_scale * (*scale_ptr if scale_ptr). Nothing is
   /// modified and the step count does not advance (returns false) if `skip_flag` points to a
   /// nonzero value, if the effective scale is not finite or negative, or, with `check_finite`,
   /// if any gradient value the step reads is NaN or infinite once scaled (as the CPU Adam checks:
@@ -117,6 +127,7 @@ class host_sparse_adam {
     std::vector<float> master, exp_avg, exp_avg_sq;
     std::size_t group_index = 0;  // position among matrices or among vectors
     adam_options options;         // this parameter's hyper-parameters
+    std::int64_t steps = 0;       // applied steps that had a gradient for it
   };
   const entry& at(std::size_t i, const char* argument = "i") const;
   entry& at(std::size_t i, const char* argument = "i");

@@ -223,9 +223,17 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
   expects(step_count_ < std::numeric_limits<std::int64_t>::max(), "step_count", "would overflow");
   const adam_step_constants c = make_adam_step_constants(options_, step_count_ + 1, grad_scale);  // validates
   std::vector<adam_step_constants> task_constants(tasks.size(), c);
-  for (std::size_t i = 0; i < tasks.size(); ++i)
-    if (tasks[i].options != nullptr)
-      task_constants[i] = make_adam_step_constants(*tasks[i].options, step_count_ + 1, grad_scale);
+  std::vector<float> task_scale(tasks.size(), grad_scale);
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const auto& t = tasks[i];
+    if (t.options == nullptr && t.step == 0 && t.grad_scale == 1.0f) continue;
+    expects(t.step >= 0, "tasks", "task ", i, " has step ", t.step, " (must be >= 1, or 0: the optimizer's)");
+    expects(is_finite_bits(t.grad_scale) && t.grad_scale >= 0.0f, "tasks", "task ", i, " has grad_scale ",
+            t.grad_scale, " (must be finite and >= 0)");
+    task_scale[i] = grad_scale * t.grad_scale;
+    task_constants[i] = make_adam_step_constants(t.options != nullptr ? *t.options : options_,
+                                                 t.step != 0 ? t.step : step_count_ + 1, task_scale[i]);
+  }
   validate_tasks(tasks);
   build_segments(tasks);
   const std::size_t total = segments_.empty() ? 0 : segments_.back().begin + segments_.back().n;
@@ -247,7 +255,7 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
     for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
       if (bad.load(std::memory_order_relaxed)) return;
       const kernels& kk = k[s.task];
-      if (kk.scan(s.g + off * kk.gsz, n, grad_scale)) bad.store(true, std::memory_order_relaxed);
+      if (kk.scan(s.g + off * kk.gsz, n, task_scale[s.task])) bad.store(true, std::memory_order_relaxed);
     });
     if (bad.load()) return {false, step_count_};
   }

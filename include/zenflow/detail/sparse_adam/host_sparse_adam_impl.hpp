@@ -30,6 +30,7 @@ inline std::size_t host_sparse_adam::add_entry(entry e, std::span<const float> p
   e.exp_avg_sq.assign(n, 0.0f);
   e.group_index = e.is_vector ? vectors_.size() : matrices_.size();
   e.options = options_;
+  e.steps = step_;
   entries_.push_back(std::move(e));
   const std::size_t index = entries_.size() - 1;
   (entries_.back().is_vector ? vectors_ : matrices_).push_back(index);
@@ -95,9 +96,18 @@ inline void host_sparse_adam::set_options(std::size_t i, const adam_options& opt
   expects(field == nullptr, field ? field : "options", "parameter groups differ in lr and weight_decay only");
   e.options = options;
 }
+inline std::int64_t host_sparse_adam::step_count(std::size_t i) const {
+  return at(i).steps;
+}
 inline void host_sparse_adam::set_step_count(std::int64_t step) {
   expects(step >= 0, "step", "must be >= 0, got ", step);
   step_ = step;
+  for (auto& e : entries_) e.steps = step;
+}
+inline void host_sparse_adam::set_step_count(std::size_t i, std::int64_t step) {
+  entry& e = at(i);
+  expects(step >= 0, "step", "must be >= 0, got ", step);
+  e.steps = step;
 }
 
 inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_grads,
@@ -111,12 +121,15 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   expects(is_finite_bits(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ", grad_scale);
   // Each parameter's gradient, as a matrix view (a vector is one column).
   std::vector<const_matrix_view> grads(entries_.size());
+  // A view with data == nullptr: no gradient for that parameter this step.
   for (std::size_t g = 0; g < matrices_.size(); ++g) {
+    if (matrix_grads[g].data == nullptr) continue;
     sa::check_grad_matrix(matrix_grads[g], entries_[matrices_[g]].param, memory_space::host, "matrix_grads");
     grads[matrices_[g]] = matrix_grads[g];
   }
   for (std::size_t g = 0; g < vectors_.size(); ++g) {
     const auto& v = vector_grads[g];
+    if (v.data == nullptr) continue;
     v.validate("vector_grads", memory_space::host);
     expects(v.size == entries_[vectors_[g]].rows, "vector_grads", "size ", v.size, " does not match the parameter's ",
             entries_[vectors_[g]].rows);
@@ -145,6 +158,7 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   };
   if (check_finite)
     for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (grads[i].data == nullptr) continue;
       bool finite = true;
       // The scaled value, as the CPU Adam checks it: a finite gradient that overflows when scaled
       // skips the step too.
@@ -154,7 +168,8 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
 
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     entry& e = entries_[i];
-    const adam_step_constants c = make_adam_step_constants(e.options, step_ + 1, scale);
+    if (grads[i].data == nullptr) continue;  // no gradient: untouched, its count stays
+    const adam_step_constants c = make_adam_step_constants(e.options, e.steps + 1, scale);
     dispatch_dtype(e.param.type, [&](auto tag) {
       using T = decltype(tag);
       T* p = static_cast<T*>(e.param.data);
@@ -162,6 +177,7 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
         sa::update_element(p[offset], e.master[s], e.exp_avg[s], e.exp_avg_sq[s], g, c);
       });
     });
+    ++e.steps;
   }
   ++step_;
   return true;
