@@ -88,6 +88,16 @@ struct update_record {
   bool synchronous = false;
 };
 
+/// What step() does with a registered parameter that got no gradient in the step.
+enum class missing_gradients {
+  /// The step is rejected (step() throws and drops the step's gradients): every parameter needs a
+  /// gradient every step.
+  reject,
+  /// The parameter is skipped this step, as torch.optim.AdamW skips a parameter whose `.grad` is
+  /// None: no Adam update and no step-count advance for it (see basic_coordinator::step).
+  skip,
+};
+
 namespace detail {
 template <class Backend>
 class offload_worker;
@@ -130,6 +140,13 @@ class basic_coordinator {
   /// already in it.
   [[nodiscard]] const HostOptimizer& host_optimizer() const;
   [[nodiscard]] const device_optimizer_type& device_optimizer() const noexcept;
+  /// Parameter i's own step counts, as torch keeps a `step` per parameter (they differ from the
+  /// optimizers' counts when gradients were missing, see step()): the CPU updates applied to its
+  /// columns (0 for a 1-D parameter; waits for CPU updates already launched, as host_optimizer()),
+  /// and the GPU updates of its selected columns or of the 1-D parameter (0 before it has GPU
+  /// columns; reads the device optimizer: call it when the stream is idle, e.g. after finish()).
+  [[nodiscard]] std::int64_t cpu_step_count(std::size_t i) const;
+  [[nodiscard]] std::int64_t gpu_step_count(std::size_t i) const;
   [[nodiscard]] std::size_t parameter_count() const noexcept;
   [[nodiscard]] const std::string& name(std::size_t i) const;
   /// Parameter i's Adam/AdamW hyper-parameters for the next step (options().adam until changed).
@@ -173,7 +190,25 @@ class basic_coordinator {
   /// the coordinator as if the step had not begun: the gradients handed over so far are dropped
   /// and may be submitted again. After an error on a worker (or a failed backend operation) the
   /// coordinator is failed: every later call but metrics() and destruction rethrows that error.
-  const step_metrics& step(stream_type stream);
+  ///
+  /// A parameter without a gradient in the step: rejected by default (step() throws naming it and
+  /// drops the step's gradients). With missing_gradients::skip it is skipped, as torch.optim.AdamW
+  /// skips a parameter whose `.grad` is None; every step count is per parameter, as torch's `step`:
+  /// - GPU path (its selected columns, a 1-D parameter): no update, its device step count (bias
+  ///   correction) does not advance;
+  /// - CPU path: the step adds nothing to its accumulated gradient; an interval's CPU update uses
+  ///   the mean over the steps that did give it a gradient (its own count), and a parameter with
+  ///   no gradient in the whole interval gets no CPU update (its CPU step count stays) and no
+  ///   write-back;
+  /// - the gradient statistics (clip norm, non-finite check) cover the gradients given only;
+  /// - selection: at a selection step it keeps its previous selection; one that has none yet keeps
+  ///   every column on the CPU until a selection step at which it has a gradient (the first
+  ///   selection happens at the first step after warm-up at which some 2-D parameter has one;
+  ///   dense mode moves every column to the GPU at once, no gradient needed);
+  /// - a 2-D parameter's device step count starts at its first selection from the device
+  ///   optimizer's count of applied steps, as without missing gradients.
+  /// A step with no gradient at all still counts as a training step (step_count(), intervals).
+  const step_metrics& step(stream_type stream, missing_gradients missing = missing_gradients::reject);
 
   /// Completes all CPU work and writes it back (end of training, before evaluation or export).
   /// Gradients submitted since the last step() are dropped. Synchronizes with `stream`.
@@ -211,7 +246,14 @@ class basic_coordinator {
     // Recorded after this parameter's gather, per step parity; the offload worker's copies wait
     // for it (behind a pointer: events do not move).
     std::unique_ptr<std::array<event_type, 2>> gathered = std::make_unique<std::array<event_type, 2>>();
-    std::vector<float> accumulator[2];    // fp32 accumulated compact gradient, per interval parity
+    std::vector<float> accumulator[2];  // fp32 accumulated compact gradient, per interval parity
+    // Non-skipped steps accumulated into accumulator[b] (interval parity b): written by the offload
+    // worker, read by the update worker and by the trainer once that interval is accumulated,
+    // reset by the trainer when the interval of that parity begins.
+    std::int64_t accumulated[2] = {0, 0};
+    // CPU updates applied to this parameter's columns (its CPU bias correction, as torch's per
+    // parameter `step`): written by the update worker, read by the trainer when it is drained.
+    std::int64_t cpu_steps = 0;
     std::vector<std::byte> out_stage[2];  // CPU copy-out (param dtype, compact), per interval parity
     device_buffer writeback_dev[2];       // the same on the device, per interval parity
     const_matrix_view grad_matrix{};
@@ -254,6 +296,8 @@ class basic_coordinator {
   void abandon_step(stream_type stream);
   void run_step(stream_type stream);
   [[nodiscard]] bool selection_boundary() const;
+  [[nodiscard]] bool any_selection() const noexcept;
+  [[nodiscard]] bool has_matrices() const noexcept;
   void offload_gradient(parameter& p, const step_flags* flags, stream_type stream);
   void reselect(stream_type stream);
   [[nodiscard]] std::int64_t auto_interval() const;

@@ -53,7 +53,7 @@ const std::vector<known_configuration>& configurations() {
   static const std::vector<known_configuration> all = [] {
     std::vector<known_configuration> out;
     for (const auto& c : checkpoint_configurations()) {
-      checkpoint_model m(c.options);
+      checkpoint_model m(c);
       m.train(c.steps);
       m.coordinator().save_checkpoint(scratch_path(), &m.stream());
       out.push_back({c.options, c.steps, read_file_bytes(scratch_path())});
@@ -104,7 +104,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::vector<char> file(reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size);
   const auto& config = matching(file);
-  checkpoint_model m(config.options);
+  checkpoint_model m(config);
   const auto weights = m.snapshot();
   const auto cpu = m.cpu_state();
   bool loaded = try_load(m, file, weights, cpu);

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(seeds);
     std::filesystem::create_directories(corpus);
     for (const auto& c : zenflow::testing::checkpoint_configurations()) {
-      zenflow::testing::checkpoint_model model(c.options);
+      zenflow::testing::checkpoint_model model(c);
       model.train(c.steps);
       const auto path = (seeds / (std::string(c.name) + ".ckpt")).string();
       model.coordinator().save_checkpoint(path, &model.stream());

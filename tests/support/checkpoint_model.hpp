@@ -25,6 +25,8 @@ struct checkpoint_configuration {
   const char* name;
   zenflow_options options;
   std::int64_t steps;
+  /// Train with missing_gradients::skip: some parameters get no gradient in some steps.
+  bool missing_gradients = false;
 };
 
 inline zenflow_options checkpoint_base_options() {
@@ -59,6 +61,8 @@ inline std::vector<checkpoint_configuration> checkpoint_configurations() {
   dense.topk_ratio = 0.5f;
   out.push_back({"dense", dense, 3});
   out.push_back({"zero_offload", zenflow_options::zero_offload(), 3});
+  // Mid-interval, a CPU result pending, per-parameter counts that differ (see checkpoint_model::train).
+  out.push_back({"missing_gradients", checkpoint_base_options(), 5, true});
   return out;
 }
 
@@ -67,8 +71,8 @@ class checkpoint_model {
  public:
   static constexpr index_t rows0 = 6, cols0 = 10, rows1 = 5, cols1 = 8, bias_size = 4;
 
-  explicit checkpoint_model(const zenflow_options& options, std::size_t cpu_threads = 1)
-      : coordinator_(options, config(cpu_threads)) {
+  explicit checkpoint_model(const zenflow_options& options, std::size_t cpu_threads = 1, bool missing_gradients = false)
+      : missing_(missing_gradients), coordinator_(options, config(cpu_threads)) {
     w0_.resize(rows0 * cols0);
     g0_.resize(rows0 * cols0);
     w1_.resize(rows1 * cols1);
@@ -91,19 +95,33 @@ class checkpoint_model {
     coordinator_.register_parameter("bias", vector_view{bias_.data(), bias_size, dtype::f32}, bias0);
   }
 
+  /// The model of a configuration (its options, and whether it trains with missing gradients).
+  explicit checkpoint_model(const checkpoint_configuration& c, std::size_t cpu_threads = 1)
+      : checkpoint_model(c.options, cpu_threads, c.missing_gradients) {}
+
   host_coordinator& coordinator() noexcept { return coordinator_; }
   host_stream& stream() noexcept { return stream_; }
 
-  /// Runs `steps` training steps (each: gradients from the current weights, submit, step).
+  /// Runs `steps` training steps (each: gradients from the current weights, submit, step). With
+  /// missing gradients (by the step's number, so that a resumed run continues the pattern): w0 has
+  /// none in steps 1, 2 mod 6 (a whole interval of 3 may miss it), w1 none in odd steps, the bias
+  /// none in steps 2 mod 4.
   void train(std::int64_t steps) {
     for (std::int64_t s = 0; s < steps; ++s) {
       stream_.synchronize();  // the "backward" reads the weights after the previous step's updates
-      make_gradients(coordinator_.step_count());
-      coordinator_.submit_gradient(0, const_matrix_view::row_major(g0_.data(), rows0, cols0, dtype::bf16), &stream_);
-      coordinator_.submit_gradient(1, const_matrix_view::column_contiguous(g1_.data(), rows1, cols1, dtype::f32),
-                                   &stream_);
-      coordinator_.submit_gradient(2, const_vector_view{bias_grad_.data(), bias_size, dtype::f32}, &stream_);
-      coordinator_.step(&stream_);
+      const std::int64_t step = coordinator_.step_count();
+      make_gradients(step);
+      const bool skip0 = missing_ && (step % 6 == 1 || step % 6 == 2);
+      const bool skip1 = missing_ && step % 2 == 1;
+      const bool skip2 = missing_ && step % 4 == 2;
+      if (!skip0)
+        coordinator_.submit_gradient(0, const_matrix_view::row_major(g0_.data(), rows0, cols0, dtype::bf16), &stream_);
+      if (!skip1)
+        coordinator_.submit_gradient(1, const_matrix_view::column_contiguous(g1_.data(), rows1, cols1, dtype::f32),
+                                     &stream_);
+      if (!skip2)
+        coordinator_.submit_gradient(2, const_vector_view{bias_grad_.data(), bias_size, dtype::f32}, &stream_);
+      coordinator_.step(&stream_, missing_ ? missing_gradients::skip : missing_gradients::reject);
     }
     stream_.synchronize();
   }
@@ -160,6 +178,7 @@ class checkpoint_model {
 
   std::vector<bfloat16> w0_, g0_;
   std::vector<float> w1_, g1_, bias_, bias_grad_;
+  bool missing_ = false;
   host_stream stream_;
   host_coordinator coordinator_;
 };
@@ -189,8 +208,9 @@ inline void reseal_checkpoint(std::vector<char>& bytes) {
 /// (with a matching header). Scalars keep their raw bytes; arrays their elements' raw bytes.
 /// Names: "step", "started", "interval", "first_step", "steps", "target", "pending", "overlap",
 /// "host_steps", "device_steps", "current_count", "pending_count", "parameters", then per
-/// parameter "<name>.<field>" with the fields of checkpoint_io.hpp (cpu_p, cpu_m, cpu_v,
-/// selection, compact, accumulator, pending, values; a 1-D parameter: state, values).
+/// parameter "<name>.<field>" with the fields of checkpoint_io.hpp (host_steps, device_steps,
+/// current_count, pending_count, cpu_p, cpu_m, cpu_v, selection, compact, accumulator, pending,
+/// values; a 1-D parameter: device_steps, state, values).
 class checkpoint_document {
  public:
   struct field {
@@ -234,12 +254,14 @@ class checkpoint_document {
       if (is_vector) {
         scalar(name + ".size", 8);
         scalar(name + ".type", 1);
+        scalar(name + ".device_steps", 8);
         array(name + ".state", 4);
         array(name + ".values", 1);
         continue;
       }
       for (const char* f : {"rows", "cols"}) scalar(name + "." + f, 8);
       for (const char* f : {"type", "grad_type"}) scalar(name + "." + f, 1);
+      for (const char* f : {"host_steps", "device_steps", "current_count", "pending_count"}) scalar(name + "." + f, 8);
       for (const char* f : {"cpu_p", "cpu_m", "cpu_v", "selection", "compact", "accumulator"}) array(name + "." + f, 4);
       for (const char* f : {"pending", "values"}) array(name + "." + f, 1);
     }

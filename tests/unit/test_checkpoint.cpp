@@ -41,7 +41,7 @@ const checkpoint_configuration& configuration(const std::string& name) {
 // The checkpoint of `c` after its steps.
 std::vector<char> saved_checkpoint(const checkpoint_configuration& c) {
   const auto path = temp_path(std::string(c.name) + ".bin");
-  checkpoint_model m(c.options);
+  checkpoint_model m(c);
   m.train(c.steps);
   m.coordinator().save_checkpoint(path, &m.stream());
   auto bytes = read_file_bytes(path);
@@ -51,7 +51,7 @@ std::vector<char> saved_checkpoint(const checkpoint_configuration& c) {
 
 // The weights after `c.steps + more` uninterrupted steps and finish().
 std::vector<std::byte> uninterrupted(const checkpoint_configuration& c, std::int64_t more) {
-  checkpoint_model m(c.options);
+  checkpoint_model m(c);
   m.train(c.steps + more);
   m.coordinator().finish(&m.stream());
   return m.snapshot();
@@ -82,7 +82,7 @@ void check_untouched(checkpoint_model& m, const std::vector<std::byte>& weights,
 // `file` is rejected with zenflow::error naming `reason`, nothing changes, and the same
 // coordinator then loads the real checkpoint of `c` and resumes exactly like an uninterrupted run.
 void check_rejected(const checkpoint_configuration& c, const std::vector<char>& file, const char* reason) {
-  checkpoint_model m(c.options);
+  checkpoint_model m(c);
   const auto weights = m.snapshot();
   const auto cpu = m.cpu_state();
   const auto path = temp_path("crafted.bin");
@@ -101,9 +101,9 @@ TEST_CASE("every checkpointable state loads, saves back identically and resumes 
   for (const auto& c : checkpoint_configurations()) {
     INFO("configuration " << std::string(c.name));
     const auto file = saved_checkpoint(c);
-    checkpoint_model original(c.options);
+    checkpoint_model original(c);
     original.train(c.steps);
-    checkpoint_model loaded(c.options);
+    checkpoint_model loaded(c);
     const auto path = temp_path("roundtrip.bin");
     write_file_bytes(path, file);
     REQUIRE_NOTHROW(loaded.coordinator().load_checkpoint(path, &loaded.stream()));
@@ -134,7 +134,7 @@ TEST_CASE("save_checkpoint with no parameters frees no buffer a copy still write
 
 TEST_CASE("a directory, a device or a missing file is not a checkpoint") {
   const auto& c = configuration("pending");
-  checkpoint_model m(c.options);
+  checkpoint_model m(c);
   const auto weights = m.snapshot();
   const auto cpu = m.cpu_state();
   const auto directory = temp_path("directory");
@@ -153,7 +153,7 @@ TEST_CASE("a directory, a device or a missing file is not a checkpoint") {
 
 TEST_CASE("a failed save leaves no .tmp file and the previous checkpoint untouched") {
   const auto& c = configuration("pending");
-  checkpoint_model m(c.options);
+  checkpoint_model m(c);
   m.train(c.steps);
   SUBCASE("the rename fails") {
     const auto directory = temp_path("save_target");  // a non-empty directory cannot be replaced by a file
@@ -278,7 +278,7 @@ TEST_CASE("a checkpoint far into training loads without memory per interval") {
   const auto shift = huge - document.get<std::int64_t>("step");
   for (const char* f : {"step", "interval", "first_step"})
     document.set<std::int64_t>(f, document.get<std::int64_t>(f) + shift);
-  checkpoint_model m(c.options);
+  checkpoint_model m(c);
   std::vector<std::byte> resumed;
   CHECK_NOTHROW(resumed = resume(m, document.file(), 3));
   CHECK(m.coordinator().step_count() == huge + 3);

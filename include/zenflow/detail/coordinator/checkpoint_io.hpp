@@ -1,17 +1,20 @@
-// The coordinator's checkpoints: the file format (version 2), its reader and writer, and
+// The coordinator's checkpoints: the file format (version 3), its reader and writer, and
 // basic_coordinator::save_checkpoint / load_checkpoint.
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"
-//   8       4     format version (uint32, little endian) = 2
+//   8       4     format version (uint32, little endian) = 3
 //   12      4     reserved (0)
 //   16      8     payload size in bytes (uint64)
 //   24      8     FNV-1a 64-bit hash of the payload
 //   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
 //                 order written by basic_coordinator::save_checkpoint (below):
 //                 options fingerprint, step and interval position, optimizer step counts, then
-//                 per parameter its name, shape, dtypes, CPU fp32 master/m/v, selection, GPU
-//                 compact state, accumulator, pending write-back and the model's parameter bytes.
+//                 per parameter its name, shape, dtypes, its own step counts (CPU and GPU: the
+//                 steps that had its gradient) and accumulated-step counts (current and pending
+//                 interval), CPU fp32 master/m/v, selection, GPU compact state, accumulator,
+//                 pending write-back and the model's parameter bytes.
+// Version 3 added the per-parameter counts (missing_gradients::skip); version 2 is not read.
 // Scalars are arithmetic or enum types only (no structs: no padding bytes reach the file); a bool
 // is one byte, 0 or 1 (any other value is rejected, never loaded as a bool).
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
@@ -42,7 +45,7 @@
 namespace zenflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
-inline constexpr std::uint32_t checkpoint_version = 2;
+inline constexpr std::uint32_t checkpoint_version = 3;
 inline constexpr std::size_t checkpoint_header_bytes = 32;
 
 /// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).
@@ -302,6 +305,7 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     if (p.is_vector) {
       w.put(p.vector.size);
       w.put(p.vector.type);
+      w.put<std::int64_t>(device_opt_.step_count(p.device_index));
       std::vector<float> state(3 * static_cast<std::size_t>(p.vector.size));
       device_opt_.export_state(p.device_index, state);
       w.put_array<float>(state);
@@ -315,6 +319,13 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     w.put(p.matrix.cols);
     w.put(p.matrix.type);
     w.put(p.grad_type);
+    w.put<std::int64_t>(p.cpu_steps);
+    w.put<std::int64_t>(p.device_index != npos ? device_opt_.step_count(p.device_index) : 0);
+    {
+      detail::state_lock lock(shared_.mutex);  // drained above; the lock orders the workers' writes
+      w.put<std::int64_t>(started_ ? p.accumulated[interval_.index % 2] : 0);
+      w.put<std::int64_t>(pending_interval_ ? p.accumulated[*pending_interval_ % 2] : 0);
+    }
     w.put_array<float>(host_opt_.params(p.cpu_tensor));
     w.put_array<float>(host_opt_.exp_avg(p.cpu_tensor));
     w.put_array<float>(host_opt_.exp_avg_sq(p.cpu_tensor));
@@ -356,6 +367,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     std::vector<std::int32_t> selection;
     std::vector<std::byte> pending, values;
     adam_options adam;
+    std::int64_t host_steps = 0, device_steps = 0, current_count = 0, pending_count = 0;
   };
   const auto step = r.get<std::int64_t>();
   const auto started = r.get<bool>();
@@ -407,7 +419,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   // of them in dense mode).
   const bool selection_possible =
       started && options_.mode != offload_mode::zero_offload && step >= options_.full_warm_up_rounds;
-  std::size_t selected = 0, unselected = 0, cpu_columns = 0;
+  std::size_t selected = 0, unselected = 0, unselected_with_gpu_steps = 0, cpu_columns = 0;
   std::vector<saved_parameter> saved(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
@@ -424,6 +436,9 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     if (p.is_vector) {
       expects(r.get<index_t>() == p.vector.size && r.get<dtype>() == p.vector.type, "checkpoint", "parameter '", name,
               "' has a different size or dtype");
+      s.device_steps = r.get<std::int64_t>();
+      expects(s.device_steps >= 0 && s.device_steps <= device_steps, "checkpoint", "parameter '", name,
+              "' holds GPU step count ", s.device_steps, " (the optimizer's is ", device_steps, ")");
       s.vector_state = r.get_array<float>();
       s.values = r.get_array<std::byte>();
       expects(s.vector_state.size() == 3 * static_cast<std::size_t>(p.vector.size) &&
@@ -435,6 +450,10 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     const auto type = r.get<dtype>(), grad_type = r.get<dtype>();
     expects(rows == p.matrix.rows && cols == p.matrix.cols && type == p.matrix.type && grad_type == p.grad_type,
             "checkpoint", "parameter '", name, "' has a different shape or dtype");
+    s.host_steps = r.get<std::int64_t>();
+    s.device_steps = r.get<std::int64_t>();
+    s.current_count = r.get<std::int64_t>();
+    s.pending_count = r.get<std::int64_t>();
     const std::size_t n = static_cast<std::size_t>(rows * cols);
     s.cpu_p = r.get_array<float>();
     s.cpu_m = r.get_array<float>();
@@ -456,7 +475,17 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
             "' has a selection of ", k, " columns (expected ", selection_possible ? expected_k : 0,
             ", ascending, each in [0, ", cols, "))");
     (k == 0 ? unselected : selected) += 1;
+    if (k == 0 && s.device_steps != 0) ++unselected_with_gpu_steps;
     const std::size_t cpu_cols = static_cast<std::size_t>(cols) - k;
+    // Its own counts never exceed the optimizers' and intervals' (it may have missed steps); a GPU
+    // count exists with GPU columns, accumulated steps with CPU columns (and a pending interval).
+    expects(s.host_steps >= 0 && s.host_steps <= host_steps && s.device_steps >= 0 && s.device_steps <= device_steps,
+            "checkpoint", "parameter '", name, "' holds step counts ", s.host_steps, " (CPU) and ", s.device_steps,
+            " (GPU) inconsistent with the optimizers' ", host_steps, " and ", device_steps);
+    expects(s.current_count >= 0 && s.current_count <= current_count && s.pending_count >= 0 &&
+                s.pending_count <= pending_count && (cpu_cols > 0 || (s.current_count == 0 && s.pending_count == 0)),
+            "checkpoint", "parameter '", name, "' holds accumulated step counts ", s.current_count, " and ",
+            s.pending_count, " inconsistent with the interval's ", current_count, " and ", pending_count);
     cpu_columns += cpu_cols;
     // The accumulator and staging buffers exist from the first step on.
     expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && s.compact.size() == 3 * k * rows &&
@@ -464,10 +493,19 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
                 s.pending.size() == (pending < 0 ? 0 : cpu_cols * rows * dtype_size(type)) &&
                 s.values.size() == n * dtype_size(type),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
+    // Nothing accumulated without a counted step.
+    expects(s.current_count > 0 ||
+                std::all_of(s.accumulator.begin(), s.accumulator.end(), [](float x) { return x == 0.0f; }),
+            "checkpoint", "parameter '", name, "' holds an accumulated gradient but no accumulated step");
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
-  expects(selected == 0 || unselected == 0, "checkpoint", "holds a selection for ", selected, " of ",
-          selected + unselected, " 2-D parameters (all or none)");
+  // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
+  // selection step so far (missing_gradients::skip): it never had GPU columns, so no GPU step.
+  const bool may_mix = options_.mode == offload_mode::zenflow && unselected_with_gpu_steps == 0;
+  expects(selected == 0 || unselected == 0 || may_mix, "checkpoint", "holds a selection for ", selected, " of ",
+          selected + unselected, " 2-D parameters (all or none, but for a parameter that never had a GPU step)");
+  expects(unselected_with_gpu_steps == 0, "checkpoint",
+          "holds a GPU step count for a 2-D parameter without a selection");
   expects(cpu_columns > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
 
   // Apply.
@@ -520,7 +558,10 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
       p.complement = complement_columns(p.selection, p.matrix.cols);
       setup_buffers(p, stream);
       p.accumulator[interval.index % 2] = std::move(s.accumulator);
+      p.accumulated[interval.index % 2] = s.current_count;
+      if (pending >= 0) p.accumulated[pending % 2] = s.pending_count;
     }
+    p.cpu_steps = s.host_steps;
     if (pending >= 0) {
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(p.writeback_dev[pending % 2].data(), s.pending.data(), s.pending.size(), stream);
@@ -529,6 +570,8 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     copy_all_columns(p, s.values, transfer_direction::host_to_device, stream);
   }
   device_opt_.set_step_count(device_steps);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].device_index != npos) device_opt_.set_step_count(params_[i].device_index, saved[i].device_steps);
 }
 
 }  // namespace zenflow

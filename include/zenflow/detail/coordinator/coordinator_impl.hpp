@@ -172,6 +172,19 @@ auto basic_coordinator<Backend, HostOptimizer>::device_optimizer() const noexcep
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::int64_t basic_coordinator<Backend, HostOptimizer>::cpu_step_count(std::size_t i) const {
+  const parameter& p = at(i);
+  (void)host_optimizer();  // waits for the CPU updates launched so far (they count)
+  return p.cpu_steps;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::int64_t basic_coordinator<Backend, HostOptimizer>::gpu_step_count(std::size_t i) const {
+  const parameter& p = at(i);
+  return p.device_index == npos ? 0 : device_opt_.step_count(p.device_index);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 std::size_t basic_coordinator<Backend, HostOptimizer>::parameter_count() const noexcept {
   return params_.size();
 }
@@ -409,7 +422,7 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   double important = 0.0, unimportant = 0.0;
   std::int64_t k = 0, rest = 0;
   for (const auto& p : params_) {
-    if (p.is_vector) continue;
+    if (p.is_vector || !p.has_grad) continue;  // no gradient: its scores are not this step's
     const auto scores = selector_.scores(p.selector_index);
     if (scores.empty()) continue;
     double sel = 0.0;
@@ -434,9 +447,11 @@ void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
   // Before any of this step's work: the write-back happens at the end of the previous step.
   if (pending_interval_) write_back(*pending_interval_, stream, "reselection", step_ - 1);
   if (interval_.steps > 0) end_interval(stream, /*synchronous=*/true, step_ - 1);
+  // A parameter without a gradient is scored from its weights (any view of its shape does: the
+  // selector scores every parameter at once), and that selection is not used: it keeps its own.
   std::vector<const_matrix_view> grads;
   for (const auto& p : params_)
-    if (!p.is_vector) grads.push_back(p.grad_matrix);
+    if (!p.is_vector) grads.push_back(p.has_grad ? p.grad_matrix : const_matrix_view(p.matrix));
   if (options_.mode == offload_mode::dense) {
     for (auto& p : params_) {
       if (p.is_vector || !p.selection.empty()) continue;
@@ -449,10 +464,10 @@ void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
     double overlap = 0.0;
     std::size_t counted = 0;
     for (auto& p : params_) {
-      if (p.is_vector) continue;
+      if (p.is_vector || !p.has_grad) continue;  // no gradient: keeps its selection (or has none yet)
       const auto s = selector_.selected(p.selector_index);
       if (!p.selection.empty()) {
-        overlap += selector_.overlap(p.selector_index);
+        overlap += selection_overlap(p.selection, s);
         ++counted;
       }
       set_selection(p, std::vector<std::int32_t>(s.begin(), s.end()), stream);
@@ -480,6 +495,8 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
     item.tensor = p.cpu_tensor;
     item.columns = p.complement;
     item.accumulator = p.accumulator[b];
+    item.accumulated = &p.accumulated[b];
+    item.cpu_steps = &p.cpu_steps;
     item.out = p.out_stage[b];
     item.out_type = p.matrix.type;
     item.device_out = p.writeback_dev[b].data();
@@ -517,6 +534,8 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
 template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::begin_interval(std::int64_t index, std::int64_t first_step) {
   interval_ = {index, first_step, 0};
+  // The interval of this parity two before is written back: its counts are read.
+  for (auto& p : params_) p.accumulated[index % 2] = 0;
   detail::state_lock lock(shared_.mutex);
   shared_.accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
 }
@@ -533,7 +552,8 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
   }
   if (applied) {
     for (auto& p : params_) {
-      if (p.is_vector || p.complement.empty()) continue;
+      // A parameter without a gradient in the interval had no CPU update: nothing to write back.
+      if (p.is_vector || p.complement.empty() || p.accumulated[i % 2] == 0) continue;
       metrics_.bytes_host_to_device += p.writeback_dev[i % 2].bytes();
       Backend::scatter(p.writeback_dev[i % 2].data(), p.matrix.type, p.complement,
                        reinterpret_cast<const std::int32_t*>(p.complement_dev.data()), p.matrix, stream);
@@ -590,10 +610,31 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer>
 bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
   if (in_warm_up()) return false;
   if (selection_due_) return true;
-  for (const auto& p : params_)
-    if (!p.is_vector && p.selection.empty()) return true;  // the first step after warm-up
+  if (options_.mode == offload_mode::dense) {
+    for (const auto& p : params_)
+      if (!p.is_vector && p.selection.empty()) return true;  // the first step: every column to the GPU
+    return false;
+  }
+  // The first step after warm-up, until a selection happened (a parameter without a gradient at a
+  // selection step gets none: it waits for a later selection step at which it has one). Not
+  // decided by which gradients arrived, so that submit_gradient can tell a boundary beforehand.
+  if (!any_selection() && has_matrices()) return true;
   // The policy counts from the end of warm-up (its step 0 is the first selection).
-  return options_.mode == offload_mode::zenflow && policy_.should_select(step_ - options_.full_warm_up_rounds);
+  return policy_.should_select(step_ - options_.full_warm_up_rounds);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+bool basic_coordinator<Backend, HostOptimizer>::any_selection() const noexcept {
+  for (const auto& p : params_)
+    if (!p.is_vector && !p.selection.empty()) return true;
+  return false;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+bool basic_coordinator<Backend, HostOptimizer>::has_matrices() const noexcept {
+  for (const auto& p : params_)
+    if (!p.is_vector) return true;
+  return false;
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer>
@@ -613,6 +654,7 @@ void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, c
   j.bytes = p.grad_stage[parity].bytes();
   j.type = p.grad_type;
   j.accumulator = p.accumulator[interval_.index % 2].data();
+  j.accumulated = &p.accumulated[interval_.index % 2];
   j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
   j.flags_ready = &stats_ready_[parity];
   j.gathered = &(*p.gathered)[parity];
@@ -627,9 +669,9 @@ void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, c
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream) {
+const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream, missing_gradients missing) {
   rethrow_worker_error();
-  for (std::size_t i = 0; i < params_.size(); ++i)
+  for (std::size_t i = 0; i < params_.size() && missing == missing_gradients::reject; ++i)
     if (!params_[i].has_grad) {
       abandon_step(stream);
       expects(false, "step", "no gradient was submitted for parameter ", i, " (", params_[i].name, ") in step ", step_,
@@ -648,17 +690,20 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   // 1. Statistics (global norm for clipping, non-finite check). The flags go to the device (for
   //    this step's kernels) and straight into host memory (for the offload worker, once
   //    stats_ready_ completed): no copy on the trainer's stream.
-  std::vector<const_matrix_view> all_matrices, device_matrices;
-  std::vector<const_vector_view> vectors;
+  //    Over the gradients handed over only (missing_gradients::skip).
+  std::vector<const_matrix_view> given_matrices, device_matrices;
+  std::vector<const_vector_view> given_vectors, vectors;
   for (const auto& p : params_) {
-    if (p.is_vector)
-      vectors.push_back(p.grad_vector);
-    else
-      all_matrices.push_back(p.grad_matrix);
+    if (p.is_vector) {
+      vectors.push_back(p.has_grad ? p.grad_vector : const_vector_view{});  // null: skipped by the device step
+      if (p.has_grad) given_vectors.push_back(p.grad_vector);
+    } else if (p.has_grad) {
+      given_matrices.push_back(p.grad_matrix);
+    }
   }
   auto* flags_dev = reinterpret_cast<step_flags*>(flags_dev_[parity].data());
   auto* flags_host = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  Backend::step_statistics(all_matrices, vectors, options_.max_grad_norm, flags_dev,
+  Backend::step_statistics(given_matrices, given_vectors, options_.max_grad_norm, flags_dev,
                            reinterpret_cast<step_flags*>(flags_host_[parity].device_data()), statistics_scratch_.data(),
                            stream);
 
@@ -677,7 +722,7 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   //    set before this step (handed over in stream order, where they changed).
   for (auto& p : params_) {
     if (p.device_index == npos) continue;
-    if (!p.is_vector) device_matrices.push_back(p.grad_matrix);
+    if (!p.is_vector) device_matrices.push_back(p.has_grad ? p.grad_matrix : const_matrix_view{});  // null: skipped
     if (p.device_adam != p.adam) {
       Backend::set_options(device_opt_, p.device_index, p.adam, stream);
       p.device_adam = p.adam;
@@ -695,7 +740,7 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   // 4. Offload the CPU columns not handed over during backward: gathered scaled by the step's
   //    clip factor, then the end-of-step marker.
   for (auto& p : params_)
-    if (!p.is_vector && !p.complement.empty() && !p.offloaded) offload_gradient(p, flags_dev, stream);
+    if (!p.is_vector && !p.complement.empty() && p.has_grad && !p.offloaded) offload_gradient(p, flags_dev, stream);
   {
     detail::state_lock lock(shared_.mutex);
     detail::offload_job<Backend> marker;  // end of this step's gradients

@@ -24,8 +24,9 @@ struct offload_job {
   const std::byte* src = nullptr;  ///< the gathered gradient (device memory, compact)
   std::size_t bytes = 0;
   dtype type = dtype::f32;
-  float* accumulator = nullptr;       ///< the interval's fp32 accumulator of this parameter's CPU columns
-  const step_flags* flags = nullptr;  ///< host copy of the step's flags, valid once *flags_ready completed
+  float* accumulator = nullptr;         ///< the interval's fp32 accumulator of this parameter's CPU columns
+  std::int64_t* accumulated = nullptr;  ///< its count of accumulated steps (+1 once all of it is, unless skipped)
+  const step_flags* flags = nullptr;    ///< host copy of the step's flags, valid once *flags_ready completed
   typename Backend::event_type* flags_ready = nullptr;  ///< recorded after the step's flags were written
   typename Backend::event_type* gathered = nullptr;     ///< the gather this copy must wait for
 };
@@ -36,7 +37,11 @@ struct update_item {
   std::size_t tensor = 0;                 ///< its tensor in the host optimizer
   std::span<const std::int32_t> columns;  ///< its CPU columns (ascending)
   std::span<float> accumulator;           ///< the interval's accumulated gradient, compact (zeroed after)
-  std::span<std::byte> out;               ///< the updated columns in `out_type`, compact (host staging)
+  /// How many steps it accumulated (the mean's divisor; 0: no gradient in the interval, no update).
+  /// Read once the interval is accumulated.
+  const std::int64_t* accumulated = nullptr;
+  std::int64_t* cpu_steps = nullptr;  ///< its CPU updates so far (bias correction); +1 when updated
+  std::span<std::byte> out;           ///< the updated columns in `out_type`, compact (host staging)
   dtype out_type = dtype::f32;
   std::byte* device_out = nullptr;  ///< where the write-back reads them from (device memory)
 };

@@ -104,6 +104,7 @@ void basic_coordinator<Backend, HostOptimizer>::setup_buffers(parameter& p, stre
   for (int b = 0; b < 2; ++b) {
     fit(p.grad_stage[b], n * dtype_size(p.grad_type));
     p.accumulator[b].assign(n, 0.0f);
+    p.accumulated[b] = 0;
     p.out_stage[b].assign(n * dtype_size(p.matrix.type), std::byte{0});
     fit(p.writeback_dev[b], n * dtype_size(p.matrix.type));
   }

@@ -96,9 +96,13 @@ void offload_worker<Backend>::consume_one(std::deque<in_flight>& flight) {
   Backend::synchronize(*f.j.flags_ready);
   // The CPU Adam's SIMD accumulate kernel, on this thread alone: the CPU optimizer's pool belongs
   // to the update worker, which may be running the previous interval's update right now.
-  if (!f.j.flags->skip)
+  if (!f.j.flags->skip) {
     cpu_accumulate_kernel(cpu_isa::automatic, f.j.accumulator + f.offset / dtype_size(f.j.type), slot.data, f.j.type,
                           f.bytes / dtype_size(f.j.type), 1.0f);
+    // The parameter's gradient of this step is in once its last chunk is: count it. Read by the
+    // other threads only after this one published the interval's end under the mutex.
+    if (f.offset + f.bytes == f.j.bytes) ++*f.j.accumulated;
+  }
   queue_.release(slot);
 }
 

@@ -124,8 +124,13 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
   }
   if (count > 0) {
     Backend::synchronize(*j.written_back);
+    // Each parameter with its own mean: over the steps that gave it a gradient (none: no update,
+    // and the trainer writes nothing back for it).
     std::vector<cpu_adam_task> tasks;
+    std::vector<const update_item*> updated;
     for (const auto& item : j.items) {
+      const std::int64_t accumulated = *item.accumulated;
+      if (accumulated == 0) continue;
       cpu_adam_task t{};
       t.options = &item.adam;
       t.tensor = item.tensor;
@@ -136,13 +141,17 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
       t.copy_out = item.out.data();
       t.copy_out_type = item.out_type;
       t.out_compact = true;
+      t.grad_scale = 1.0f / static_cast<float>(accumulated);
+      t.step = *item.cpu_steps + 1;
       tasks.push_back(t);
+      updated.push_back(&item);
     }
-    optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f / static_cast<float>(count), /*check_finite=*/false);
-    for (const auto& item : j.items) {
-      pipelined_copy_to_device(queue_, item.device_out, item.out.data(), item.out.size(),
+    if (!tasks.empty()) optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+    for (const update_item* item : updated) {
+      ++*item->cpu_steps;
+      pipelined_copy_to_device(queue_, item->device_out, item->out.data(), item->out.size(),
                                Backend::queue_stream(stream_.get()));
-      std::fill(item.accumulator.begin(), item.accumulator.end(), 0.0f);
+      std::fill(item->accumulator.begin(), item->accumulator.end(), 0.0f);
     }
     Backend::synchronize(stream_.get());
   }
