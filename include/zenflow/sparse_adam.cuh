@@ -91,9 +91,18 @@ class cuda_sparse_adam {
   void set_step_count(std::int64_t step, cudaStream_t stream);
   /// Sets it on the stream of the last call and synchronizes with that stream.
   void set_step_count(std::int64_t step);
+  /// Parameter i's applied steps (its bias correction: it counts the steps that had its gradient;
+  /// it starts from step_count() in stream order when the parameter is added). Reads it back on
+  /// the stream of the last call and synchronizes with that stream.
+  [[nodiscard]] std::int64_t step_count(std::size_t i) const;
+  /// Sets parameter i's count on `stream` (asynchronous), or on the stream of the last call and
+  /// synchronizes with it. set_step_count(step) sets every parameter's count too.
+  void set_step_count(std::size_t i, std::int64_t step, cudaStream_t stream);
+  void set_step_count(std::size_t i, std::int64_t step);
 
   /// One fused Adam/AdamW step of every parameter, asynchronous on `stream`. Gradients are
-  /// device views with the parameters' shapes (any layout and dtype). Effective scale =
+  /// device views with the parameters' shapes (any layout and dtype); a view with data == nullptr:
+  /// no gradient for that parameter this step (not updated, its count stays). Effective scale =
   /// grad_scale * (*scale_ptr_device if given). On device: if *skip_flag_device != 0, or the
   /// effective scale is not finite or negative, or (check_finite) any gradient value read is
   /// NaN/inf once scaled, nothing is written and the device step counter does not advance (with
@@ -137,6 +146,7 @@ class cuda_sparse_adam {
     adam_options options;                // this parameter's hyper-parameters
     detail::cuda_device_buffer state;    // master | exp_avg | exp_avg_sq
     detail::cuda_device_buffer columns;  // matrices: cols int32, [selection | complement]
+    detail::cuda_device_buffer step;     // int64: applied steps that had this parameter's gradient
     [[nodiscard]] detail::sparse_adam::state_layout layout() const {
       return {rows, static_cast<index_t>(selection.size()), state_row_major};
     }
@@ -150,6 +160,7 @@ class cuda_sparse_adam {
   entry& at(std::size_t i);
   void check_matrix(std::size_t i, const char* argument) const;
   void upload_selection(entry& e, cudaStream_t stream);
+  void start_step_count(entry& e, cudaStream_t stream);
   void rebuild_tables(cudaStream_t stream);
   cudaStream_t remember(cudaStream_t stream) const {
     last_stream_ = stream;

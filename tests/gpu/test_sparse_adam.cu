@@ -543,3 +543,94 @@ TEST_CASE("device gather/scatter where blocks walk several row tiles") {
   // Column-contiguous: kTile-row tiles, so past 65535 x kTile rows (a single column, 128 MiB of bf16).
   check_large_gather_scatter(index_t{65535} * sa::kTile + 1000, 1, {0}, false);
 }
+
+TEST_CASE("a parameter without a gradient is skipped with its own step count, as on the host") {
+  // Two f32 matrices (column-contiguous, all columns selected) and a vector; each misses some
+  // steps. Device and host must agree on every state value (within the device's last-bit pow
+  // difference) and on every per-parameter count; a skipped parameter is bitwise untouched.
+  zenflow::adam_options o;
+  o.lr = 1e-2f;
+  o.weight_decay = 0.01f;
+  const index_t rows = 7, cols = 5, n = 9;
+  const auto has = [](std::size_t i, int s) { return i == 0 ? s % 3 != 1 : i == 1 ? s % 2 == 0 : s % 4 != 3; };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  std::vector<float> p0(rows * cols), p1(rows * cols), v(n);
+  for (auto* x : {&p0, &p1, &v})
+    for (auto& e : *x) e = noise(rng);
+  std::vector<std::int32_t> all(cols);
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<float> packed0(3 * rows * cols, 0.0f), packed1(packed0.size(), 0.0f);
+  for (index_t c = 0; c < cols; ++c)
+    for (index_t r = 0; r < rows; ++r) {
+      packed0[sa::packed_index(rows, c, 0, r)] = p0[c * rows + r];
+      packed1[sa::packed_index(rows, c, 0, r)] = p1[c * rows + r];
+    }
+  zenflow_test::cuda_stream owned;
+  const cudaStream_t stream = owned.get();
+  std::vector<float> hp0 = p0, hp1 = p1, hv = v;
+  zenflow::host_sparse_adam host(o);
+  host.add_matrix(zenflow::matrix_view::column_contiguous(hp0.data(), rows, cols, dtype::f32), all, packed0);
+  host.add_matrix(zenflow::matrix_view::column_contiguous(hp1.data(), rows, cols, dtype::f32), all, packed1);
+  host.add_vector(zenflow::vector_view{hv.data(), n, dtype::f32}, v);
+  zenflow_test::device_buffer dp0(p0.size() * 4), dp1(p1.size() * 4), dv(v.size() * 4), packed_dev(packed0.size() * 4);
+  zenflow_test::device_buffer dg0(p0.size() * 4), dg1(p1.size() * 4), dgv(v.size() * 4);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dp0.data(), p0.data(), p0.size() * 4, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dp1.data(), p1.data(), p1.size() * 4, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dv.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  zenflow::cuda_sparse_adam device(o);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(packed_dev.data(), packed0.data(), packed0.size() * 4, cudaMemcpyHostToDevice));
+  device.add_matrix(zenflow::matrix_view::column_contiguous(dp0.data(), rows, cols, dtype::f32, memory_space::device),
+                    all, packed_dev.data<const float>(), stream);
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(packed_dev.data(), packed1.data(), packed1.size() * 4, cudaMemcpyHostToDevice));
+  device.add_matrix(zenflow::matrix_view::column_contiguous(dp1.data(), rows, cols, dtype::f32, memory_space::device),
+                    all, packed_dev.data<const float>(), stream);
+  device.add_vector(zenflow::vector_view{dv.data(), n, dtype::f32, memory_space::device}, v, stream);
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  std::vector<float> g0(p0.size()), g1(p1.size()), gv(v.size());
+  const auto read_p1 = [&] {
+    std::vector<float> out(p1.size());
+    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), dp1.data(), out.size() * 4, cudaMemcpyDeviceToHost));
+    return out;
+  };
+  for (int s = 0; s < 12; ++s) {
+    for (auto* x : {&g0, &g1, &gv})
+      for (auto& e : *x) e = noise(rng);
+    ZENFLOW_CUDA_TRY(cudaMemcpy(dg0.data(), g0.data(), g0.size() * 4, cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(dg1.data(), g1.data(), g1.size() * 4, cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(dgv.data(), gv.data(), gv.size() * 4, cudaMemcpyHostToDevice));
+    auto view = [&](bool given, const void* data) {
+      return given ? zenflow::const_matrix_view::column_contiguous(data, rows, cols, dtype::f32)
+                   : zenflow::const_matrix_view{};
+    };
+    const zenflow::const_matrix_view hm[] = {view(has(0, s), g0.data()), view(has(1, s), g1.data())};
+    const zenflow::const_vector_view hvg[] = {has(2, s) ? zenflow::const_vector_view{gv.data(), n, dtype::f32}
+                                                        : zenflow::const_vector_view{}};
+    zenflow::const_matrix_view dm[] = {view(has(0, s), dg0.data()), view(has(1, s), dg1.data())};
+    for (auto& m : dm) m.space = memory_space::device;
+    const zenflow::const_vector_view dvg[] = {
+        has(2, s) ? zenflow::const_vector_view{dgv.data(), n, dtype::f32, memory_space::device}
+                  : zenflow::const_vector_view{}};
+    const auto before = read_p1();
+    CHECK(host.step(hm, hvg));
+    device.step(dm, dvg, 1.0f, nullptr, nullptr, false, stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+    if (!has(1, s)) CHECK(read_p1() == before);  // untouched
+  }
+  CHECK(device.step_count() == 12);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(device.step_count(i) == host.step_count(i));
+    const index_t size = i < 2 ? 3 * rows * cols : 3 * n;
+    std::vector<float> hs(static_cast<std::size_t>(size)), ds(hs.size());
+    host.export_state(i, hs);
+    device.export_state(i, ds);
+    std::int64_t worst = 0;
+    for (std::size_t e = 0; e < hs.size(); ++e) worst = std::max(worst, ulps(hs[e], ds[e]));
+    CHECK(worst <= 1);
+  }
+  CHECK(host.step_count(0) == 8);
+  CHECK(host.step_count(1) == 6);
+  CHECK(host.step_count(2) == 9);
+}

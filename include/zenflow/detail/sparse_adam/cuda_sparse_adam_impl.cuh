@@ -112,6 +112,29 @@ inline std::int64_t cuda_sparse_adam::step_count() const {
 inline void cuda_sparse_adam::set_step_count(std::int64_t step, cudaStream_t stream) {
   expects(step >= 0, "step", "must be >= 0, got ", step);
   uploader_.upload(control_.data(), &step, sizeof step, remember(stream));  // step is the first field
+  for (auto& e : entries_) uploader_.upload(e.step.data(), &step, sizeof step, stream);
+}
+inline std::int64_t cuda_sparse_adam::step_count(std::size_t i) const {
+  std::int64_t step = 0;
+  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(&step, at(i).step.data(), sizeof step, cudaMemcpyDeviceToHost, last_stream_));
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
+  return step;
+}
+inline void cuda_sparse_adam::set_step_count(std::size_t i, std::int64_t step, cudaStream_t stream) {
+  entry& e = at(i);
+  expects(step >= 0, "step", "must be >= 0, got ", step);
+  uploader_.upload(e.step.data(), &step, sizeof step, remember(stream));
+}
+inline void cuda_sparse_adam::set_step_count(std::size_t i, std::int64_t step) {
+  set_step_count(i, step, last_stream_);
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
+}
+inline void cuda_sparse_adam::start_step_count(entry& e, cudaStream_t stream) {
+  // A new parameter starts from the optimizer's count, in stream order (step is the control
+  // block's first field).
+  e.step = detail::cuda_device_buffer(sizeof(std::int64_t));
+  ZENFLOW_CUDA_TRY(
+      cudaMemcpyAsync(e.step.data(), control_.data(), sizeof(std::int64_t), cudaMemcpyDeviceToDevice, stream));
 }
 inline void cuda_sparse_adam::set_step_count(std::int64_t step) {
   set_step_count(step, last_stream_);
@@ -149,6 +172,7 @@ inline std::size_t cuda_sparse_adam::add_matrix(matrix_view param, std::span<con
       a, a, e.layout(), nullptr, initial_state_packed);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
   e.options = options_;
+  start_step_count(e, stream);
   entries_.push_back(std::move(e));
   matrices_.push_back(entries_.size() - 1);
   params_dirty_ = true;
@@ -181,6 +205,7 @@ inline std::size_t cuda_sparse_adam::add_vector(vector_view param, std::span<con
   ZENFLOW_CUDA_TRY(cudaMemsetAsync(e.state.data<float>() + param.size, 0,
                                    2 * static_cast<std::size_t>(param.size) * sizeof(float), stream));
   e.options = options_;
+  start_step_count(e, stream);
   entries_.push_back(std::move(e));
   vectors_.push_back(entries_.size() - 1);
   params_dirty_ = true;
@@ -205,6 +230,7 @@ inline void cuda_sparse_adam::rebuild_tables(cudaStream_t stream) {
     d.rows = static_cast<std::uint32_t>(e.rows);
     d.k = static_cast<std::uint32_t>(e.selection.size());
     d.tile_begin = tiles;
+    d.step = e.step.data<std::int64_t>();
     d.lr = e.options.lr;
     d.weight_decay = e.options.weight_decay;
     d.type = e.param.type;
@@ -237,13 +263,16 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   if (skip_flag_device != nullptr)
     sa::check_device_pointer(skip_flag_device, "skip_flag_device", /*mapped_host_ok=*/true);
   std::vector<sa::grad_desc> grads(entries_.size());
+  // A view with data == nullptr: no gradient for that parameter this step (grad_desc{}).
   for (std::size_t g = 0; g < matrices_.size(); ++g) {
     const auto& v = matrix_grads[g];
+    if (v.data == nullptr) continue;
     sa::check_grad_matrix(v, entries_[matrices_[g]].param, memory_space::device, "matrix_grads");
     grads[matrices_[g]] = {v.data, v.row_stride, v.col_stride, v.type};
   }
   for (std::size_t g = 0; g < vectors_.size(); ++g) {
     const auto& v = vector_grads[g];
+    if (v.data == nullptr) continue;
     v.validate("vector_grads", memory_space::device);
     expects(v.size == entries_[vectors_[g]].rows, "vector_grads", "size ", v.size, " does not match the parameter's ",
             entries_[vectors_[g]].rows);

@@ -38,14 +38,16 @@ struct param_desc {
   float* exp_avg_sq = nullptr;
   std::uint32_t rows = 0;
   std::uint32_t k = 0;
-  std::int64_t tile_begin = 0;  // first tile of this parameter in the launch
-  float lr = 0.0f;              // this parameter's hyper-parameters (parameter groups differ in these)
+  std::int64_t tile_begin = 0;   // first tile of this parameter in the launch
+  std::int64_t* step = nullptr;  // this parameter's applied steps (device): its bias correction
+  float lr = 0.0f;               // this parameter's hyper-parameters (parameter groups differ in these)
   float weight_decay = 0.0f;
   dtype type = dtype::f32;
   bool state_row_major = false;
 };
 
-/// The gradient of one parameter for one step.
+/// The gradient of one parameter for one step (data == nullptr: none this step, the parameter is
+/// skipped and its step count stays).
 struct grad_desc {
   const void* data = nullptr;
   index_t row_stride = 0;
@@ -189,61 +191,76 @@ __device__ ZENFLOW_FORCEINLINE float block_effective_scale(float grad_scale, con
   return scale;
 }
 
-/// The step's decision (skip flag, non-finite flag, effective scale; the constants with the bias
-/// corrections in double from the device step counter), taken by one thread of every block: the
-/// same in every block. The four inputs are loaded unconditionally and independently, so their
-/// latencies overlap.
-__device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, adam_step_constants& constants, double& bc1,
-                                                int& apply) {
+/// The step's decision (skip flag, non-finite flag, effective scale), taken by one thread of every
+/// block: the same in every block. The three inputs are loaded unconditionally and independently,
+/// so their latencies overlap.
+__device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, float& scale, int& apply) {
   const int skip = ctl.skip_flag != nullptr ? *ctl.skip_flag : 0;
   const int nonfinite = ctl.use_nonfinite ? ctl.control->nonfinite : 0;
-  const float scale = effective_scale(ctl.grad_scale, ctl.scale_ptr);
-  const std::int64_t step = ctl.control->step;
-  const bool ok = skip == 0 && nonfinite == 0 && usable_scale(scale);
-  if (ok) {
-    constants = adam_step_constants_unchecked(ctl.options, step + 1, scale);
-    bc1 = adam_bias_correction1(ctl.options, step + 1);
-  }
-  apply = ok ? 1 : 0;
+  scale = effective_scale(ctl.grad_scale, ctl.scale_ptr);
+  apply = skip == 0 && nonfinite == 0 && usable_scale(scale) ? 1 : 0;
 }
 
 /// The fused multi-tensor sparse Adam step. Thread 0 of each block takes the step's decision while
 /// the block's other warps already load their first tile (loads have no effect; nothing is written
 /// before the decision), so the decision's latency hides behind those loads. The decision is the
-/// same in every block. The last block to finish advances the counter, after every block has read
-/// it.
+/// same in every block. Each parameter's constants come from its own step counter (torch's
+/// per-parameter `step`), computed in double by one thread when the block reaches a tile of
+/// another parameter; a parameter without a gradient is skipped. The last block to finish advances
+/// the counters (the optimizer's, and those of the parameters with a gradient), after every block
+/// has read them.
 static __global__ void __launch_bounds__(kThreads)
     sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
                             step_control ctl) {
   __shared__ adam_step_constants constants;
   __shared__ double bc1;
+  __shared__ float scale;
   __shared__ int apply;
-  if (threadIdx.x == 0) decide_step(ctl, constants, bc1, apply);  // before its own loads: fewer live registers
+  __shared__ int last;
+  if (threadIdx.x == 0) decide_step(ctl, scale, apply);  // before its own loads: fewer live registers
   adam_step_constants c{};
   bool decided = false;  // uniform over the block: the tiles of a block depend on blockIdx only
+  int current = -1;      // the parameter whose constants c holds
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int p = find_param(params, count, t);
-    const param_desc d = params[p];  // copies: the stores below cannot alias them
     const grad_desc g = grads[p];
+    if (g.data == nullptr) continue;  // no gradient this step (uniform over the block)
+    const param_desc d = params[p];   // copies: the stores below cannot alias them
     const auto first = static_cast<std::uint32_t>((t - d.tile_begin) * kTile);
     tile_registers x;
     load_tile_any(d, g, first, x);
     if (!decided) {
       __syncthreads();
-      if (apply == 0) return;  // uniform over the grid: nothing is written, the counter stays
-      c = constants;
+      if (apply == 0) return;  // uniform over the grid: nothing is written, the counters stay
       decided = true;
     }
-    set_lr_and_weight_decay(c, ctl.options.adamw_mode, d.lr, d.weight_decay, bc1);  // the parameter's group
+    if (p != current) {  // uniform over the block
+      __syncthreads();   // every thread has copied the previous parameter's constants
+      if (threadIdx.x == 0) {
+        const std::int64_t step = *d.step + 1;
+        constants = adam_step_constants_unchecked(ctl.options, step, scale);
+        bc1 = adam_bias_correction1(ctl.options, step);
+      }
+      __syncthreads();
+      c = constants;
+      set_lr_and_weight_decay(c, ctl.options.adamw_mode, d.lr, d.weight_decay, bc1);  // the parameter's group
+      current = p;
+    }
     update_tile_any(d, first, x, c);
   }
-  if (!decided) {  // a block without a tile (not launched so today) still agrees before it counts
+  if (!decided) {  // a block without a tile to update still agrees before it counts
     __syncthreads();
     if (apply == 0) return;
   }
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(&ctl.control->done_blocks, 1u) == gridDim.x - 1) {
+    last = atomicAdd(&ctl.control->done_blocks, 1u) == gridDim.x - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (last != 0) {
+    for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads)
+      if (grads[i].data != nullptr) *params[i].step += 1;
+    if (threadIdx.x == 0) {
       ctl.control->step += 1;
       ctl.control->done_blocks = 0;
     }
@@ -261,6 +278,7 @@ static __global__ void __launch_bounds__(kThreads)
     const int p = find_param(params, count, t);
     const param_desc& d = params[p];
     const grad_desc& g = grads[p];
+    if (g.data == nullptr) continue;  // no gradient this step: not read
     const auto first = static_cast<std::uint32_t>((t - d.tile_begin) * kTile);
 #pragma unroll
     for (int it = 0; it < kItems; ++it) {
