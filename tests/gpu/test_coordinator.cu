@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <random>
@@ -149,8 +150,12 @@ run_state snapshot(const cuda_coordinator& gpu, const gpu_model& m) {
 
 /// Runs the same gradients through the CUDA and the host coordinator and compares the weights,
 /// the bias, the update trace and the bytes moved. At `nan_step` (if >= 0) one gradient element
-/// is NaN: both must skip that step.
-void compare_modes(const zenflow_options& options, std::int64_t steps, std::int64_t nan_step = -1) {
+/// is NaN: both must skip that step. With `has`, parameter i (0: the weight, 1: the bias) gets a
+/// gradient in step s only where has(i, s), and both step with missing_gradients::skip.
+void compare_modes(const zenflow_options& options, std::int64_t steps, std::int64_t nan_step = -1,
+                   const std::function<bool(std::size_t, std::int64_t)>& has = {}) {
+  const auto given = [&](std::size_t i, std::int64_t s) { return !has || has(i, s); };
+  const missing_gradients missing = has ? missing_gradients::skip : missing_gradients::reject;
   gpu_model m;
   const std::vector<float>& w0 = m.w0;
   const std::vector<float>& b0 = m.b0;
@@ -181,13 +186,15 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the staging copies below reuse g_dev
     ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.data(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
     ZENFLOW_CUDA_TRY(cudaMemcpyAsync(gb_dev.data(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, stream));
-    gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.data(), rows, cols, dtype::bf16, memory_space::device),
-                        stream);
-    gpu.submit_gradient(1, const_vector_view{gb_dev.data(), bias_size, dtype::f32, memory_space::device}, stream);
-    gpu.step(stream);
-    cpu.submit_gradient(0, const_matrix_view::row_major(g.data(), rows, cols, dtype::bf16), &host);
-    cpu.submit_gradient(1, const_vector_view{gb.data(), bias_size, dtype::f32}, &host);
-    cpu.step(&host);
+    if (given(0, s))
+      gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.data(), rows, cols, dtype::bf16, memory_space::device),
+                          stream);
+    if (given(1, s))
+      gpu.submit_gradient(1, const_vector_view{gb_dev.data(), bias_size, dtype::f32, memory_space::device}, stream);
+    gpu.step(stream, missing);
+    if (given(0, s)) cpu.submit_gradient(0, const_matrix_view::row_major(g.data(), rows, cols, dtype::bf16), &host);
+    if (given(1, s)) cpu.submit_gradient(1, const_vector_view{gb.data(), bias_size, dtype::f32}, &host);
+    cpu.step(&host, missing);
     host.synchronize();  // g and gb are about to go out of scope
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
   }
@@ -229,6 +236,10 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   CHECK(far_apart(gh.params(0), ch.params(0), 1e-4) == 0);
   CHECK(far_apart(gh.exp_avg(0), ch.exp_avg(0), 1e-3) == 0);
   CHECK(far_apart(gh.exp_avg_sq(0), ch.exp_avg_sq(0), 1e-3) == 0);
+  for (std::size_t i = 0; i < 2; ++i) {  // per-parameter step counts (missing gradients)
+    CHECK(gpu.cpu_step_count(i) == cpu.cpu_step_count(i));
+    CHECK(gpu.gpu_step_count(i) == cpu.gpu_step_count(i));
+  }
 }
 
 /// The CUDA coordinator alone, ZenFlow async. With `hold`, every step after the first selection
@@ -354,6 +365,25 @@ TEST_CASE("cuda_coordinator follows the host coordinator: global-norm clipping a
   o.max_grad_norm = 1.0f;  // the test gradients' norm is ~0.75 to ~5700: most steps are clipped
   compare_modes(o, 13, /*nan_step=*/4);
   compare_modes(zenflow_options::zero_offload(), 6, /*nan_step=*/2);
+}
+
+TEST_CASE("cuda_coordinator follows the host coordinator with missing gradients") {
+  // The weight misses steps 1 mod 3 and the whole interval 6..8, the bias steps 2 mod 4: skipped
+  // parameters, per-parameter counts and means, selection steps without a gradient.
+  const auto has = [](std::size_t i, std::int64_t s) {
+    return i == 0 ? s % 3 != 1 && !(s >= 6 && s <= 8) : s % 4 != 2;
+  };
+  zenflow_options async;
+  async.topk_ratio = 0.1f;
+  async.update_interval = interval_option::fixed(3);
+  async.select_interval = interval_option::fixed(4);
+  compare_modes(async, 16, -1, has);
+  auto sync = async;
+  sync.overlap_step = false;
+  sync.max_grad_norm = 1.0f;
+  compare_modes(sync, 13, 5, has);
+  compare_modes(zenflow_options::dense(), 10, -1, has);
+  compare_modes(zenflow_options::zero_offload(), 10, -1, has);
 }
 
 TEST_CASE("cuda_coordinator: the CPU columns get each step's own clip factor") {

@@ -558,3 +558,46 @@ TEST_CASE("a task's own hyper-parameters (parameter groups) equal an optimizer w
   CHECK_THROWS_WITH_AS(mixed.step(std::span(&t, 1)), doctest::Contains("lr"), zenflow::error);
   CHECK(same(mixed.params(0), before));
 }
+
+TEST_CASE("a task's own step and gradient scale equal an optimizer at that step with that scale") {
+  // The coordinator counts CPU steps per parameter and averages each over its own count: a task
+  // with step t and grad_scale s must equal a separate optimizer at step t - 1 stepped with s.
+  const zenflow::index_t rows = 16, cols = 3;
+  std::vector<float> init(rows * cols), g(rows * cols);
+  for (std::size_t i = 0; i < init.size(); ++i) {
+    init[i] = 0.01f * static_cast<float>(i % 11) - 0.05f;
+    g[i] = 0.3f * static_cast<float>(i % 7) - 0.9f;
+  }
+  zenflow::adam_options o;
+  o.lr = 0.01f;
+  o.weight_decay = 0.02f;
+  cpu_adam per_task(o, {1});
+  per_task.add_tensor(init, rows, cols);
+  per_task.add_tensor(init, rows, cols);
+  cpu_adam reference(o, {1});
+  reference.add_tensor(init, rows, cols);
+  reference.set_step_count(4);
+  cpu_adam_task a{0, g.data(), dtype::f32, {}};
+  a.step = 5;
+  a.grad_scale = 0.25f;
+  cpu_adam_task b{1, g.data(), dtype::f32, {}};  // the optimizer's own step (1) and scale
+  const cpu_adam_task both[2] = {a, b};
+  CHECK(per_task.step(both, 2.0f).applied);
+  CHECK(per_task.step_count() == 1);  // its own count advances by one either way
+  const cpu_adam_task r{0, g.data(), dtype::f32, {}};
+  reference.step({&r, 1}, 0.5f);
+  CHECK(same_bits(std::vector<float>(per_task.params(0).begin(), per_task.params(0).end()),
+                  std::vector<float>(reference.params(0).begin(), reference.params(0).end())));
+  cpu_adam first(o, {1});
+  first.add_tensor(init, rows, cols);
+  first.step({&r, 1}, 2.0f);
+  CHECK(same_bits(std::vector<float>(per_task.params(1).begin(), per_task.params(1).end()),
+                  std::vector<float>(first.params(0).begin(), first.params(0).end())));
+  cpu_adam_task bad = a;
+  bad.step = -1;
+  CHECK_THROWS_AS(per_task.step({&bad, 1}), zenflow::error);
+  bad = a;
+  bad.grad_scale = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_AS(per_task.step({&bad, 1}), zenflow::error);
+  CHECK(per_task.step_count() == 1);
+}

@@ -518,3 +518,43 @@ TEST_CASE("per-parameter lr and weight decay equal an optimizer with those optio
   CHECK_THROWS_WITH_AS(mixed.set_options(0, other), doctest::Contains("beta2"), zenflow::error);
   CHECK(mixed.options(0) == base);
 }
+
+TEST_CASE("a parameter without a gradient (null view) is untouched and keeps its own step count") {
+  // Two vectors stepped together, one of them skipped in some steps, against two optimizers that
+  // each step one vector only in the steps it has a gradient: equal bit for bit (torch's
+  // per-parameter `step`).
+  zenflow::adam_options o;
+  o.lr = 0.05f;
+  o.weight_decay = 0.1f;
+  const index_t n = 6;
+  std::vector<float> a(n, 0.5f), b(n, -0.25f), ra = a, rb = b, g(n);
+  zenflow::host_sparse_adam together(o), alone_a(o), alone_b(o);
+  together.add_vector(zenflow::vector_view{a.data(), n, dtype::f32}, a);
+  together.add_vector(zenflow::vector_view{b.data(), n, dtype::f32}, b);
+  alone_a.add_vector(zenflow::vector_view{ra.data(), n, dtype::f32}, ra);
+  alone_b.add_vector(zenflow::vector_view{rb.data(), n, dtype::f32}, rb);
+  const zenflow::const_matrix_view no_matrices[1] = {};
+  for (int s = 0; s < 10; ++s) {
+    for (index_t i = 0; i < n; ++i) g[i] = 0.1f * static_cast<float>(s + i) - 0.3f;
+    const bool b_has = s % 3 != 1;
+    const zenflow::const_vector_view grad{g.data(), n, dtype::f32};
+    const std::vector<float> b_before = b;
+    const zenflow::const_vector_view both[2] = {grad, b_has ? grad : zenflow::const_vector_view{}};
+    CHECK(together.step({no_matrices, 0}, both));
+    CHECK(alone_a.step({no_matrices, 0}, {&grad, 1}));
+    if (b_has) CHECK(alone_b.step({no_matrices, 0}, {&grad, 1}));
+    if (!b_has) CHECK(std::memcmp(b.data(), b_before.data(), n * sizeof(float)) == 0);
+  }
+  CHECK(std::memcmp(a.data(), ra.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(b.data(), rb.data(), n * sizeof(float)) == 0);
+  CHECK(together.step_count() == 10);
+  CHECK(together.step_count(0) == 10);
+  CHECK(together.step_count(1) == 7);
+  CHECK(together.step_count(1) == alone_b.step_count());
+  together.set_step_count(1, 3);  // checkpoint restore of one parameter's count
+  CHECK(together.step_count(1) == 3);
+  CHECK(together.step_count(0) == 10);
+  together.set_step_count(4);  // the optimizer's and every parameter's
+  CHECK(together.step_count(0) == 4);
+  CHECK(together.step_count(1) == 4);
+}
