@@ -7,6 +7,7 @@
 //     layouts, f32/bf16/f16, L1 and L2 squared, many parameters in one select();
 //   - device gradient statistics vs host_gradient_stats, with non-finite bf16 and f16 values on
 //     the vector and the strided paths.
+#include <zenflow/gradient_stats.cuh>
 #include <zenflow/importance_selector.cuh>
 
 #include <doctest/doctest.h>
