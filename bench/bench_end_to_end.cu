@@ -10,6 +10,7 @@
 
 #include <cublas_v2.h>
 #include <zenflow/coordinator.cuh>
+#include "../tests/support/cuda_test_utils.cuh"
 #include "end_to_end_modes.hpp"
 
 #include <algorithm>
@@ -37,12 +38,7 @@ index_t env_or(const char* name, index_t fallback) {
   return v != nullptr ? std::atoll(v) : fallback;
 }
 
-struct device_array {
-  void* ptr = nullptr;
-  explicit device_array(std::size_t bytes) { ZENFLOW_CUDA_TRY(cudaMalloc(&ptr, bytes)); }
-  device_array(const device_array&) = delete;
-  ~device_array() { ZENFLOW_CUDA_ASSERT(cudaFree(ptr)); }
-};
+using device_array = zenflow_test::device_buffer;
 
 __global__ void fill_kernel(__nv_bfloat16* p, std::size_t n, float scale, unsigned seed) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -72,12 +68,12 @@ struct model {
       for (auto& x : w0.back()) x = n01(rng);
       std::vector<bfloat16> wb(w0.back().size());
       for (std::size_t i = 0; i < wb.size(); ++i) wb[i] = to_bfloat16(w0.back()[i]);
-      ZENFLOW_CUDA_TRY(cudaMemcpy(w.back()->ptr, wb.data(), wbytes, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(w.back()->data(), wb.data(), wbytes, cudaMemcpyHostToDevice));
     }
     for (index_t l = 0; l <= layers; ++l) act.push_back(std::make_unique<device_array>(abytes));
     dy = std::make_unique<device_array>(abytes);
     dx = std::make_unique<device_array>(abytes);
-    fill_kernel<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(act[0]->ptr), tokens * hidden, 1.0f, 11u);
+    fill_kernel<<<1024, 256, 0, stream>>>(act[0]->data<__nv_bfloat16>(), tokens * hidden, 1.0f, 11u);
     ZENFLOW_CUBLAS_TRY(cublasCreate(&handle));
     ZENFLOW_CUBLAS_TRY(cublasSetStream(handle, stream));
     ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());  // the weight uploads ran on the legacy stream
@@ -94,17 +90,18 @@ struct model {
   const int H = static_cast<int>(hidden);
   void forward() {  // Y[T, out] = X[T, in] W^T: column-major Y^T = op_T(W^T) X^T
     for (index_t l = 0; l < layers; ++l)
-      gemm(CUBLAS_OP_T, CUBLAS_OP_N, H, static_cast<int>(tokens), H, w[l]->ptr, H, act[l]->ptr, H, act[l + 1]->ptr, H);
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, H, static_cast<int>(tokens), H, w[l]->data(), H, act[l]->data(), H,
+           act[l + 1]->data(), H);
   }
   template <class Submit>
   void backward(cudaStream_t stream, Submit&& submit) {
-    fill_kernel<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dy->ptr), tokens * hidden, 1e-3f, 7u);
+    fill_kernel<<<1024, 256, 0, stream>>>(dy->data<__nv_bfloat16>(), tokens * hidden, 1e-3f, 7u);
     for (index_t l = layers; l-- > 0;) {
       // dW[out, in] = dY^T X: column-major dW^T = X^T op_T(dY^T)
-      gemm(CUBLAS_OP_N, CUBLAS_OP_T, H, H, static_cast<int>(tokens), act[l]->ptr, H, dy->ptr, H, g[l]->ptr, H);
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, H, H, static_cast<int>(tokens), act[l]->data(), H, dy->data(), H, g[l]->data(), H);
       submit(l);
       // dX[T, in] = dY W: column-major dX^T = W^T dY^T
-      gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, static_cast<int>(tokens), H, w[l]->ptr, H, dy->ptr, H, dx->ptr, H);
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, static_cast<int>(tokens), H, w[l]->data(), H, dy->data(), H, dx->data(), H);
       std::swap(dy, dx);
     }
   }
@@ -112,8 +109,8 @@ struct model {
 
 void BM_end_to_end(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(0));
-  cudaStream_t stream;
-  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const zenflow_test::cuda_stream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
   {
     model m(env_or("ZENFLOW_E2E_LAYERS", 8), env_or("ZENFLOW_E2E_TOKENS", 4096), stream);
     coordinator_config config;
@@ -122,14 +119,14 @@ void BM_end_to_end(benchmark::State& state) {
     cuda_coordinator c(zenflow_bench::mode_options(mode, 1e-4f), config);
     for (index_t l = 0; l < m.layers; ++l)
       c.register_parameter("w" + std::to_string(l),
-                           matrix_view::row_major(m.w[l]->ptr, hidden, hidden, dtype::bf16, memory_space::device),
+                           matrix_view::row_major(m.w[l]->data(), hidden, hidden, dtype::bf16, memory_space::device),
                            const_matrix_view::row_major(m.w0[l].data(), hidden, hidden, dtype::f32), dtype::bf16);
     auto one_step = [&] {
       m.forward();
       m.backward(stream, [&](index_t l) {
-        c.submit_gradient(static_cast<std::size_t>(l),
-                          const_matrix_view::row_major(m.g[l]->ptr, hidden, hidden, dtype::bf16, memory_space::device),
-                          stream);
+        c.submit_gradient(
+            static_cast<std::size_t>(l),
+            const_matrix_view::row_major(m.g[l]->data(), hidden, hidden, dtype::bf16, memory_space::device), stream);
       });
       return c.step(stream);
     };
@@ -172,7 +169,6 @@ void BM_end_to_end(benchmark::State& state) {
     }
     state.SetLabel(zenflow_bench::mode_name(mode));
   }
-  ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
 }  // namespace

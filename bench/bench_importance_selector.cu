@@ -45,8 +45,8 @@ void BM_column_scores(benchmark::State& state) {
   const long long rows = state.range(0), cols = state.range(1);
   const bool row_major = state.range(2) != 0;
   const std::size_t bytes = static_cast<std::size_t>(rows * cols) * 2;
-  void* grad = nullptr;
-  ZENFLOW_CUDA_TRY(cudaMalloc(&grad, bytes));
+  const zenflow_test::device_buffer grad_buffer(bytes);
+  void* grad = grad_buffer.data();
   fill_bf16_kernel<<<zenflow_bench::streaming_blocks(), 256>>>(static_cast<std::uint16_t*>(grad), rows * cols);
   const auto view = row_major ? zenflow::const_matrix_view::row_major(grad, rows, cols, zenflow::dtype::bf16,
                                                                       zenflow::memory_space::device)
@@ -57,18 +57,17 @@ void BM_column_scores(benchmark::State& state) {
   const long long segments = sel::row_sweep_segments(rows, seg_rows);
   const sel::score_desc desc = sel::make_score_desc(view, 0, 0, 0, 0, seg_rows);
   const long long blocks = sel::score_blocks(desc);
-  sel::score_desc* d_desc = nullptr;
-  float *scores = nullptr, *partials = nullptr;
-  unsigned* counters = nullptr;
-  ZENFLOW_CUDA_TRY(cudaMalloc(&d_desc, sizeof desc));
+  const zenflow_test::device_buffer d_desc_buffer(sizeof desc), scores_buffer(cols * 4),
+      partials_buffer(std::max<long long>(1, segments * cols) * 4), counters_buffer(sel::row_sweep_max_tiles(cols) * 4);
+  auto* d_desc = d_desc_buffer.data<sel::score_desc>();
+  auto* scores = scores_buffer.data<float>();
+  auto* partials = partials_buffer.data<float>();
+  auto* counters = counters_buffer.data<unsigned>();
   ZENFLOW_CUDA_TRY(cudaMemcpy(d_desc, &desc, sizeof desc, cudaMemcpyHostToDevice));
-  ZENFLOW_CUDA_TRY(cudaMalloc(&scores, cols * 4));
-  ZENFLOW_CUDA_TRY(cudaMalloc(&partials, std::max<long long>(1, segments * cols) * 4));
-  ZENFLOW_CUDA_TRY(cudaMalloc(&counters, sel::row_sweep_max_tiles(cols) * 4));
   ZENFLOW_CUDA_TRY(cudaMemset(counters, 0, sel::row_sweep_max_tiles(cols) * 4));
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());  // the setup above ran on the legacy stream
-  cudaStream_t s;
-  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const zenflow_test::cuda_stream stream;
+  const cudaStream_t s = stream.get();
   {
     zenflow_bench::device_timer timer(s);
     double total_ms = 0, roof_ms = 0;
@@ -97,8 +96,6 @@ void BM_column_scores(benchmark::State& state) {
       state.counters["waves"] = static_cast<double>(blocks) / static_cast<double>(resident);
     }
   }
-  ZENFLOW_CUDA_TRY(cudaStreamDestroy(s));
-  cudaFree(grad), cudaFree(d_desc), cudaFree(scores), cudaFree(partials), cudaFree(counters);
 }
 BENCHMARK(BM_column_scores)
     ->Args({4096, 4096, 1})
@@ -115,6 +112,7 @@ struct topk_problem {
   std::vector<sel::topk_desc> descs;
   std::vector<long long> seg_begin;  // for the thrust baseline: unpadded concatenation
   long long total_scores = 0, total_k = 0, total_cols = 0;
+  zenflow_test::device_buffer scores_buffer, descs_buffer, out_buffer, nan_buffer;
   float* scores = nullptr;
   sel::topk_desc* d_descs = nullptr;
   std::int32_t* out = nullptr;
@@ -131,14 +129,17 @@ struct topk_problem {
     std::vector<float> h(static_cast<std::size_t>(total_scores), 0.0f);
     std::exponential_distribution<float> ed(1.0f);
     for (auto& x : h) x = ed(rng) * 100.0f;
-    ZENFLOW_CUDA_TRY(cudaMalloc(&scores, h.size() * 4));
+    scores_buffer = zenflow_test::device_buffer(h.size() * 4);
+    scores = scores_buffer.data<float>();
     ZENFLOW_CUDA_TRY(cudaMemcpy(scores, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    ZENFLOW_CUDA_TRY(cudaMalloc(&d_descs, descs.size() * sizeof(sel::topk_desc)));
+    descs_buffer = zenflow_test::device_buffer(descs.size() * sizeof(sel::topk_desc));
+    d_descs = descs_buffer.data<sel::topk_desc>();
     ZENFLOW_CUDA_TRY(cudaMemcpy(d_descs, descs.data(), descs.size() * sizeof(sel::topk_desc), cudaMemcpyHostToDevice));
-    ZENFLOW_CUDA_TRY(cudaMalloc(&out, total_k * 4));
-    ZENFLOW_CUDA_TRY(cudaMalloc(&nan, descs.size() * 4));
+    out_buffer = zenflow_test::device_buffer(total_k * 4);
+    out = out_buffer.data<std::int32_t>();
+    nan_buffer = zenflow_test::device_buffer(descs.size() * 4);
+    nan = nan_buffer.data<int>();
   }
-  ~topk_problem() { cudaFree(scores), cudaFree(d_descs), cudaFree(out), cudaFree(nan); }
 };
 
 // Thrust baseline: one stable sort of (parameter, descending key) -> column, then the first k of
@@ -201,8 +202,8 @@ void BM_topk_batched(benchmark::State& state) {
   thrust::device_vector<int> cols(static_cast<std::size_t>(p.total_cols));
   thrust::device_vector<unsigned long long> picked(static_cast<std::size_t>(p.total_k));
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
-  cudaStream_t s;
-  ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const zenflow_test::cuda_stream stream;
+  const cudaStream_t s = stream.get();
   {
     caching_allocator alloc;
     const auto policy = thrust::cuda::par_nosync(alloc).on(s);
@@ -249,7 +250,6 @@ void BM_topk_batched(benchmark::State& state) {
       state.counters["columns"] = static_cast<double>(p.total_cols);
     }
   }
-  ZENFLOW_CUDA_TRY(cudaStreamDestroy(s));
 }
 BENCHMARK(BM_topk_batched)->Iterations(5)->UseManualTime()->Unit(benchmark::kMicrosecond);
 

@@ -73,10 +73,10 @@ void bm_sparse_adam(benchmark::State& state) {
   const index_t k = std::max<index_t>(1, static_cast<index_t>(ratio * static_cast<double>(cols)));
   const std::size_t elements = static_cast<std::size_t>(rows * k);
 
-  sa::device_memory param(rows * cols * 2), grad(rows * cols * 2), packed(3 * elements * 4);
-  ZENFLOW_CUDA_TRY(cudaMemset(param.get(), 0x3c, param.bytes()));
-  ZENFLOW_CUDA_TRY(cudaMemset(grad.get(), 0x3c, grad.bytes()));
-  ZENFLOW_CUDA_TRY(cudaMemset(packed.get(), 0, packed.bytes()));
+  zenflow_test::device_buffer param(rows * cols * 2), grad(rows * cols * 2), packed(3 * elements * 4);
+  ZENFLOW_CUDA_TRY(cudaMemset(param.data(), 0x3c, param.bytes()));
+  ZENFLOW_CUDA_TRY(cudaMemset(grad.data(), 0x3c, grad.bytes()));
+  ZENFLOW_CUDA_TRY(cudaMemset(packed.data(), 0, packed.bytes()));
   std::vector<std::int32_t> all(static_cast<std::size_t>(cols));
   std::iota(all.begin(), all.end(), 0);
   std::shuffle(all.begin(), all.end(), std::mt19937(1));
@@ -89,29 +89,29 @@ void bm_sparse_adam(benchmark::State& state) {
                : zenflow::matrix_view::column_contiguous(p, rows, cols, dtype::bf16, zenflow::memory_space::device);
   };
   zenflow::cuda_sparse_adam opt(zenflow::adam_options{});
-  opt.add_matrix(view(param.get()), selection, packed.get<const float>(), nullptr);
-  const zenflow::const_matrix_view grads[] = {view(grad.get())};
+  opt.add_matrix(view(param.data()), selection, packed.data<const float>(), nullptr);
+  const zenflow::const_matrix_view grads[] = {view(grad.data())};
 
   // Rooflines over the same bytes: 14 B read + 14 B written per selected element, 12 B of them
   // fp32 state and 2 B gradient / parameter.
   const std::size_t half_bytes = elements * 14;
   const std::size_t state4 = (elements * 12 + 15) / 16, model4 = (elements * 2 + 15) / 16;
-  sa::device_memory roof(16 * (state4 + model4));
-  ZENFLOW_CUDA_TRY(cudaMemset(roof.get(), 0, roof.bytes()));
+  zenflow_test::device_buffer roof(16 * (state4 + model4));
+  ZENFLOW_CUDA_TRY(cudaMemset(roof.data(), 0, roof.bytes()));
   const int blocks = zenflow_bench::streaming_blocks();
 
   // Baseline: gather -> dense Adam -> scatter.
-  sa::device_memory compact_grad(elements * 2), compact_param(elements * 2), state3(3 * elements * 4);
-  ZENFLOW_CUDA_TRY(cudaMemset(state3.get(), 0, state3.bytes()));
+  zenflow_test::device_buffer compact_grad(elements * 2), compact_param(elements * 2), state3(3 * elements * 4);
+  ZENFLOW_CUDA_TRY(cudaMemset(state3.data(), 0, state3.bytes()));
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   const auto c = zenflow::make_adam_step_constants(zenflow::adam_options{}, 1);
   const std::span<const std::int32_t> sel_dev = opt.selection_device(0);
   auto baseline = [&] {
-    zenflow::cuda_gather_columns(grads[0], sel_dev, compact_grad.get(), dtype::bf16, nullptr, nullptr);
-    float* s = state3.get<float>();
-    dense_adam_kernel<<<blocks, 256>>>(s, s + elements, s + 2 * elements, compact_grad.get<const zenflow::bfloat16>(),
-                                       compact_param.get<zenflow::bfloat16>(), elements, c);
-    zenflow::cuda_scatter_columns(compact_param.get(), dtype::bf16, sel_dev, view(param.get()), nullptr);
+    zenflow::cuda_gather_columns(grads[0], sel_dev, compact_grad.data(), dtype::bf16, nullptr, nullptr);
+    float* s = state3.data<float>();
+    dense_adam_kernel<<<blocks, 256>>>(s, s + elements, s + 2 * elements, compact_grad.data<const zenflow::bfloat16>(),
+                                       compact_param.data<zenflow::bfloat16>(), elements, c);
+    zenflow::cuda_scatter_columns(compact_param.data(), dtype::bf16, sel_dev, view(param.data()), nullptr);
   };
   auto sparse = [&] { opt.step(grads, {}, 1.0f, nullptr, nullptr, false, nullptr); };
   // With the non-finite check: a pre-pass over the gradient values the step reads, then the step.
@@ -122,9 +122,9 @@ void bm_sparse_adam(benchmark::State& state) {
   long long n = 0;
   for (auto _ : state) {
     try {
-      read_ms += timer.read_roofline_ms(roof.get(), roof.bytes());
+      read_ms += timer.read_roofline_ms(roof.data(), roof.bytes());
       rmw_ms += timer.mean_ms([&] {
-        rmw_roofline_kernel<<<blocks, 256>>>(roof.get<float4>(), state4, roof.get<float4>() + state4, model4);
+        rmw_roofline_kernel<<<blocks, 256>>>(roof.data<float4>(), state4, roof.data<float4>() + state4, model4);
       });
       baseline_ms += timer.mean_ms(baseline);
       checked_ms += timer.mean_ms(sparse_checked);

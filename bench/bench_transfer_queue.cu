@@ -14,6 +14,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "../tests/support/cuda_test_utils.cuh"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,20 +39,18 @@ const char* mode_name(int m) {
 }
 
 struct fixture {
-  void* dev_down = nullptr;  // source of device_to_host
-  void* dev_up = nullptr;    // destination of host_to_device
   zenflow::pinned_buffer pinned_down{total_bytes};
   zenflow::pinned_buffer pinned_up{total_bytes, pinned_allocation::write_combined};
   std::vector<std::byte> pageable = std::vector<std::byte>(total_bytes);
-  cudaStream_t s_down = nullptr, s_up = nullptr;
+  zenflow_test::device_buffer down_memory{total_bytes}, up_memory{total_bytes};
+  void* dev_down = down_memory.data();  // source of device_to_host
+  void* dev_up = up_memory.data();      // destination of host_to_device
+  zenflow_test::cuda_stream down_stream, up_stream;
+  cudaStream_t s_down = down_stream.get(), s_up = up_stream.get();
   fixture() {
-    ZENFLOW_CUDA_TRY(cudaMalloc(&dev_down, total_bytes));
-    ZENFLOW_CUDA_TRY(cudaMalloc(&dev_up, total_bytes));
     ZENFLOW_CUDA_TRY(cudaMemset(dev_down, 1, total_bytes));
     std::fill(pageable.begin(), pageable.end(), std::byte{2});
     std::memset(pinned_up.data(), 3, total_bytes);
-    ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&s_down, cudaStreamNonBlocking));
-    ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&s_up, cudaStreamNonBlocking));
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(nullptr));  // setup: the legacy stream's memset
   }
   static fixture& get() {

@@ -1,5 +1,6 @@
 // How the GPU benchmarks time device work (shared by bench_importance_selector and
-// bench_sparse_adam; not part of the library).
+// bench_sparse_adam; not part of the library). Its memory, events and stream hold are the ones the
+// GPU tests use too (tests/support/cuda_test_utils.cuh).
 //
 // A kernel on the stream spins on a host-mapped flag while the host enqueues the timed calls, so
 // the host's launch and validation cost never shows up as device time; each call is preceded by
@@ -16,26 +17,12 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstddef>
 #include <vector>
 
-namespace zenflow_bench {
+#include "../tests/support/cuda_test_utils.cuh"
 
-/// Spins until the host writes *release; after `timeout_ns` gives up and sets *timed_out.
-static __global__ void hold_stream_kernel(const volatile int* release, volatile int* timed_out,
-                                          unsigned long long timeout_ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  while (*release == 0) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - start > timeout_ns) {
-      *timed_out = 1;
-      return;
-    }
-    __nanosleep(1000);
-  }
-}
+namespace zenflow_bench {
 
 /// How a streaming kernel loads: the L2 eviction priority decides which lines survive the next
 /// sweep.
@@ -72,22 +59,12 @@ class device_timer {
     int device = 0, l2 = 0;
     ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
     ZENFLOW_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    flush_bytes_ = (4 * static_cast<std::size_t>(l2) + 15) / 16 * 16;
-    ZENFLOW_CUDA_TRY(cudaMalloc(&flush_, flush_bytes_));
-    ZENFLOW_CUDA_TRY(cudaMemset(flush_, 0, flush_bytes_));
-    ZENFLOW_CUDA_TRY(cudaMalloc(&sink_, sizeof(unsigned)));
-    ZENFLOW_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&flags_), 2 * sizeof(int), cudaHostAllocMapped));
-    ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flags_dev_), flags_, 0));
+    flush_ = zenflow_test::device_buffer((4 * static_cast<std::size_t>(l2) + 15) / 16 * 16);
+    ZENFLOW_CUDA_TRY(cudaMemset(flush_.data(), 0, flush_.bytes()));
     ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   }
   device_timer(const device_timer&) = delete;
   device_timer& operator=(const device_timer&) = delete;
-  ~device_timer() {
-    for (auto e : events_) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(e));
-    ZENFLOW_CUDA_ASSERT(cudaFree(flush_));
-    ZENFLOW_CUDA_ASSERT(cudaFree(sink_));
-    ZENFLOW_CUDA_ASSERT(cudaFreeHost(flags_));
-  }
 
   /// Mean device milliseconds of one call of `f` over `reps` calls, after one untimed warm-up
   /// call (uploads, allocations, lazy module loading). With `hold` false the stream is not held
@@ -98,29 +75,28 @@ class device_timer {
     f();
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream_));
     while (events_.size() < 2 * static_cast<std::size_t>(reps)) {
-      cudaEvent_t e = nullptr;
-      ZENFLOW_CUDA_TRY(cudaEventCreate(&e));
-      events_.push_back(e);
+      events_.emplace_back(cudaEventDefault);  // timing enabled
+      events_.back().create();
     }
-    flags_[0] = flags_[1] = 0;
+    flags_.host[0] = flags_.host[1] = 0;
     if (hold) {
-      hold_stream_kernel<<<1, 1, 0, stream_>>>(flags_dev_, flags_dev_ + 1, 5'000'000'000ull);
+      zenflow_test::spin_until_flag<<<1, 1, 0, stream_>>>(flags_.device, flags_.device + 1, 5'000'000'000ull);
       ZENFLOW_CUDA_TRY(cudaGetLastError());
     }
     for (int i = 0; i < reps; ++i) {
-      read<load_policy::global>(flush_, flush_bytes_);
-      ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i], stream_));
+      read<load_policy::global>(flush_.data(), flush_.bytes());
+      events_[2 * i].record(stream_);
       f();
-      ZENFLOW_CUDA_TRY(cudaEventRecord(events_[2 * i + 1], stream_));
+      events_[2 * i + 1].record(stream_);
     }
-    std::atomic_ref<int>(flags_[0]).store(1);
-    ZENFLOW_CUDA_TRY(cudaEventSynchronize(events_[2 * reps - 1]));
-    if (std::atomic_ref<int>(flags_[1]).load() != 0)
+    flags_.set();
+    events_[2 * reps - 1].synchronize();
+    if (flags_.outcome() == 2)  // the kernel gave up waiting for the release
       throw zenflow::error("device_timer", "the timed calls synchronized with the host while the stream was held");
     double total = 0;
     for (int i = 0; i < reps; ++i) {
       float ms = 0;
-      ZENFLOW_CUDA_TRY(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
+      ZENFLOW_CUDA_TRY(cudaEventElapsedTime(&ms, events_[2 * i].native(), events_[2 * i + 1].native()));
       total += ms;
     }
     return total / reps;
@@ -135,19 +111,17 @@ class device_timer {
  private:
   template <load_policy Policy>
   void read(const void* data, std::size_t bytes) {
-    read_stream_kernel<Policy>
-        <<<blocks_, 256, 0, stream_>>>(static_cast<const uint4*>(data), static_cast<long long>(bytes / 16), sink_);
+    read_stream_kernel<Policy><<<blocks_, 256, 0, stream_>>>(
+        static_cast<const uint4*>(data), static_cast<long long>(bytes / 16), sink_.data<unsigned>());
     ZENFLOW_CUDA_TRY(cudaGetLastError());
   }
 
   cudaStream_t stream_;
   int blocks_;
-  void* flush_ = nullptr;
-  std::size_t flush_bytes_ = 0;
-  unsigned* sink_ = nullptr;
-  int* flags_ = nullptr;
-  int* flags_dev_ = nullptr;
-  std::vector<cudaEvent_t> events_;
+  zenflow_test::device_buffer flush_;  // 4x the L2 size, read before each timed call
+  zenflow_test::device_buffer sink_{sizeof(unsigned)};
+  zenflow_test::mapped_flags flags_;  // the hold kernel's release flag and outcome
+  std::vector<zenflow_test::cuda_event> events_;
 };
 
 }  // namespace zenflow_bench

@@ -16,6 +16,7 @@
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/gradient_stats.cuh"
 #include "zenflow/importance_selector.cuh"
 #include "zenflow/sparse_adam.cuh"
 #include "zenflow/transfer_queue.cuh"

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "zenflow/adam_math.hpp"
+#include "zenflow/detail/cpu_adam/byte_range.hpp"
 #include "zenflow/detail/cpu_adam/isa.hpp"
 #include "zenflow/detail/cpu_adam/kernels.hpp"
 #include "zenflow/error.hpp"
@@ -36,14 +37,6 @@
 #include "zenflow/types.hpp"
 
 namespace zenflow {
-
-namespace detail {
-/// A half-open byte range [lo, hi) and the task (or tensor) it belongs to.
-struct byte_range {
-  std::uintptr_t lo = 0, hi = 0;
-  std::size_t task = 0;
-};
-}  // namespace detail
 
 /// Construction settings of a `cpu_adam`.
 struct cpu_adam_config {

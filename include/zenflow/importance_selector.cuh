@@ -1,10 +1,11 @@
-// The CUDA backend of the importance selector and the device gradient statistics.
+// The CUDA backend of the importance selector.
 //
 // cuda_importance_selector has the host selector's registration and query API; select() takes
 // DEVICE gradient views and a stream and runs exactly two kernels for all parameters (column
 // scores, then a batched radix-select top-k; see detail/importance_selector/kernels.cuh), copies
 // the k indices of every parameter to host and synchronizes with that stream only
 // (cudaStreamSynchronize). Its selection equals host `topk_columns` applied to its own scores.
+// The gradient statistics that clipping and the skip check use are gradient_stats.cuh's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,11 +13,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
+#include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/detail/importance_selector/kernels.cuh"
 #include "zenflow/error.hpp"
 #include "zenflow/importance_selector.hpp"
@@ -33,54 +35,6 @@ concept device_score_communicator = score_communicator<C> &&
   c.all_reduce_sum(values, stream);
 };
 static_assert(device_score_communicator<identity_communicator>);
-
-namespace detail::selector {
-struct cuda_free_deleter {
-  void operator()(void* p) const noexcept { ZENFLOW_CUDA_ASSERT(cudaFree(p)); }
-};
-struct cuda_free_host_deleter {
-  void operator()(void* p) const noexcept { ZENFLOW_CUDA_ASSERT(cudaFreeHost(p)); }
-};
-struct cuda_stream_deleter {
-  void operator()(cudaStream_t s) const noexcept { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(s)); }
-};
-/// Owning device allocation (cudaMalloc / cudaFree exactly once).
-template <class T>
-class device_array {
- public:
-  device_array() = default;
-  explicit device_array(std::size_t n) : size_(n) {
-    if (n == 0) return;
-    void* p = nullptr;
-    ZENFLOW_CUDA_TRY(cudaMalloc(&p, n * sizeof(T)));
-    ptr_.reset(p);
-  }
-  [[nodiscard]] T* get() const noexcept { return static_cast<T*>(ptr_.get()); }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-
- private:
-  std::unique_ptr<void, cuda_free_deleter> ptr_;
-  std::size_t size_ = 0;
-};
-/// Owning pinned host allocation (cudaMallocHost / cudaFreeHost exactly once).
-template <class T>
-class pinned_array {
- public:
-  pinned_array() = default;
-  explicit pinned_array(std::size_t n) : size_(n) {
-    if (n == 0) return;
-    void* p = nullptr;
-    ZENFLOW_CUDA_TRY(cudaMallocHost(&p, n * sizeof(T)));
-    ptr_.reset(p);
-  }
-  [[nodiscard]] T* get() const noexcept { return static_cast<T*>(ptr_.get()); }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-
- private:
-  std::unique_ptr<void, cuda_free_host_deleter> ptr_;
-  std::size_t size_ = 0;
-};
-}  // namespace detail::selector
 
 /// The CUDA backend of the importance selector (models `zenflow::importance_selector`). Owns the
 /// device scores and selections (double-buffered: the current and the previous one), the
@@ -122,7 +76,7 @@ class cuda_importance_selector {
     const std::size_t n = state_.parameter_count();
     if (n == 0) return;
     const int next = cur_ ^ 1;
-    auto* sdesc = reinterpret_cast<detail::selector::score_desc*>(h_desc_.get());
+    auto* sdesc = h_desc_.data<detail::selector::score_desc>();
     auto* tdesc = reinterpret_cast<detail::selector::topk_desc*>(sdesc + n);
     long long blocks = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -134,28 +88,28 @@ class cuda_importance_selector {
     expects(blocks <= 0x7fffffffLL, "grads", "too many score blocks for one launch: ", blocks);
     const auto total_k = static_cast<std::size_t>(state_.total_k());
     try {
-      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_desc_.get(), h_desc_.get(), desc_bytes(n), cudaMemcpyHostToDevice, stream));
-      const auto* d_sdesc = reinterpret_cast<const detail::selector::score_desc*>(d_desc_.get());
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_desc_.data(), h_desc_.data(), desc_bytes(n), cudaMemcpyHostToDevice, stream));
+      const auto* d_sdesc = reinterpret_cast<const detail::selector::score_desc*>(d_desc_.data());
       const auto* d_tdesc = reinterpret_cast<const detail::selector::topk_desc*>(d_sdesc + n);
-      float* scores = d_scores_[next].get();
+      float* scores = d_scores_[next].data();
       if (state_.norm() == score_norm::l1)
         detail::selector::column_scores_kernel<score_norm::l1>
             <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
-                d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
+                d_sdesc, static_cast<int>(n), scores, d_partials_.data(), d_counters_.data());
       else
         detail::selector::column_scores_kernel<score_norm::l2_squared>
             <<<static_cast<unsigned>(blocks), detail::selector::score_threads, 0, stream>>>(
-                d_sdesc, static_cast<int>(n), scores, d_partials_.get(), d_counters_.get());
+                d_sdesc, static_cast<int>(n), scores, d_partials_.data(), d_counters_.data());
       ZENFLOW_CUDA_TRY(cudaGetLastError());
       if (comm_.world_size() > 1)
         comm_.all_reduce_sum(std::span<float>(scores, static_cast<std::size_t>(state_.total_score_size())), stream);
       // Into the scratch buffer: d_indices_[next] is previous_device() until this select succeeds.
       detail::selector::topk_kernel<<<static_cast<unsigned>(n), detail::selector::topk_threads, 0, stream>>>(
-          d_tdesc, scores, d_indices_scratch_.get(), d_nan_.get());
+          d_tdesc, scores, d_indices_scratch_.data(), d_nan_.data());
       ZENFLOW_CUDA_TRY(cudaGetLastError());
-      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_indices_.get(), d_indices_scratch_.get(), total_k * sizeof(std::int32_t),
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_indices_.data(), d_indices_scratch_.data(), total_k * sizeof(std::int32_t),
                                        cudaMemcpyDeviceToHost, stream));
-      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_nan_.get(), d_nan_.get(), n * sizeof(int), cudaMemcpyDeviceToHost, stream));
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(h_nan_.data(), d_nan_.data(), n * sizeof(int), cudaMemcpyDeviceToHost, stream));
     } catch (...) {
       // Work already enqueued (score tickets, scratch writes) must not outlive a failed select.
       (void)cudaStreamSynchronize(stream);
@@ -164,8 +118,8 @@ class cuda_importance_selector {
     }
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     for (std::size_t i = 0; i < n; ++i)
-      expects(h_nan_.get()[i] == 0, "grads", "parameter ", i, " has NaN column scores (non-finite gradient)");
-    state_.commit_indices(std::span<const std::int32_t>(h_indices_.get(), total_k));
+      expects(h_nan_.data<int>()[i] == 0, "grads", "parameter ", i, " has NaN column scores (non-finite gradient)");
+    state_.commit_indices(std::span<const std::int32_t>(h_indices_.data<std::int32_t>(), total_k));
     std::swap(d_indices_[next], d_indices_scratch_);
     cur_ = next;
     host_scores_valid_ = false;
@@ -185,17 +139,13 @@ class cuda_importance_selector {
   [[nodiscard]] std::span<const float> scores(std::size_t i) const {
     (void)state_.cols(i);  // validates i
     if (!host_scores_valid_ && d_scores_[cur_].size() != 0) {
-      if (!copy_stream_) {
-        cudaStream_t s = nullptr;
-        ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        copy_stream_.reset(s);
-      }
+      if (!copy_stream_) copy_stream_.emplace(cudaStreamNonBlocking);
       auto dst = const_cast<detail::selector::selection_state&>(state_).mutable_scores();
       // Parameters registered since the buffers were sized have no device scores yet (zeros).
       const std::size_t count = std::min(dst.size(), d_scores_[cur_].size());
-      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst.data(), d_scores_[cur_].get(), count * sizeof(float), cudaMemcpyDeviceToHost,
-                                       copy_stream_.get()));
-      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(copy_stream_.get()));
+      ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst.data(), d_scores_[cur_].data(), count * sizeof(float),
+                                       cudaMemcpyDeviceToHost, copy_stream_->get()));
+      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(copy_stream_->get()));
       host_scores_valid_ = true;
     }
     return state_.scores(i);
@@ -223,7 +173,7 @@ class cuda_importance_selector {
   void set_selection(std::size_t i, std::span<const std::int32_t> columns, cudaStream_t stream = nullptr) {
     state_.validate_selection(i, columns);
     ensure_buffers(stream);
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_indices_[cur_].get() + state_.k_offset(i), columns.data(),
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(d_indices_[cur_].data() + state_.k_offset(i), columns.data(),
                                      columns.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     state_.set_selection(i, columns);
@@ -231,9 +181,9 @@ class cuda_importance_selector {
 
  private:
   template <class T>
-  static T* in_buffer(const detail::selector::device_array<T>& a, index_t offset, index_t count) {
-    if (a.get() == nullptr || static_cast<std::size_t>(offset + count) > a.size()) return nullptr;
-    return a.get() + offset;
+  static T* in_buffer(const detail::cuda_device_array<T>& a, index_t offset, index_t count) {
+    if (a.data() == nullptr || static_cast<std::size_t>(offset + count) > a.size()) return nullptr;
+    return a.data() + offset;
   }
   static std::size_t desc_bytes(std::size_t n) {
     return n * (sizeof(detail::selector::score_desc) + sizeof(detail::selector::topk_desc));
@@ -264,30 +214,30 @@ class cuda_importance_selector {
     }
     const auto total_scores = static_cast<std::size_t>(state_.total_score_size());
     const auto total_k = static_cast<std::size_t>(state_.total_k());
-    sel::device_array<float> scores[2] = {sel::device_array<float>(total_scores),
-                                          sel::device_array<float>(total_scores)};
-    sel::device_array<std::int32_t> indices[2] = {sel::device_array<std::int32_t>(total_k),
-                                                  sel::device_array<std::int32_t>(total_k)};
-    sel::device_array<std::int32_t> indices_scratch(total_k);
-    sel::device_array<float> partial_buf(static_cast<std::size_t>(partials));
-    sel::device_array<unsigned> counter_buf(static_cast<std::size_t>(counters));
-    sel::device_array<unsigned char> desc(desc_bytes(n));
-    sel::device_array<int> nan(n);
-    sel::pinned_array<unsigned char> h_desc(desc_bytes(n));
-    sel::pinned_array<std::int32_t> h_indices(total_k);
-    sel::pinned_array<int> h_nan(n);
+    detail::cuda_device_array<float> scores[2] = {detail::cuda_device_array<float>(total_scores),
+                                                  detail::cuda_device_array<float>(total_scores)};
+    detail::cuda_device_array<std::int32_t> indices[2] = {detail::cuda_device_array<std::int32_t>(total_k),
+                                                          detail::cuda_device_array<std::int32_t>(total_k)};
+    detail::cuda_device_array<std::int32_t> indices_scratch(total_k);
+    detail::cuda_device_array<float> partial_buf(static_cast<std::size_t>(partials));
+    detail::cuda_device_array<unsigned> counter_buf(static_cast<std::size_t>(counters));
+    detail::cuda_device_array<unsigned char> desc(desc_bytes(n));
+    detail::cuda_device_array<int> nan(n);
+    detail::cuda_host_buffer h_desc(desc_bytes(n));
+    detail::cuda_host_buffer h_indices(total_k * sizeof(std::int32_t));
+    detail::cuda_host_buffer h_nan(n * sizeof(int));
     for (int b = 0; b < 2; ++b) {
-      if (total_scores) ZENFLOW_CUDA_TRY(cudaMemsetAsync(scores[b].get(), 0, total_scores * sizeof(float), stream));
-      if (total_k) ZENFLOW_CUDA_TRY(cudaMemsetAsync(indices[b].get(), 0, total_k * sizeof(std::int32_t), stream));
+      if (total_scores) ZENFLOW_CUDA_TRY(cudaMemsetAsync(scores[b].data(), 0, total_scores * sizeof(float), stream));
+      if (total_k) ZENFLOW_CUDA_TRY(cudaMemsetAsync(indices[b].data(), 0, total_k * sizeof(std::int32_t), stream));
       if (d_scores_[b].size())
-        ZENFLOW_CUDA_TRY(cudaMemcpyAsync(scores[b].get(), d_scores_[b].get(), d_scores_[b].size() * sizeof(float),
+        ZENFLOW_CUDA_TRY(cudaMemcpyAsync(scores[b].data(), d_scores_[b].data(), d_scores_[b].size() * sizeof(float),
                                          cudaMemcpyDeviceToDevice, stream));
       if (d_indices_[b].size())
-        ZENFLOW_CUDA_TRY(cudaMemcpyAsync(indices[b].get(), d_indices_[b].get(),
+        ZENFLOW_CUDA_TRY(cudaMemcpyAsync(indices[b].data(), d_indices_[b].data(),
                                          d_indices_[b].size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
                                          stream));
     }
-    if (counters) ZENFLOW_CUDA_TRY(cudaMemsetAsync(counter_buf.get(), 0, counters * sizeof(unsigned), stream));
+    if (counters) ZENFLOW_CUDA_TRY(cudaMemsetAsync(counter_buf.data(), 0, counters * sizeof(unsigned), stream));
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     // Commit (nothing below throws).
     for (int b = 0; b < 2; ++b) d_scores_[b] = std::move(scores[b]), d_indices_[b] = std::move(indices[b]);
@@ -304,93 +254,23 @@ class cuda_importance_selector {
   Communicator comm_;
   bool buffers_stale_ = true;
   int cur_ = 0;
-  detail::selector::device_array<float> d_scores_[2];
-  detail::selector::device_array<std::int32_t> d_indices_[2];
-  detail::selector::device_array<std::int32_t> d_indices_scratch_;  // top-k output until select() succeeds
-  detail::selector::device_array<float> d_partials_;
-  detail::selector::device_array<unsigned> d_counters_;
-  detail::selector::device_array<unsigned char> d_desc_;
-  detail::selector::device_array<int> d_nan_;
-  detail::selector::pinned_array<unsigned char> h_desc_;
-  detail::selector::pinned_array<std::int32_t> h_indices_;
-  detail::selector::pinned_array<int> h_nan_;
+  detail::cuda_device_array<float> d_scores_[2];
+  detail::cuda_device_array<std::int32_t> d_indices_[2];
+  detail::cuda_device_array<std::int32_t> d_indices_scratch_;  // top-k output until select() succeeds
+  detail::cuda_device_array<float> d_partials_;
+  detail::cuda_device_array<unsigned> d_counters_;
+  detail::cuda_device_array<unsigned char> d_desc_;
+  detail::cuda_device_array<int> d_nan_;
+  detail::cuda_host_buffer h_desc_;
+  detail::cuda_host_buffer h_indices_;
+  detail::cuda_host_buffer h_nan_;
   std::vector<long long> partial_offsets_, counter_offsets_;
   std::vector<long long> seg_rows_;  // row_sweep rows per segment, per parameter
   long long resident_blocks_ = 0;    // score blocks the device runs at once (0: not queried yet)
   mutable bool host_scores_valid_ = false;
-  mutable std::unique_ptr<CUstream_st, detail::selector::cuda_stream_deleter> copy_stream_;
+  mutable std::optional<detail::cuda_stream> copy_stream_;  // created by the first scores() copy
 };
 
 static_assert(importance_selector<cuda_importance_selector<>>);
-
-// --- device gradient statistics ------------------------------------------------------------------
-
-/// The result of cuda_gradient_stats, in device memory.
-struct gradient_stats_device {
-  double sum_of_squares;               ///< sum of g*g (double) over the finite elements
-  unsigned long long nonfinite_count;  ///< elements that are +-inf or NaN
-};
-
-/// Sum of squares and non-finite count of many DEVICE tensors, written to `out` (device memory)
-/// on `stream`; no host synchronization. Each block of 16384 consecutive elements of one tensor
-/// (inner dimension fastest) writes a double partial (fixed-order warp and block reduction); a
-/// single-block kernel then adds the partials in order: the result is bitwise reproducible. Same
-/// definition as host_gradient_stats (within double rounding of the different order). Uses a
-/// stream-ordered scratch allocation (cudaMallocAsync / cudaFreeAsync); launches
-/// ceil(tensors / 48) + 1 kernels. Throws ("grads" / "vectors" / "out") for malformed, host or null
-/// input before any work.
-inline void cuda_gradient_stats(std::span<const const_matrix_view> grads, std::span<const const_vector_view> vectors,
-                                gradient_stats_device* out, cudaStream_t stream) {
-  namespace sel = detail::selector;
-  for (const auto& g : grads) g.validate("grads", memory_space::device);
-  for (const auto& v : vectors) v.validate("vectors", memory_space::device);
-  expects(out != nullptr, "out", "must point to device memory");
-  std::vector<sel::stats_tensor> tensors;
-  auto add = [&tensors](const void* data, index_t rows, index_t cols, index_t rs, index_t cs, dtype t) {
-    if (rows == 0 || cols == 0) return;
-    const bool rows_inner = cols == 1 || (rows > 1 && rs <= cs);
-    sel::stats_tensor d{};
-    d.data = data;
-    d.inner_n = rows_inner ? rows : cols, d.outer_n = rows_inner ? cols : rows;
-    d.inner_stride = rows_inner ? rs : cs, d.outer_stride = rows_inner ? cs : rs;
-    d.type = static_cast<int>(t);
-    d.contiguous = (d.inner_stride == 1 || d.inner_n == 1) && (d.outer_n == 1 || d.outer_stride == d.inner_n);
-    if (d.inner_n == 1) d.inner_stride = 1;  // a single inner element: any stride addresses it
-    tensors.push_back(d);
-  };
-  for (const auto& g : grads) add(g.data, g.rows, g.cols, g.row_stride, g.col_stride, g.type);
-  for (const auto& v : vectors) add(v.data, 1, v.size, v.size * v.stride, v.stride, v.type);
-  long long chunks = 0;
-  std::vector<long long> first(tensors.size());
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    first[i] = chunks;
-    chunks += (tensors[i].inner_n * tensors[i].outer_n + sel::stats_chunk - 1) / sel::stats_chunk;
-  }
-  double* partial_sum = nullptr;
-  unsigned long long* partial_bad = nullptr;
-  if (chunks > 0) {
-    void* p = nullptr;
-    ZENFLOW_CUDA_TRY(cudaMallocAsync(&p, static_cast<std::size_t>(chunks) * 16, stream));
-    partial_sum = static_cast<double*>(p);
-    partial_bad = reinterpret_cast<unsigned long long*>(partial_sum + chunks);
-  }
-  for (std::size_t b = 0; b < tensors.size(); b += sel::stats_max_tensors) {
-    sel::stats_batch batch{};
-    batch.count = static_cast<int>(std::min<std::size_t>(sel::stats_max_tensors, tensors.size() - b));
-    batch.partial_base = first[b];
-    for (int j = 0; j < batch.count; ++j) {
-      batch.tensors[j] = tensors[b + static_cast<std::size_t>(j)];
-      batch.tensors[j].first_chunk = first[b + static_cast<std::size_t>(j)] - first[b];
-    }
-    const std::size_t end = b + static_cast<std::size_t>(batch.count);
-    const long long grid = (end < tensors.size() ? first[end] : chunks) - first[b];
-    sel::stats_partials_kernel<<<static_cast<unsigned>(grid), sel::stats_threads, 0, stream>>>(batch, partial_sum,
-                                                                                               partial_bad);
-    ZENFLOW_CUDA_TRY(cudaGetLastError());
-  }
-  sel::stats_final_kernel<<<1, sel::stats_final_threads, 0, stream>>>(partial_sum, partial_bad, chunks, out);
-  ZENFLOW_CUDA_TRY(cudaGetLastError());
-  if (partial_sum) ZENFLOW_CUDA_TRY(cudaFreeAsync(partial_sum, stream));
-}
 
 }  // namespace zenflow

@@ -1,6 +1,6 @@
 // The importance selector: per-column gradient scores, top-k column selection per 2-D parameter,
-// the refresh policy and the temporal-locality (overlap) figure, plus the gradient statistics
-// (sum of squares and non-finite count) used for clipping and the skip check.
+// the refresh policy and the temporal-locality (overlap) figure. (The gradient statistics used for
+// clipping and the skip check are gradient_stats.hpp's.)
 //
 // This header is the host backend and the exact reference the CUDA backend
 // (`importance_selector.cuh`) is tested against. Everything here compiles with a plain C++20 host
@@ -55,19 +55,6 @@ inline void topk_columns(std::span<const float> scores, index_t k, std::span<std
 /// |previous ∩ current| / |current| for two ascending index lists; 0 when `previous` (or
 /// `current`) is empty.
 inline double selection_overlap(std::span<const std::int32_t> previous, std::span<const std::int32_t> current);
-
-/// Sum of squares and non-finite count over many tensors (host memory).
-struct gradient_stats {
-  double sum_of_squares = 0.0;       ///< sum of g*g (in double) over the finite elements only
-  std::int64_t nonfinite_count = 0;  ///< elements that are +-inf or NaN
-};
-
-/// Host reference of the gradient statistics: tensors in order (`grads`, then `vectors`), each in
-/// its logical order (row r, then column c; vector element i), g converted exactly to double,
-/// squared and added in double. Throws ("grads" / "vectors") for malformed or device views.
-/// Deterministic; synchronous (host only).
-inline gradient_stats host_gradient_stats(std::span<const const_matrix_view> grads,
-                                          std::span<const const_vector_view> vectors);
 
 // --- communicator -------------------------------------------------------------------------------
 

@@ -22,14 +22,15 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "zenflow/adam_math.hpp"
+#include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/detail/sparse_adam/kernels.cuh"
+#include "zenflow/detail/sparse_adam/pinned_uploader.cuh"
 #include "zenflow/error.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/sparse_adam.hpp"
@@ -37,50 +38,6 @@
 #include "zenflow/view.hpp"
 
 namespace zenflow {
-
-namespace detail::sparse_adam {
-/// Owning device allocation (cudaMalloc), freed exactly once (cudaFree, which synchronizes).
-class device_memory {
- public:
-  device_memory() = default;
-  explicit device_memory(std::size_t bytes);
-  device_memory(device_memory&& o) noexcept;
-  device_memory& operator=(device_memory&& o) noexcept;
-  device_memory(const device_memory&) = delete;
-  device_memory& operator=(const device_memory&) = delete;
-  ~device_memory();
-  template <class T = void>
-  [[nodiscard]] T* get() const noexcept {
-    return static_cast<T*>(data_);
-  }
-  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-/// Host -> device uploads through a small ring of pinned buffers, each guarded by an event: a
-/// slot is reused only after its previous copy ran (with 8 slots, normally long since).
-class pinned_uploader {
- public:
-  pinned_uploader() = default;
-  pinned_uploader(const pinned_uploader&) = delete;
-  pinned_uploader& operator=(const pinned_uploader&) = delete;
-  ~pinned_uploader();
-  /// Copies `bytes` from `src` (host) to `dst` (device) on `stream`; `src` may be reused on return.
-  void upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream);
-
- private:
-  struct slot {
-    void* host = nullptr;
-    std::size_t capacity = 0;
-    cudaEvent_t done = nullptr;
-  };
-  std::array<slot, 8> slots_{};
-  std::size_t next_ = 0;
-};
-}  // namespace detail::sparse_adam
 
 /// CUDA backend of the sparse-column Adam; models `zenflow::device_optimizer`.
 class cuda_sparse_adam {
@@ -177,14 +134,14 @@ class cuda_sparse_adam {
     std::vector<std::int32_t> selection;
     index_t rows = 0;
     bool state_row_major = false;
-    adam_options options;                        // this parameter's hyper-parameters
-    detail::sparse_adam::device_memory state;    // master | exp_avg | exp_avg_sq
-    detail::sparse_adam::device_memory columns;  // matrices: cols int32, [selection | complement]
+    adam_options options;                // this parameter's hyper-parameters
+    detail::cuda_device_buffer state;    // master | exp_avg | exp_avg_sq
+    detail::cuda_device_buffer columns;  // matrices: cols int32, [selection | complement]
     [[nodiscard]] detail::sparse_adam::state_layout layout() const {
       return {rows, static_cast<index_t>(selection.size()), state_row_major};
     }
     [[nodiscard]] detail::sparse_adam::state_arrays arrays() const {
-      float* base = state.get<float>();
+      float* base = state.data<float>();
       const index_t n = rows * static_cast<index_t>(selection.size());
       return {{base, base + n, base + 2 * n}};
     }
@@ -202,11 +159,11 @@ class cuda_sparse_adam {
   adam_options options_;
   std::vector<entry> entries_;
   std::vector<std::size_t> matrices_, vectors_;
-  detail::sparse_adam::device_memory control_;  // control_block
+  detail::cuda_device_buffer control_;  // control_block
   // Launch tables: params_ rebuilt when parameters are added; grads uploaded when they change.
   bool params_dirty_ = true;
   std::int64_t tiles_ = 0;
-  detail::sparse_adam::device_memory params_dev_, grads_dev_;
+  detail::cuda_device_buffer params_dev_, grads_dev_;
   std::vector<detail::sparse_adam::grad_desc> grads_host_;
   int grid_limit_ = 1;
   mutable cudaStream_t last_stream_ = nullptr;

@@ -21,9 +21,10 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
-#include <vector>
 
+#include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/detail/transfer_queue/basic_queue.hpp"
 #include "zenflow/detail/transfer_queue/mapped_region.hpp"
 #include "zenflow/error.hpp"
@@ -65,61 +66,52 @@ class pinned_buffer {
             "kind", "not a pinned_allocation value: ", static_cast<int>(kind));
     if (kind == pinned_allocation::registered) {
       detail::mapped_region region(bytes);  // unmapped by its destructor if registering throws
-      ZENFLOW_CUDA_TRY(cudaHostRegister(region.data(), region.mapped_bytes(), cudaHostRegisterPortable));
+      registration_ = detail::cuda_host_registration(region.data(), region.mapped_bytes(), cudaHostRegisterPortable);
       region_ = std::move(region);
-      data_ = region_.data();
     } else {
       unsigned flags = cudaHostAllocPortable;
       if (kind == pinned_allocation::write_combined) flags |= cudaHostAllocWriteCombined;
-      void* p = nullptr;
-      ZENFLOW_CUDA_TRY(cudaHostAlloc(&p, bytes, flags));
-      data_ = static_cast<std::byte*>(p);
+      allocation_ = detail::cuda_host_buffer(bytes, flags);
     }
-    size_ = bytes;
   }
 
   pinned_buffer(const pinned_buffer&) = delete;
   pinned_buffer& operator=(const pinned_buffer&) = delete;
-  pinned_buffer(pinned_buffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)),
-        kind_(other.kind_),
-        region_(std::move(other.region_)) {}
+  pinned_buffer(pinned_buffer&& other) noexcept = default;
   pinned_buffer& operator=(pinned_buffer&& other) noexcept {
     if (this != &other) {
-      reset();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-      kind_ = other.kind_;
+      reset();  // the registration goes before its mapping
       region_ = std::move(other.region_);
+      registration_ = std::move(other.registration_);
+      allocation_ = std::move(other.allocation_);
+      kind_ = other.kind_;
     }
     return *this;
   }
-  ~pinned_buffer() { reset(); }
+  ~pinned_buffer() = default;  // members in reverse: allocation, registration, then its mapping
 
-  [[nodiscard]] std::byte* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::byte* data() const noexcept {
+    return kind_ == pinned_allocation::registered ? region_.data() : allocation_.data();
+  }
+  /// The bytes asked for.
+  [[nodiscard]] std::size_t size() const noexcept {
+    return kind_ == pinned_allocation::registered ? region_.size() : allocation_.bytes();
+  }
   [[nodiscard]] pinned_allocation allocation() const noexcept { return kind_; }
-  explicit operator bool() const noexcept { return data_ != nullptr; }
+  explicit operator bool() const noexcept { return data() != nullptr; }
 
   /// Frees now (idempotent). Never throws. Synchronizes like cudaFreeHost.
   void reset() noexcept {
-    if (data_ == nullptr) return;
-    if (kind_ == pinned_allocation::registered) {
-      ZENFLOW_CUDA_ASSERT(cudaHostUnregister(data_));
-      region_.reset();
-    } else {
-      ZENFLOW_CUDA_ASSERT(cudaFreeHost(data_));
-    }
-    data_ = nullptr;
-    size_ = 0;
+    registration_.reset();  // cudaHostUnregister, then munmap
+    region_.reset();
+    allocation_.reset();  // cudaFreeHost
   }
 
  private:
-  std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
   pinned_allocation kind_ = pinned_allocation::host_alloc;
-  detail::mapped_region region_;  // the mapping behind a `registered` buffer
+  detail::mapped_region region_;                 // a `registered` buffer: the mapping ...
+  detail::cuda_host_registration registration_;  // ... and its page-locking
+  detail::cuda_host_buffer allocation_;          // the other kinds: cudaHostAlloc memory
 };
 
 /// One pinned allocation carved into `slot_count` slots of `slot_bytes` bytes, each starting on
@@ -156,89 +148,11 @@ class pinned_pool {
   pinned_buffer buffer_;
 };
 
-namespace detail {
+}  // namespace zenflow
 
-/// The CUDA engine: a pinned_pool, the queue's own non-blocking copy stream on the device
-/// current at construction, one timing-free event per slot. See basic_queue.hpp.
-class cuda_copy_engine {
- public:
-  using stream_type = cudaStream_t;
+#include "zenflow/detail/transfer_queue/cuda_copy_engine.cuh"
 
-  cuda_copy_engine(std::size_t slot_bytes, std::size_t slot_count, pinned_allocation kind, event_wait wait)
-      : pool_(slot_bytes, slot_count, kind) {
-    const unsigned flags = cudaEventDisableTiming | (wait == event_wait::block ? cudaEventBlockingSync : 0u);
-    try {
-      ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-      events_.reserve(slot_count);
-      for (std::size_t i = 0; i < slot_count; ++i) {
-        cudaEvent_t event = nullptr;
-        ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event, flags));
-        events_.push_back(event);
-      }
-    } catch (...) {
-      destroy();
-      throw;
-    }
-  }
-  cuda_copy_engine(const cuda_copy_engine&) = delete;
-  cuda_copy_engine& operator=(const cuda_copy_engine&) = delete;
-  /// Waits for every copy (slot events only), then destroys events, stream and memory.
-  ~cuda_copy_engine() { destroy(); }
-
-  std::byte* slot_data(std::size_t i) const noexcept { return pool_.slot(i); }
-  cudaStream_t copy_stream() const noexcept { return copy_; }
-
-  void submit_device_to_host(std::size_t i, const void* src, std::size_t n, cudaStream_t caller) {
-    cudaEvent_t event = events_[i];
-    ZENFLOW_CUDA_TRY(cudaEventRecord(event, caller));
-    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(copy_, event, 0));
-    if (n > 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(pool_.slot(i), src, n, cudaMemcpyDeviceToHost, copy_));
-    ZENFLOW_CUDA_TRY(cudaEventRecord(event, copy_));
-  }
-
-  void submit_host_to_device(std::size_t i, void* dst, std::size_t n, cudaStream_t caller) {
-    cudaEvent_t event = events_[i];
-    ZENFLOW_CUDA_TRY(cudaEventRecord(event, caller));  // `dst` may still be in use there
-    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(copy_, event, 0));
-    if (n > 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, pool_.slot(i), n, cudaMemcpyHostToDevice, copy_));
-    ZENFLOW_CUDA_TRY(cudaEventRecord(event, copy_));
-    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(caller, event, 0));
-  }
-
-  void wait(std::size_t i) const { ZENFLOW_CUDA_TRY(cudaEventSynchronize(events_[i])); }
-
-  bool query(std::size_t i) const {
-    const cudaError_t status = cudaEventQuery(events_[i]);
-    if (status == cudaErrorNotReady) {
-      // Not an error; should a runtime record it as the thread's last error anyway, clear it, so that
-      // a later cudaGetLastError() after a launch does not report it.
-      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
-      return false;
-    }
-    ZENFLOW_CUDA_TRY(status);
-    return true;
-  }
-
- private:
-  void destroy() noexcept {
-    // The queue's own stream first: it also covers a copy whose submit failed half-way (its event
-    // may not have been recorded after it). Never the caller's stream.
-    if (copy_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaStreamSynchronize(copy_));
-    for (cudaEvent_t event : events_) {
-      ZENFLOW_CUDA_ASSERT(cudaEventSynchronize(event));  // no DMA into or out of freed memory
-      ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event));
-    }
-    events_.clear();
-    if (copy_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(copy_));
-    copy_ = nullptr;
-  }
-
-  pinned_pool pool_;  // first: freed after the events were waited for
-  cudaStream_t copy_ = nullptr;
-  std::vector<cudaEvent_t> events_;
-};
-
-}  // namespace detail
+namespace zenflow {
 
 /// CUDA backend of the transfer queue (models zenflow::transfer_queue), the same interface as
 /// host_transfer_queue with stream_type = cudaStream_t (any stream of the device current at

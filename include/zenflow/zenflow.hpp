@@ -9,6 +9,7 @@
 #include "zenflow/coordinator.hpp"
 #include "zenflow/cpu_adam.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/gradient_stats.hpp"
 #include "zenflow/host_stream.hpp"
 #include "zenflow/importance_selector.hpp"
 #include "zenflow/options.hpp"

@@ -10,8 +10,7 @@
 
 #include <doctest/doctest.h>
 
-#include "device_helpers.cuh"
-#include "hold_stream.cuh"
+#include "../support/cuda_test_utils.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -30,6 +29,8 @@ using namespace zenflow;
 namespace {
 
 using device_memory = zenflow_test::device_buffer;
+using zenflow_test::mapped_flags;
+using zenflow_test::spin_until_flag;
 
 constexpr index_t rows = 48, cols = 96, bias_size = 48;
 
@@ -91,26 +92,25 @@ struct gpu_model {
   std::vector<float> w0 = initial_master();
   std::vector<float> b0 = std::vector<float>(bias_size, 0.0f);
   device_memory w_dev{w0.size() * 2}, g_dev{w0.size() * 2}, b_dev{bias_size * 4}, gb_dev{bias_size * 4};
-  cudaStream_t stream{};
+  zenflow_test::cuda_stream trainer_stream;  // non-blocking
+  cudaStream_t stream = trainer_stream.get();
   gpu_model() {
     const auto w = to_bf16(w0);
-    ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.get(), w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-    ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.get(), b0.data(), bias_size * 4, cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.data(), w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.data(), b0.data(), bias_size * 4, cudaMemcpyHostToDevice));
     // A pageable upload may return before its DMA landed, on the legacy stream, which the
-    // non-blocking stream below does not wait for.
+    // trainer's non-blocking stream does not wait for.
     ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
-    ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
   gpu_model(const gpu_model&) = delete;
   gpu_model& operator=(const gpu_model&) = delete;
-  ~gpu_model() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream)); }
 };
 
 /// Registers gpu_model's weight and bias with `gpu` (indices 0 and 1).
 void register_model(cuda_coordinator& gpu, const gpu_model& m) {
-  gpu.register_parameter("w", matrix_view::row_major(m.w_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+  gpu.register_parameter("w", matrix_view::row_major(m.w_dev.data(), rows, cols, dtype::bf16, memory_space::device),
                          const_matrix_view::row_major(m.w0.data(), rows, cols, dtype::f32), dtype::bf16);
-  gpu.register_parameter("b", vector_view{m.b_dev.get(), bias_size, dtype::f32, memory_space::device}, m.b0);
+  gpu.register_parameter("b", vector_view{m.b_dev.data(), bias_size, dtype::f32, memory_space::device}, m.b0);
 }
 
 /// Trains `gpu` on the test gradients of steps [from, to) on m's stream, one step at a time.
@@ -118,11 +118,11 @@ void drive(cuda_coordinator& gpu, const gpu_model& m, std::int64_t from, std::in
   for (std::int64_t s = from; s < to; ++s) {
     const auto g = gradient(s);
     const auto gb = bias_gradient(s);
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(m.g_dev.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, m.stream));
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(m.gb_dev.get(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, m.stream));
-    gpu.submit_gradient(0, const_matrix_view::row_major(m.g_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(m.g_dev.data(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, m.stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(m.gb_dev.data(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, m.stream));
+    gpu.submit_gradient(0, const_matrix_view::row_major(m.g_dev.data(), rows, cols, dtype::bf16, memory_space::device),
                         m.stream);
-    gpu.submit_gradient(1, const_vector_view{m.gb_dev.get(), bias_size, dtype::f32, memory_space::device}, m.stream);
+    gpu.submit_gradient(1, const_vector_view{m.gb_dev.data(), bias_size, dtype::f32, memory_space::device}, m.stream);
     gpu.step(m.stream);
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(m.stream));  // g and gb go out of scope; g_dev is refilled next
   }
@@ -138,8 +138,8 @@ run_state snapshot(const cuda_coordinator& gpu, const gpu_model& m) {
   run_state s;
   s.w.resize(rows * cols);
   s.b.resize(bias_size);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(s.w.data(), m.w_dev.get(), s.w.size() * 2, cudaMemcpyDeviceToHost));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(s.b.data(), m.b_dev.get(), bias_size * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(s.w.data(), m.w_dev.data(), s.w.size() * 2, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(s.b.data(), m.b_dev.data(), bias_size * 4, cudaMemcpyDeviceToHost));
   const auto& h = gpu.host_optimizer();
   s.cpu_params.assign(h.params(0).begin(), h.params(0).end());
   s.cpu_exp_avg.assign(h.exp_avg(0).begin(), h.exp_avg(0).end());
@@ -166,9 +166,9 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   cuda_coordinator gpu(options, config);
   host_coordinator cpu(options, config);
   const auto initial = const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32);
-  gpu.register_parameter("w", matrix_view::row_major(w_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+  gpu.register_parameter("w", matrix_view::row_major(w_dev.data(), rows, cols, dtype::bf16, memory_space::device),
                          initial, dtype::bf16);
-  gpu.register_parameter("b", vector_view{b_dev.get(), bias_size, dtype::f32, memory_space::device}, b0);
+  gpu.register_parameter("b", vector_view{b_dev.data(), bias_size, dtype::f32, memory_space::device}, b0);
   cpu.register_parameter("w", matrix_view::row_major(w_host.data(), rows, cols, dtype::bf16), initial, dtype::bf16);
   cpu.register_parameter("b", vector_view{b_host.data(), bias_size, dtype::f32}, b0);
 
@@ -179,11 +179,11 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
     if (s == nan_step) g[5 * cols + 17] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
     host.synchronize();
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the staging copies below reuse g_dev
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
-    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(gb_dev.get(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, stream));
-    gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.data(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(gb_dev.data(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, stream));
+    gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.data(), rows, cols, dtype::bf16, memory_space::device),
                         stream);
-    gpu.submit_gradient(1, const_vector_view{gb_dev.get(), bias_size, dtype::f32, memory_space::device}, stream);
+    gpu.submit_gradient(1, const_vector_view{gb_dev.data(), bias_size, dtype::f32, memory_space::device}, stream);
     gpu.step(stream);
     cpu.submit_gradient(0, const_matrix_view::row_major(g.data(), rows, cols, dtype::bf16), &host);
     cpu.submit_gradient(1, const_vector_view{gb.data(), bias_size, dtype::f32}, &host);
@@ -195,7 +195,7 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   cpu.finish(&host);
 
   std::vector<bfloat16> w_back(w_host.size());
-  ZENFLOW_CUDA_TRY(cudaMemcpy(w_back.data(), w_dev.get(), w_back.size() * 2, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(w_back.data(), w_dev.data(), w_back.size() * 2, cudaMemcpyDeviceToHost));
   int far = 0;
   for (std::size_t i = 0; i < w_back.size(); ++i) {
     const int d = std::abs(static_cast<int>(w_back[i].bits) - static_cast<int>(w_host[i].bits));
@@ -204,7 +204,7 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
   CHECK(far == 0);
   // The bias: the same fp32 math on both sides (device pow and FMA contraction: a few ulps).
   std::vector<float> b_back(bias_size);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(b_back.data(), b_dev.get(), bias_size * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(b_back.data(), b_dev.data(), bias_size * 4, cudaMemcpyDeviceToHost));
   for (index_t i = 0; i < bias_size; ++i) {
     CAPTURE(i);
     CHECK(b_back[i] == doctest::Approx(b_host[i]).epsilon(1e-5));
@@ -252,9 +252,9 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
     config.h2d_slot_bytes = 4096;
     config.record_trace = true;
     cuda_coordinator gpu(options, config);
-    gpu.register_parameter("w", matrix_view::row_major(w_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+    gpu.register_parameter("w", matrix_view::row_major(w_dev.data(), rows, cols, dtype::bf16, memory_space::device),
                            const_matrix_view::row_major(m.w0.data(), rows, cols, dtype::f32), dtype::bf16);
-    gpu.register_parameter("b", vector_view{b_dev.get(), bias_size, dtype::f32, memory_space::device}, m.b0);
+    gpu.register_parameter("b", vector_view{b_dev.data(), bias_size, dtype::f32, memory_space::device}, m.b0);
     for (std::int64_t s = 0; s < steps; ++s) {
       auto g = gradient(s);
       const auto gb = bias_gradient(s);
@@ -263,15 +263,15 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
       if (s == 4) g[5 * cols + 17] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
       // Uploaded before any hold (a pageable copy would wait for the held stream); the trainer's
       // stream and every earlier step are idle here.
-      ZENFLOW_CUDA_TRY(cudaMemcpy(g_dev.get(), g.data(), g.size() * 2, cudaMemcpyHostToDevice));
-      ZENFLOW_CUDA_TRY(cudaMemcpy(gb_dev.get(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(g_dev.data(), g.data(), g.size() * 2, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(gb_dev.data(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice));
       ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
       mapped_flags flags;
       const bool held = hold && s > 0;  // step 0 is the first selection, which synchronizes
       if (held) spin_until_flag<<<1, 1, 0, stream>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
-      gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.get(), rows, cols, dtype::bf16, memory_space::device),
+      gpu.submit_gradient(0, const_matrix_view::row_major(g_dev.data(), rows, cols, dtype::bf16, memory_space::device),
                           stream);
-      gpu.submit_gradient(1, const_vector_view{gb_dev.get(), bias_size, dtype::f32, memory_space::device}, stream);
+      gpu.submit_gradient(1, const_vector_view{gb_dev.data(), bias_size, dtype::f32, memory_space::device}, stream);
       gpu.step(stream);
       if (held) {
         ++out.held;
@@ -288,8 +288,8 @@ held_run train_on_gpu(const zenflow_options& options, std::int64_t steps, bool h
   }
   out.w.resize(m.w0.size());
   out.b.resize(bias_size);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(out.w.data(), w_dev.get(), out.w.size() * 2, cudaMemcpyDeviceToHost));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(out.b.data(), b_dev.get(), bias_size * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(out.w.data(), w_dev.data(), out.w.size() * 2, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(out.b.data(), b_dev.data(), bias_size * 4, cudaMemcpyDeviceToHost));
   return out;
 }
 

@@ -7,9 +7,12 @@
 //     layouts, f32/bf16/f16, L1 and L2 squared, many parameters in one select();
 //   - device gradient statistics vs host_gradient_stats, with non-finite bf16 and f16 values on
 //     the vector and the strided paths.
+#include <zenflow/gradient_stats.cuh>
 #include <zenflow/importance_selector.cuh>
 
 #include <doctest/doctest.h>
+
+#include "../support/cuda_test_utils.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -47,8 +50,6 @@ static_assert(sel::row_sweep_seg_rows(100, 4096, 528) >= 100);
 
 namespace {
 
-#define CHECK_CUDA(call) REQUIRE((call) == cudaSuccess)
-
 struct device_grad {
   index_t rows = 0, cols = 0;
   dtype type = dtype::f32;
@@ -58,13 +59,13 @@ struct device_grad {
   index_t offset = 0;         // elements between the allocation and the view (1: not 16-byte aligned)
   std::vector<float> values;  // logical [r * cols + c], exactly representable in `type`
   std::vector<unsigned char> bytes;
-  void* device = nullptr;
+  zenflow_test::device_buffer memory;
+  void* device = nullptr;  // memory.data()
   const_matrix_view view, host_view;
 
   device_grad() = default;
   device_grad(const device_grad&) = delete;
   device_grad& operator=(const device_grad&) = delete;
-  ~device_grad() { cudaFree(device); }
 };
 
 enum class fill { normal, ties, all_equal, zeros, extremes, sparse };
@@ -115,12 +116,13 @@ void make(device_grad& g, index_t rows, index_t cols, dtype t, bool row_major, f
       }
       g.values[static_cast<std::size_t>(r * cols + c)] = x;
     }
-  CHECK_CUDA(cudaMalloc(&g.device, g.bytes.size() + 16));
+  g.memory = zenflow_test::device_buffer(g.bytes.size() + 16);
+  g.device = g.memory.data();
   void* first = static_cast<char*>(g.device) + offset * es;  // offset * es < 16: inside the slack
-  CHECK_CUDA(cudaMemcpy(first, g.bytes.data(), g.bytes.size(), cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(first, g.bytes.data(), g.bytes.size(), cudaMemcpyHostToDevice));
   // A pageable upload may return before its DMA landed, on the legacy stream, which the
   // non-blocking streams below do not wait for.
-  CHECK_CUDA(cudaDeviceSynchronize());
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   g.view = const_matrix_view(first, rows, cols, rs, cs, t, memory_space::device);
   g.host_view = const_matrix_view(g.bytes.data(), rows, cols, rs, cs, t, memory_space::host);
 }
@@ -133,8 +135,8 @@ void make(device_grad& g, index_t rows, index_t cols, dtype t, bool row_major, f
 /// in the host bytes the host views read.
 void plant(device_grad& g, std::size_t index, const void* value, std::size_t size) {
   const std::size_t at = (static_cast<std::size_t>(g.offset) + index) * size;
-  CHECK_CUDA(cudaMemcpy(static_cast<char*>(g.device) + at, value, size, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaDeviceSynchronize());
+  ZENFLOW_CUDA_TRY(cudaMemcpy(static_cast<char*>(g.device) + at, value, size, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   std::memcpy(g.bytes.data() + index * size, value, size);
 }
 
@@ -174,7 +176,7 @@ void check_selection(Selector& sel, const std::vector<device_grad*>& grads, scor
     // The device buffer (copied straight from device memory) and the host copy scores() keeps,
     // each against the reference: comparing one with the other would only test the copy.
     std::vector<float> dev(static_cast<std::size_t>(g.cols));
-    CHECK_CUDA(cudaMemcpy(dev.data(), sel.scores_device(i), dev.size() * 4, cudaMemcpyDeviceToHost));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), sel.scores_device(i), dev.size() * 4, cudaMemcpyDeviceToHost));
     const auto ref = fp64_scores(g, norm);
     CHECK(score_mismatches(dev, ref) == 0);
     const auto host_copy = sel.scores(i);
@@ -186,7 +188,7 @@ void check_selection(Selector& sel, const std::vector<device_grad*>& grads, scor
     const auto got = sel.selected(i);
     CHECK(std::vector<std::int32_t>(got.begin(), got.end()) == expect);
     std::vector<std::int32_t> got_dev(expect.size());
-    CHECK_CUDA(cudaMemcpy(got_dev.data(), sel.selected_device(i), got_dev.size() * 4, cudaMemcpyDeviceToHost));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(got_dev.data(), sel.selected_device(i), got_dev.size() * 4, cudaMemcpyDeviceToHost));
     CHECK(got_dev == expect);
   }
 }
@@ -194,8 +196,8 @@ void check_selection(Selector& sel, const std::vector<device_grad*>& grads, scor
 }  // namespace
 
 TEST_CASE("device selection matches the host over layouts, dtypes, norms and adversarial fills") {
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const zenflow_test::cuda_stream owned_stream;  // non-blocking
+  const cudaStream_t stream = owned_stream.get();
   std::mt19937 rng(2024);
   const fill fills[] = {fill::normal, fill::ties, fill::all_equal, fill::zeros, fill::extremes, fill::sparse};
   // Shapes that exercise full tiles, partial vectors and tiles, one row / one column, several row
@@ -230,12 +232,11 @@ TEST_CASE("device selection matches the host over layouts, dtypes, norms and adv
         CAPTURE(ratio);
         check_selection(sel, grads, norm, stream);
       }
-  CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("device selection: large shapes, many parameters in one launch, repeated selects and overlap") {
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const zenflow_test::cuda_stream owned_stream;  // non-blocking
+  const cudaStream_t stream = owned_stream.get();
   std::mt19937 rng(99);
   zenflow::cuda_importance_selector<> sel(0.1, score_norm::l1);
   std::vector<std::unique_ptr<device_grad>> owned;
@@ -258,9 +259,8 @@ TEST_CASE("device selection: large shapes, many parameters in one launch, repeat
   for (std::size_t i = 0; i < grads.size(); ++i) CHECK(sel.overlap(i) == 1.0);
   CHECK(std::vector<std::int32_t>(sel.previous(0).begin(), sel.previous(0).end()) == first);
   std::vector<std::int32_t> prev_dev(first.size());
-  CHECK_CUDA(cudaMemcpy(prev_dev.data(), sel.previous_device(0), prev_dev.size() * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(prev_dev.data(), sel.previous_device(0), prev_dev.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(prev_dev == first);
-  CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("device selector: bad input throws before touching state") {
@@ -269,8 +269,8 @@ TEST_CASE("device selector: bad input throws before touching state") {
   make(a, 16, 40, dtype::bf16, true, fill::normal, rng);
   make(nan_grad, 16, 40, dtype::bf16, true, fill::normal, rng);
   const std::uint16_t nan_bits = zenflow::to_bfloat16(std::nanf("")).bits;
-  CHECK_CUDA(cudaMemcpy(static_cast<char*>(nan_grad.device) + 2 * 5, &nan_bits, 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaDeviceSynchronize());
+  ZENFLOW_CUDA_TRY(cudaMemcpy(static_cast<char*>(nan_grad.device) + 2 * 5, &nan_bits, 2, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   zenflow::cuda_importance_selector<> sel(0.25);
   sel.add_parameter(16, 40);
   sel.select(std::span(&a.view, 1), nullptr);
@@ -286,12 +286,12 @@ TEST_CASE("device selector: bad input throws before touching state") {
   CHECK(std::vector<float>(sel.scores(0).begin(), sel.scores(0).end()) == scores_before);
   // The device copies too (the host ones above are cached): the failed select ran its kernels.
   std::vector<std::int32_t> dev(before.size());
-  CHECK_CUDA(cudaMemcpy(dev.data(), sel.selected_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), sel.selected_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(dev == before);
-  CHECK_CUDA(cudaMemcpy(dev.data(), sel.previous_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), sel.previous_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(dev == previous_before);
   std::vector<float> dev_scores(scores_before.size());
-  CHECK_CUDA(cudaMemcpy(dev_scores.data(), sel.scores_device(0), dev_scores.size() * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dev_scores.data(), sel.scores_device(0), dev_scores.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(dev_scores == scores_before);
   // A parameter registered after the buffers were sized has no device copies yet, and scores()
   // reads only what exists.
@@ -309,13 +309,13 @@ TEST_CASE("device selector: bad input throws before touching state") {
   std::vector<std::int32_t> restore(10);
   for (int j = 0; j < 10; ++j) restore[static_cast<std::size_t>(j)] = 3 * j;
   sel.set_selection(0, restore);
-  CHECK_CUDA(cudaMemcpy(dev.data(), sel.selected_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), sel.selected_device(0), dev.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(dev == restore);
 }
 
 TEST_CASE("device gradient statistics match the host reference") {
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const zenflow_test::cuda_stream owned_stream;  // non-blocking
+  const cudaStream_t stream = owned_stream.get();
   std::mt19937 rng(5);
   std::vector<std::unique_ptr<device_grad>> owned;
   std::vector<const_matrix_view> dev_views, host_views;
@@ -337,8 +337,8 @@ TEST_CASE("device gradient statistics match the host reference") {
       zenflow::const_vector_view(vec.device, 2500, dtype::bf16, memory_space::device, 2)};
   std::vector<zenflow::const_vector_view> host_vecs{
       zenflow::const_vector_view(vec.bytes.data(), 2500, dtype::bf16, memory_space::host, 2)};
-  zenflow::gradient_stats_device* out = nullptr;
-  CHECK_CUDA(cudaMalloc(&out, sizeof(*out)));
+  const zenflow_test::device_buffer out_memory(sizeof(zenflow::gradient_stats_device));
+  auto* out = out_memory.data<zenflow::gradient_stats_device>();
   // Tensor i is f32 / bf16 / f16 for i % 3 = 0 / 1 / 2, row-major for even i, with a padded
   // leading dimension (a gap element per row or column: the strided path) for i % 4 = 3.
   REQUIRE(owned[1]->type == dtype::bf16);
@@ -377,8 +377,8 @@ TEST_CASE("device gradient statistics match the host reference") {
     }
     zenflow::cuda_gradient_stats(dev_views, dev_vecs, out, stream);
     zenflow::gradient_stats_device got{};
-    CHECK_CUDA(cudaMemcpyAsync(&got, out, sizeof(got), cudaMemcpyDeviceToHost, stream));
-    CHECK_CUDA(cudaStreamSynchronize(stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(&got, out, sizeof(got), cudaMemcpyDeviceToHost, stream));
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     const auto expect = zenflow::host_gradient_stats(host_views, host_vecs);
     CHECK(got.nonfinite_count == static_cast<unsigned long long>(expect.nonfinite_count));
     CHECK(got.nonfinite_count == planted);
@@ -386,10 +386,8 @@ TEST_CASE("device gradient statistics match the host reference") {
     // Deterministic: a second run gives the same bits.
     zenflow::cuda_gradient_stats(dev_views, dev_vecs, out, stream);
     zenflow::gradient_stats_device again{};
-    CHECK_CUDA(cudaMemcpyAsync(&again, out, sizeof(again), cudaMemcpyDeviceToHost, stream));
-    CHECK_CUDA(cudaStreamSynchronize(stream));
+    ZENFLOW_CUDA_TRY(cudaMemcpyAsync(&again, out, sizeof(again), cudaMemcpyDeviceToHost, stream));
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
     CHECK(std::memcmp(&again, &got, sizeof(got)) == 0);
   }
-  CHECK_CUDA(cudaFree(out));
-  CHECK_CUDA(cudaStreamDestroy(stream));
 }

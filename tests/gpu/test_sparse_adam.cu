@@ -13,7 +13,7 @@
 
 #include <doctest/doctest.h>
 
-#include "device_helpers.cuh"
+#include "../support/cuda_test_utils.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -35,12 +35,12 @@ static_assert(zenflow::device_optimizer<zenflow::cuda_sparse_adam>);
 /// A host buffer and its device twin.
 struct twin {
   std::vector<std::byte> host;
-  sa::device_memory dev;
+  zenflow_test::device_buffer dev;
   explicit twin(std::size_t bytes) : host(bytes), dev(bytes) {}
-  void to_device() { ZENFLOW_CUDA_TRY(cudaMemcpy(dev.get(), host.data(), host.size(), cudaMemcpyHostToDevice)); }
+  void to_device() { ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), host.data(), host.size(), cudaMemcpyHostToDevice)); }
   std::vector<std::byte> from_device() const {
     std::vector<std::byte> out(host.size());
-    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), dev.get(), out.size(), cudaMemcpyDeviceToHost));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), dev.data(), out.size(), cudaMemcpyDeviceToHost));
     return out;
   }
 };
@@ -119,10 +119,10 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
   }
   zenflow::host_sparse_adam host(o);
   zenflow::cuda_sparse_adam device(o);
-  cudaStream_t stream;
   // A blocking stream: the twins' cudaMemcpy uploads (legacy stream; a pageable upload may return
   // before its DMA landed) are ordered before the steps enqueued here.
-  ZENFLOW_CUDA_TRY(cudaStreamCreate(&stream));
+  const zenflow_test::cuda_stream blocking_stream(cudaStreamDefault);
+  const cudaStream_t stream = blocking_stream.get();
 
   std::vector<twin> params, grads, packed;
   std::vector<std::vector<std::byte>> host_params, initial;
@@ -147,8 +147,8 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
         host.add_matrix(make_view(host_params.back().data(), c, c.param_type, memory_space::host, c.row_major),
                         selections.back(), span);
     const auto d =
-        device.add_matrix(make_view(params.back().dev.get(), c, c.param_type, memory_space::device, c.row_major),
-                          selections.back(), packed.back().dev.get<const float>(), stream);
+        device.add_matrix(make_view(params.back().dev.data(), c, c.param_type, memory_space::device, c.row_major),
+                          selections.back(), packed.back().dev.data<const float>(), stream);
     CHECK(h == d);
   }
   // A strided bf16 bias.
@@ -158,7 +158,7 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
   std::vector<std::byte> host_bias(bias.host.size());
   bias.to_device();
   host.add_vector(zenflow::vector_view(host_bias.data(), 100, dtype::bf16, memory_space::host, 2), bias_master);
-  device.add_vector(zenflow::vector_view(bias.dev.get(), 100, dtype::bf16, memory_space::device, 2), bias_master,
+  device.add_vector(zenflow::vector_view(bias.dev.data(), 100, dtype::bf16, memory_space::device, 2), bias_master,
                     stream);
   const std::size_t n_params = cases.size() + 1;
 
@@ -175,11 +175,11 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
   for (std::size_t p = 0; p < cases.size(); ++p) {
     const bool rm = (p % 2 == 0) ? cases[p].row_major : !cases[p].row_major;
     hg.push_back(make_view(grads[p].host.data(), cases[p], cases[p].grad_type, memory_space::host, rm));
-    dg.push_back(make_view(grads[p].dev.get(), cases[p], cases[p].grad_type, memory_space::device, rm));
+    dg.push_back(make_view(grads[p].dev.data(), cases[p], cases[p].grad_type, memory_space::device, rm));
   }
   const zenflow::const_vector_view hv[] = {zenflow::const_vector_view(bias_grad.host.data(), 100, dtype::f32)};
   const zenflow::const_vector_view dv[] = {
-      zenflow::const_vector_view(bias_grad.dev.get(), 100, dtype::f32, memory_space::device)};
+      zenflow::const_vector_view(bias_grad.dev.data(), 100, dtype::f32, memory_space::device)};
   for (int t = 0; t < steps; ++t) {
     for (std::size_t p = 0; p < cases.size(); ++p) {
       fill(grads[p].host, cases[p].grad_type, rng, 0.1f);
@@ -199,8 +199,8 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
     }
     const bool check = t % 3 == 0;
     REQUIRE(host.step(hg, hv, 2.0f, &scale_value, &no_skip, check));
-    device.step(dg, dv, 2.0f, mapped ? mapped_scale.device() : scale.dev.get<const float>(),
-                mapped ? mapped_skip.device() : skip.dev.get<const int>(), check, stream);
+    device.step(dg, dv, 2.0f, mapped ? mapped_scale.device() : scale.dev.data<const float>(),
+                mapped ? mapped_skip.device() : skip.dev.data<const int>(), check, stream);
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the host buffers of the gradients are refilled next
   }
   CHECK(device.step_count() == steps);
@@ -263,23 +263,23 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
 
   // Skips decided on device leave every parameter bitwise unchanged, the counter included.
   const int yes = 1;
-  ZENFLOW_CUDA_TRY(cudaMemcpy(skip.dev.get(), &yes, 4, cudaMemcpyHostToDevice));
-  device.step(dg, dv, 1.0f, nullptr, skip.dev.get<const int>(), false, stream);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(skip.dev.data(), &yes, 4, cudaMemcpyHostToDevice));
+  device.step(dg, dv, 1.0f, nullptr, skip.dev.data<const int>(), false, stream);
   const float inf = std::numeric_limits<float>::infinity();
-  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.get(), &inf, 4, cudaMemcpyHostToDevice));
-  device.step(dg, dv, 1.0f, scale.dev.get<const float>(), nullptr, false, stream);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.data(), &inf, 4, cudaMemcpyHostToDevice));
+  device.step(dg, dv, 1.0f, scale.dev.data<const float>(), nullptr, false, stream);
   // A NaN in a selected column of parameter 0 with check_finite, then (restored) a finite value
   // that overflows once scaled by 2, as the CPU Adam's check sees it.
   const std::size_t g0 = 2 * static_cast<std::size_t>(selections[0][0]);  // bf16, row 0
   const zenflow::bfloat16 nan16 = zenflow::to_bfloat16(std::numeric_limits<float>::quiet_NaN());
   const zenflow::bfloat16 huge16 = zenflow::to_bfloat16(3.0e38f);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.get<std::byte>() + g0, &nan16, 2, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.data<std::byte>() + g0, &nan16, 2, cudaMemcpyHostToDevice));
   device.step(dg, dv, 1.0f, nullptr, nullptr, true, stream);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.get<std::byte>() + g0, &huge16, 2, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.data<std::byte>() + g0, &huge16, 2, cudaMemcpyHostToDevice));
   device.step(dg, dv, 2.0f, nullptr, nullptr, true, stream);
   const float two = 2.0f;  // the same factor through the device scale: the check must apply it too
-  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.get(), &two, 4, cudaMemcpyHostToDevice));
-  device.step(dg, dv, 1.0f, scale.dev.get<const float>(), nullptr, true, stream);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.data(), &two, 4, cudaMemcpyHostToDevice));
+  device.step(dg, dv, 1.0f, scale.dev.data<const float>(), nullptr, true, stream);
   // The same factor from mapped pinned memory, read by the non-finite check; then a skip flag
   // there.
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -303,13 +303,12 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
   REQUIRE(!unselected.empty());
   const std::size_t at = 2 * static_cast<std::size_t>(unselected[0]);
   std::memcpy(grads[0].host.data() + at, &nan16, 2);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.get<std::byte>() + at, &nan16, 2, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.data<std::byte>() + at, &nan16, 2, cudaMemcpyHostToDevice));
   CHECK(host.step(hg, hv, 1.0f, nullptr, nullptr, true));
   device.step(dg, dv, 1.0f, nullptr, nullptr, true, stream);
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
   CHECK(device.step_count() == steps + 1);
   compare(device_snapshot());
-  ZENFLOW_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
 }  // namespace
@@ -347,8 +346,8 @@ TEST_CASE("device migration round trip is lossless and matches the host") {
     zenflow::cuda_sparse_adam device(zenflow::adam_options{});
     host.add_matrix(make_view(param.host.data(), c, dtype::bf16, memory_space::host, row_major), a,
                     std::span<const float>(f, 3 * c.rows * c.k));
-    device.add_matrix(make_view(param.dev.get(), c, dtype::bf16, memory_space::device, row_major), a,
-                      packed.dev.get<const float>(), nullptr);
+    device.add_matrix(make_view(param.dev.data(), c, dtype::bf16, memory_space::device, row_major), a,
+                      packed.dev.data<const float>(), nullptr);
     const index_t moved = device.migration_count(0, b);
     CHECK(moved == host.migration_count(0, b));
     const std::size_t n = 3 * c.rows * moved;
@@ -358,7 +357,7 @@ TEST_CASE("device migration round trip is lossless and matches the host") {
     const auto* ef = reinterpret_cast<const float*>(entering.host.data());
     std::vector<float> host_leaving(n);
     host.reselect(0, b, std::span<const float>(ef, n), host_leaving);
-    device.reselect(0, b, entering.dev.get<const float>(), leaving.dev.get<float>(), nullptr);
+    device.reselect(0, b, entering.dev.data<const float>(), leaving.dev.data<float>(), nullptr);
     const auto dl = leaving.from_device();
     CHECK(std::memcmp(dl.data(), host_leaving.data(), n * 4) == 0);
     std::vector<float> hs(3 * c.rows * c.k), ds(hs.size());
@@ -373,19 +372,19 @@ TEST_CASE("device migration round trip is lossless and matches the host") {
     CHECK(sel_dev == b);
     CHECK(rest_dev == zenflow::complement_columns(b, c.cols));
     // Back to a: what left enters again, and the state is the original, bit for bit.
-    device.reselect(0, a, leaving.dev.get<const float>(), back.dev.get<float>(), nullptr);
+    device.reselect(0, a, leaving.dev.data<const float>(), back.dev.data<float>(), nullptr);
     const auto db = back.from_device();
     CHECK(std::memcmp(db.data(), entering.host.data(), n * 4) == 0);
     device.export_state(0, ds);
     CHECK(std::memcmp(ds.data(), f, ds.size() * 4) == 0);
     // Bad input throws before anything is enqueued.
-    CHECK_THROWS_AS(device.reselect(0, std::vector<std::int32_t>(c.k, 0), leaving.dev.get<const float>(),
-                                    back.dev.get<float>(), nullptr),
+    CHECK_THROWS_AS(device.reselect(0, std::vector<std::int32_t>(c.k, 0), leaving.dev.data<const float>(),
+                                    back.dev.data<float>(), nullptr),
                     zenflow::error);
     std::vector<float> host_buffer(n);
-    CHECK_THROWS_AS(device.reselect(0, b, host_buffer.data(), back.dev.get<float>(), nullptr), zenflow::error);
+    CHECK_THROWS_AS(device.reselect(0, b, host_buffer.data(), back.dev.data<float>(), nullptr), zenflow::error);
     CHECK_THROWS_AS(device.add_matrix(make_view(param.host.data(), c, dtype::bf16, memory_space::host, row_major), a,
-                                      packed.dev.get<const float>(), nullptr),
+                                      packed.dev.data<const float>(), nullptr),
                     zenflow::error);
     CHECK(device.parameter_count() == 1);
     // entering_in and leaving_out may be one buffer: the entering values are read before the
@@ -393,7 +392,7 @@ TEST_CASE("device migration round trip is lossless and matches the host") {
     twin both(n * 4);
     both.host = entering.host;
     both.to_device();
-    device.reselect(0, b, both.dev.get<const float>(), both.dev.get<float>(), nullptr);
+    device.reselect(0, b, both.dev.data<const float>(), both.dev.data<float>(), nullptr);
     CHECK(std::memcmp(both.from_device().data(), host_leaving.data(), n * 4) == 0);
     device.export_state(0, ds);
     CHECK(hs == ds);
@@ -410,10 +409,10 @@ TEST_CASE("device gather/scatter equal the host versions") {
         fill(src.host, st, rng, 1.0f);
         src.to_device();
         const auto columns = random_selection(c.cols, 45, rng);
-        sa::device_memory columns_dev(columns.size() * 4), scale_dev(4);
-        ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.get(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
+        zenflow_test::device_buffer columns_dev(columns.size() * 4), scale_dev(4);
+        ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.data(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
         const float scale_value = 0.75f;
-        ZENFLOW_CUDA_TRY(cudaMemcpy(scale_dev.get(), &scale_value, 4, cudaMemcpyHostToDevice));
+        ZENFLOW_CUDA_TRY(cudaMemcpy(scale_dev.data(), &scale_value, 4, cudaMemcpyHostToDevice));
         // Every other combination reads the scale from mapped pinned memory.
         zenflow_test::mapped_pinned<float> mapped_scale;
         *mapped_scale.host() = scale_value;
@@ -423,10 +422,10 @@ TEST_CASE("device gather/scatter equal the host versions") {
         twin dev_compact(compact_bytes);
         zenflow::gather_columns(make_view(src.host.data(), c, st, memory_space::host, row_major), columns,
                                 host_compact.data(), dt, 0.5f * scale_value);
-        const std::span<const std::int32_t> cols_span(columns_dev.get<const std::int32_t>(), columns.size());
-        zenflow::cuda_gather_columns(make_view(src.dev.get(), c, st, memory_space::device, row_major), cols_span,
-                                     dev_compact.dev.get(), dt, 0.5f,
-                                     mapped ? mapped_scale.device() : scale_dev.get<const float>(), nullptr);
+        const std::span<const std::int32_t> cols_span(columns_dev.data<const std::int32_t>(), columns.size());
+        zenflow::cuda_gather_columns(make_view(src.dev.data(), c, st, memory_space::device, row_major), cols_span,
+                                     dev_compact.dev.data(), dt, 0.5f,
+                                     mapped ? mapped_scale.device() : scale_dev.data<const float>(), nullptr);
         CHECK(dev_compact.from_device() == host_compact);
 
         twin dst(c.rows * c.cols * zenflow::dtype_size(dt));
@@ -435,8 +434,8 @@ TEST_CASE("device gather/scatter equal the host versions") {
         auto host_dst = dst.host;
         zenflow::scatter_columns(host_compact.data(), dt, columns,
                                  make_view(host_dst.data(), c, dt, memory_space::host, !row_major));
-        zenflow::cuda_scatter_columns(dev_compact.dev.get(), dt, cols_span,
-                                      make_view(dst.dev.get(), c, dt, memory_space::device, !row_major), nullptr);
+        zenflow::cuda_scatter_columns(dev_compact.dev.data(), dt, cols_span,
+                                      make_view(dst.dev.data(), c, dt, memory_space::device, !row_major), nullptr);
         CHECK(dst.from_device() == host_dst);
       }
 }
@@ -452,9 +451,9 @@ TEST_CASE("device-pointer checks: mapped pinned memory for the scalars kernels r
   packed.to_device();
   zenflow::cuda_sparse_adam device(zenflow::adam_options{});
   const auto selection = random_selection(c.cols, c.k, rng);
-  device.add_matrix(make_view(param.dev.get(), c, dtype::bf16, memory_space::device, true), selection,
-                    packed.dev.get<const float>(), nullptr);
-  const zenflow::const_matrix_view grads[] = {make_view(grad.dev.get(), c, dtype::bf16, memory_space::device, true)};
+  device.add_matrix(make_view(param.dev.data(), c, dtype::bf16, memory_space::device, true), selection,
+                    packed.dev.data<const float>(), nullptr);
+  const zenflow::const_matrix_view grads[] = {make_view(grad.dev.data(), c, dtype::bf16, memory_space::device, true)};
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   zenflow_test::mapped_pinned<float> mapped_scale;
   zenflow_test::mapped_pinned<int> mapped_skip;
@@ -478,22 +477,22 @@ TEST_CASE("device-pointer checks: mapped pinned memory for the scalars kernels r
 
   // Arrays the kernels index must be device memory, mapped or not.
   for (std::int32_t j = 0; j < c.k; ++j) mapped_columns.host()[j] = selection[static_cast<std::size_t>(j)];
-  sa::device_memory compact(c.rows * c.k * 4);
-  const auto src = make_view(grad.dev.get(), c, dtype::bf16, memory_space::device, true);
+  zenflow_test::device_buffer compact(c.rows * c.k * 4);
+  const auto src = make_view(grad.dev.data(), c, dtype::bf16, memory_space::device, true);
   const std::span<const std::int32_t> mapped_list(mapped_columns.device(), static_cast<std::size_t>(c.k));
   CHECK_THROWS_AS(
-      zenflow::cuda_gather_columns(src, mapped_list, compact.get(), dtype::f32, mapped_scale.device(), nullptr),
+      zenflow::cuda_gather_columns(src, mapped_list, compact.data(), dtype::f32, mapped_scale.device(), nullptr),
       zenflow::error);
   CHECK_THROWS_AS(zenflow::cuda_gather_columns(src, device.selection_device(0), mapped_floats.device(), dtype::f32,
                                                mapped_scale.device(), nullptr),
                   zenflow::error);
-  CHECK_THROWS_AS(zenflow::cuda_gather_columns(src, device.selection_device(0), compact.get(), dtype::f32,
+  CHECK_THROWS_AS(zenflow::cuda_gather_columns(src, device.selection_device(0), compact.data(), dtype::f32,
                                                &pageable_scale, nullptr),
                   zenflow::error);
   CHECK_THROWS_AS(device.import_state(0, mapped_floats.device(), nullptr), zenflow::error);
   CHECK_THROWS_AS(device.export_state(0, mapped_floats.device(), nullptr), zenflow::error);
   // ... while the gather's scale may be mapped (the same check, with the mapped-host branch).
-  CHECK_NOTHROW(zenflow::cuda_gather_columns(src, device.selection_device(0), compact.get(), dtype::f32,
+  CHECK_NOTHROW(zenflow::cuda_gather_columns(src, device.selection_device(0), compact.data(), dtype::f32,
                                              mapped_scale.device(), nullptr));
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
 }
@@ -515,8 +514,8 @@ void check_large_gather_scatter(index_t rows, index_t cols, const std::vector<st
   }
   src.to_device();
   dst.to_device();
-  sa::device_memory columns_dev(columns.size() * 4);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.get(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
+  zenflow_test::device_buffer columns_dev(columns.size() * 4);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.data(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
   zenflow_test::mapped_pinned<float> scale;
   *scale.host() = 0.375f;
   const std::size_t compact_bytes = columns.size() * static_cast<std::size_t>(rows) * 4;
@@ -524,14 +523,14 @@ void check_large_gather_scatter(index_t rows, index_t cols, const std::vector<st
   twin dev_compact(compact_bytes);
   zenflow::gather_columns(make_view(src.host.data(), c, dtype::bf16, memory_space::host, row_major), columns,
                           host_compact.data(), dtype::f32, 0.375f);
-  const std::span<const std::int32_t> list(columns_dev.get<const std::int32_t>(), columns.size());
-  zenflow::cuda_gather_columns(make_view(src.dev.get(), c, dtype::bf16, memory_space::device, row_major), list,
-                               dev_compact.dev.get(), dtype::f32, scale.device(), nullptr);
+  const std::span<const std::int32_t> list(columns_dev.data<const std::int32_t>(), columns.size());
+  zenflow::cuda_gather_columns(make_view(src.dev.data(), c, dtype::bf16, memory_space::device, row_major), list,
+                               dev_compact.dev.data(), dtype::f32, scale.device(), nullptr);
   CHECK(dev_compact.from_device() == host_compact);
   zenflow::scatter_columns(host_compact.data(), dtype::f32, columns,
                            make_view(dst.host.data(), c, dtype::bf16, memory_space::host, row_major));
-  zenflow::cuda_scatter_columns(dev_compact.dev.get(), dtype::f32, list,
-                                make_view(dst.dev.get(), c, dtype::bf16, memory_space::device, row_major), nullptr);
+  zenflow::cuda_scatter_columns(dev_compact.dev.data(), dtype::f32, list,
+                                make_view(dst.dev.data(), c, dtype::bf16, memory_space::device, row_major), nullptr);
   CHECK(dst.from_device() == dst.host);
 }
 

@@ -5,7 +5,7 @@
 
 #include <doctest/doctest.h>
 
-#include "hold_stream.cuh"
+#include "../support/cuda_test_utils.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -40,21 +40,10 @@ void fill_pattern(std::byte* p, std::size_t n, std::uint32_t seed) {
   }
 }
 
-struct device_buffer {
-  void* p = nullptr;
-  explicit device_buffer(std::size_t n) { ZENFLOW_CUDA_TRY(cudaMalloc(&p, n == 0 ? 1 : n)); }
-  ~device_buffer() { ZENFLOW_CUDA_ASSERT(cudaFree(p)); }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-};
-
-struct stream_guard {
-  cudaStream_t s = nullptr;
-  stream_guard() { ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~stream_guard() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(s)); }
-  stream_guard(const stream_guard&) = delete;
-  stream_guard& operator=(const stream_guard&) = delete;
-};
+using zenflow_test::cuda_stream;  // non-blocking
+using zenflow_test::device_buffer;
+using zenflow_test::mapped_flags;
+using zenflow_test::spin_until_flag;
 
 // Round trip host -> device -> host through two queues; checks every byte.
 void round_trip(std::size_t bytes, std::size_t slot_bytes, std::size_t slots, pinned_allocation up_kind,
@@ -62,14 +51,14 @@ void round_trip(std::size_t bytes, std::size_t slot_bytes, std::size_t slots, pi
   CAPTURE(bytes);
   CAPTURE(slot_bytes);
   CAPTURE(static_cast<int>(wait));
-  stream_guard stream;
+  cuda_stream stream;
   std::vector<std::byte> src(bytes), back(bytes);
   fill_pattern(src.data(), bytes, static_cast<std::uint32_t>(bytes));
   device_buffer dev(bytes);
   cuda_transfer_queue up(h2d, slot_bytes, slots, up_kind, wait),
       down(d2h, slot_bytes, slots, pinned_allocation::host_alloc, wait);
-  zenflow::pipelined_copy_to_device(up, dev.p, src.data(), bytes, stream.s);
-  zenflow::pipelined_copy_to_host(down, back.data(), dev.p, bytes, stream.s);
+  zenflow::pipelined_copy_to_device(up, dev.data(), src.data(), bytes, stream.get());
+  zenflow::pipelined_copy_to_host(down, back.data(), dev.data(), bytes, stream.get());
   CHECK(std::memcmp(src.data(), back.data(), bytes) == 0);
   CHECK(up.counters().bytes == bytes);
   CHECK(down.counters().bytes == bytes);
@@ -117,8 +106,8 @@ TEST_CASE("slot-level use: order, sizes, release, the legacy default stream") {
   device_buffer dev(3 * MiB);
   std::vector<std::byte> src(3 * MiB);
   fill_pattern(src.data(), src.size(), 42);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(dev.p, src.data(), src.size(), cudaMemcpyHostToDevice));
-  const auto* d = static_cast<const std::byte*>(dev.p);
+  ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), src.data(), src.size(), cudaMemcpyHostToDevice));
+  const auto* d = static_cast<const std::byte*>(dev.data());
   for (int round = 0; round < 3; ++round) {
     auto s0 = q.acquire();
     auto s1 = q.acquire();
@@ -147,14 +136,14 @@ TEST_CASE("both directions at once") {
   fill_pattern(up_src.data(), bytes, 1);
   fill_pattern(down_src.data(), bytes, 2);
   device_buffer up_dev(bytes), down_dev(bytes);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(down_dev.p, down_src.data(), bytes, cudaMemcpyHostToDevice));
-  stream_guard s1, s2;
+  ZENFLOW_CUDA_TRY(cudaMemcpy(down_dev.data(), down_src.data(), bytes, cudaMemcpyHostToDevice));
+  cuda_stream s1, s2;
   cuda_transfer_queue up(h2d, 8 * MiB, 2, pinned_allocation::write_combined), down(d2h, 8 * MiB, 2);
-  std::thread uploader([&] { zenflow::pipelined_copy_to_device(up, up_dev.p, up_src.data(), bytes, s1.s); });
-  zenflow::pipelined_copy_to_host(down, down_dst.data(), down_dev.p, bytes, s2.s);
+  std::thread uploader([&] { zenflow::pipelined_copy_to_device(up, up_dev.data(), up_src.data(), bytes, s1.get()); });
+  zenflow::pipelined_copy_to_host(down, down_dst.data(), down_dev.data(), bytes, s2.get());
   uploader.join();
   CHECK(std::memcmp(down_dst.data(), down_src.data(), bytes) == 0);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(up_back.data(), up_dev.p, bytes, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(up_back.data(), up_dev.data(), bytes, cudaMemcpyDeviceToHost));
   CHECK(std::memcmp(up_back.data(), up_src.data(), bytes) == 0);
 }
 
@@ -167,19 +156,19 @@ TEST_CASE("a copy completes while a longer kernel still runs on another stream")
       CAPTURE(static_cast<int>(direction));
       constexpr std::size_t bytes = 64 * MiB;
       mapped_flags flags;
-      stream_guard kernel_stream, caller;
+      cuda_stream kernel_stream, caller;
       device_buffer dev(bytes);
       cuda_transfer_queue q(direction, bytes, 2);
-      const cudaStream_t spin_stream = legacy ? cudaStream_t{nullptr} : kernel_stream.s;
+      const cudaStream_t spin_stream = legacy ? cudaStream_t{nullptr} : kernel_stream.get();
       spin_until_flag<<<1, 1, 0, spin_stream>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
       ZENFLOW_CUDA_TRY(cudaGetLastError());
       auto slot = q.acquire();
       if (direction == d2h) {
-        q.submit_device_to_host(slot, dev.p, bytes, caller.s);
+        q.submit_device_to_host(slot, dev.data(), bytes, caller.get());
         q.release(q.next());  // waits on the slot's event only
       } else {
         std::memset(slot.data, 3, bytes);
-        q.submit_host_to_device(slot, dev.p, bytes, caller.s);
+        q.submit_host_to_device(slot, dev.data(), bytes, caller.get());
         q.drain();
       }
       // The copy is done; the kernel must still be spinning (it was launched first and is longer).
@@ -189,15 +178,15 @@ TEST_CASE("a copy completes while a longer kernel still runs on another stream")
       flags.set();
       ZENFLOW_CUDA_TRY(cudaStreamSynchronize(spin_stream));
       CHECK(flags.outcome() == 1);  // released by the host, not by the timeout
-      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
+      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.get()));
     }
 }
 
 TEST_CASE("the caller's stream waits for a host_to_device copy, without the host blocking") {
   constexpr std::size_t bytes = 32 * MiB;
-  stream_guard caller;
+  cuda_stream caller;
   device_buffer dev(bytes);
-  ZENFLOW_CUDA_TRY(cudaMemset(dev.p, 0, bytes));
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, bytes));
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   pinned_buffer back(bytes);
   mapped_flags flags;
@@ -208,13 +197,13 @@ TEST_CASE("the caller's stream waits for a host_to_device copy, without the host
   ZENFLOW_CUDA_TRY(cudaGetLastError());
   auto slot = q.acquire();
   std::memset(slot.data, 0x5a, bytes);
-  q.submit_host_to_device(slot, dev.p, bytes, caller.s);  // returns at once
-  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(back.data(), dev.p, bytes, cudaMemcpyDeviceToHost, caller.s));
+  q.submit_host_to_device(slot, dev.data(), bytes, caller.get());  // returns at once
+  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(back.data(), dev.data(), bytes, cudaMemcpyDeviceToHost, caller.get()));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK(cudaStreamQuery(caller.s) == cudaErrorNotReady);  // waiting for the queue's copy
+  CHECK(cudaStreamQuery(caller.get()) == cudaErrorNotReady);  // waiting for the queue's copy
   (void)cudaGetLastError();
   flags.set();
-  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.get()));
   CHECK(flags.outcome() == 1);
   const auto* b = back.data();
   CHECK(std::all_of(b, b + bytes, [](std::byte x) { return x == std::byte{0x5a}; }));
@@ -223,16 +212,16 @@ TEST_CASE("the caller's stream waits for a host_to_device copy, without the host
 
 TEST_CASE("a device_to_host copy is ordered after the caller's earlier work") {
   device_buffer dev(MiB);
-  ZENFLOW_CUDA_TRY(cudaMemset(dev.p, 0, MiB));
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, MiB));
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
-  stream_guard caller;
+  cuda_stream caller;
   mapped_flags flags;
   cuda_transfer_queue q(d2h, MiB, 2);
-  spin_until_flag<<<1, 1, 0, caller.s>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+  spin_until_flag<<<1, 1, 0, caller.get()>>>(flags.device, flags.device + 1, 10'000'000'000ull);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
-  ZENFLOW_CUDA_TRY(cudaMemsetAsync(dev.p, 0x77, MiB, caller.s));  // the "gradient" the copy must see
+  ZENFLOW_CUDA_TRY(cudaMemsetAsync(dev.data(), 0x77, MiB, caller.get()));  // the "gradient" the copy must see
   auto slot = q.acquire();
-  q.submit_device_to_host(slot, dev.p, MiB, caller.s);
+  q.submit_device_to_host(slot, dev.data(), MiB, caller.get());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK(!q.try_next());  // the copy waits for the caller's stream
   flags.set();
@@ -244,29 +233,29 @@ TEST_CASE("a device_to_host copy is ordered after the caller's earlier work") {
 
 TEST_CASE("a host_to_device copy is ordered after the caller's earlier work") {
   device_buffer dev(MiB);
-  stream_guard caller;
+  cuda_stream caller;
   mapped_flags flags;
   cuda_transfer_queue q(h2d, MiB, 2);
-  spin_until_flag<<<1, 1, 0, caller.s>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+  spin_until_flag<<<1, 1, 0, caller.get()>>>(flags.device, flags.device + 1, 10'000'000'000ull);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
-  ZENFLOW_CUDA_TRY(cudaMemsetAsync(dev.p, 0x11, MiB, caller.s));  // earlier work still using dst
+  ZENFLOW_CUDA_TRY(cudaMemsetAsync(dev.data(), 0x11, MiB, caller.get()));  // earlier work still using dst
   auto slot = q.acquire();
   std::memset(slot.data, 0x22, MiB);
-  q.submit_host_to_device(slot, dev.p, MiB, caller.s);
+  q.submit_host_to_device(slot, dev.data(), MiB, caller.get());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   flags.set();
-  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
+  ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.get()));
   CHECK(flags.outcome() == 1);
   // Copy first (not waiting for the caller) would leave the memset's 0x11.
   std::vector<std::byte> back(MiB);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(back.data(), dev.p, MiB, cudaMemcpyDeviceToHost));
+  ZENFLOW_CUDA_TRY(cudaMemcpy(back.data(), dev.data(), MiB, cudaMemcpyDeviceToHost));
   CHECK(std::all_of(back.begin(), back.end(), [](std::byte x) { return x == std::byte{0x22}; }));
   q.drain();
 }
 
 TEST_CASE("destroying a queue with copies in flight waits for them") {
   device_buffer dev(64 * MiB);
-  stream_guard caller;
+  cuda_stream caller;
   for (auto direction : {d2h, h2d}) {
     CAPTURE(static_cast<int>(direction));
     mapped_flags flags;
@@ -274,13 +263,13 @@ TEST_CASE("destroying a queue with copies in flight waits for them") {
     std::atomic<bool> destroyed{false};
     if (direction == d2h) {
       // The copies wait for the caller's stream, held by the kernel.
-      spin_until_flag<<<1, 1, 0, caller.s>>>(flags.device, flags.device + 1, 10'000'000'000ull);
-      q->submit_device_to_host(q->acquire(), dev.p, 32 * MiB, caller.s);
-      q->submit_device_to_host(q->acquire(), static_cast<std::byte*>(dev.p) + 32 * MiB, 32 * MiB, caller.s);
+      spin_until_flag<<<1, 1, 0, caller.get()>>>(flags.device, flags.device + 1, 10'000'000'000ull);
+      q->submit_device_to_host(q->acquire(), dev.data(), 32 * MiB, caller.get());
+      q->submit_device_to_host(q->acquire(), static_cast<std::byte*>(dev.data()) + 32 * MiB, 32 * MiB, caller.get());
     } else {
       // The copy runs on the queue's stream, held by the kernel.
       spin_until_flag<<<1, 1, 0, q->copy_stream()>>>(flags.device, flags.device + 1, 10'000'000'000ull);
-      q->submit_host_to_device(q->acquire(), dev.p, 32 * MiB, caller.s);
+      q->submit_host_to_device(q->acquire(), dev.data(), 32 * MiB, caller.get());
     }
     ZENFLOW_CUDA_TRY(cudaGetLastError());
     std::thread destroyer([&] {
@@ -293,7 +282,7 @@ TEST_CASE("destroying a queue with copies in flight waits for them") {
     destroyer.join();
     CHECK(destroyed.load());
     CHECK(flags.outcome() == 1);  // released by the host, not by the timeout
-    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.s));
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(caller.get()));
   }
 }
 
@@ -301,12 +290,12 @@ TEST_CASE("errors: a failed CUDA call throws cuda_error; bad arguments throw bef
   CHECK_THROWS_AS(pinned_buffer(std::size_t{1} << 50), zenflow::cuda_error);  // 1 PiB of pinned memory
   CHECK_THROWS_WITH_AS(cuda_transfer_queue(d2h, MiB, 2, pinned_allocation::write_combined), doctest::Contains("kind"),
                        zenflow::error);
-  stream_guard caller;
+  cuda_stream caller;
   cuda_transfer_queue q(d2h, 1 * MiB, 2);
   auto slot = q.acquire();
   device_buffer dev(2 * MiB);
-  CHECK_THROWS_AS(q.submit_device_to_host(slot, dev.p, 1 * MiB + 1, caller.s), zenflow::error);
-  q.submit_device_to_host(slot, dev.p, 1 * MiB, caller.s);  // the slot was left usable
+  CHECK_THROWS_AS(q.submit_device_to_host(slot, dev.data(), 1 * MiB + 1, caller.get()), zenflow::error);
+  q.submit_device_to_host(slot, dev.data(), 1 * MiB, caller.get());  // the slot was left usable
   q.release(q.next());
   CHECK(q.idle());
 }

@@ -1,4 +1,6 @@
-// The host importance selector and its reference functions against brute force.
+// The host importance selector and its reference functions against brute force; the host gradient
+// statistics (gradient_stats.hpp), on the same test gradients.
+#include <zenflow/gradient_stats.hpp>
 #include <zenflow/importance_selector.hpp>
 
 #include <doctest/doctest.h>

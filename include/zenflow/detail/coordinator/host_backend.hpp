@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "zenflow/gradient_stats.hpp"
 #include "zenflow/host_stream.hpp"
 #include "zenflow/importance_selector.hpp"
 #include "zenflow/sparse_adam.hpp"

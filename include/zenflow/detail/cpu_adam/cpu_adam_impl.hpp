@@ -28,14 +28,6 @@ inline bool aligned_to(const void* p, std::size_t alignment) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
 }
 
-inline byte_range make_range(const void* p, std::size_t bytes, std::size_t task) noexcept {
-  const auto lo = reinterpret_cast<std::uintptr_t>(p);
-  return {lo, lo + bytes, task};
-}
-inline bool overlaps(const byte_range& a, const byte_range& b) noexcept {
-  return a.lo < b.hi && b.lo < a.hi;
-}
-
 /// The element range of a task's buffer in the given layout: full layout spans first..last listed
 /// column, compact spans the listed count.
 inline std::size_t layout_first(const cpu_adam_task& t, bool compact, std::size_t rows) noexcept {

@@ -1,6 +1,6 @@
 // Per-element math of the importance selector, shared by the host reference and the CUDA kernels:
-// the score term of one gradient element, the order-preserving float -> uint32 key that the
-// top-k works on, and the finiteness test of the gradient statistics.
+// the score term of one gradient element and the order-preserving float -> uint32 key that the
+// top-k works on.
 #pragma once
 
 #include <cstdint>
@@ -33,10 +33,6 @@ ZENFLOW_HOST_DEVICE ZENFLOW_FORCEINLINE float score_term(float g, score_norm nor
 /// True when the float's bits encode a NaN.
 ZENFLOW_HOST_DEVICE ZENFLOW_FORCEINLINE bool is_nan_bits(std::uint32_t bits) noexcept {
   return (bits & 0x7fffffffu) > 0x7f800000u;
-}
-/// True when the float's bits encode +-infinity or a NaN.
-ZENFLOW_HOST_DEVICE ZENFLOW_FORCEINLINE bool is_nonfinite_bits(std::uint32_t bits) noexcept {
-  return (bits & 0x7f800000u) == 0x7f800000u;
 }
 
 /// The order-preserving key of a score: for floats a < b (IEEE order), key(a) < key(b) as

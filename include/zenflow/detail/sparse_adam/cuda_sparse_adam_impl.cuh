@@ -3,62 +3,15 @@
 #pragma once
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
+#include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/detail/sparse_adam/checks.hpp"
 #include "zenflow/detail/sparse_adam/kernels.cuh"
 #include "zenflow/sparse_adam.cuh"
 
 namespace zenflow {
 namespace detail::sparse_adam {
-
-inline device_memory::device_memory(std::size_t bytes) : bytes_(bytes) {
-  if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaMalloc(&data_, bytes_));
-}
-inline device_memory::device_memory(device_memory&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-inline device_memory& device_memory::operator=(device_memory&& o) noexcept {
-  if (this != &o) {
-    if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFree(data_));
-    data_ = std::exchange(o.data_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-  }
-  return *this;
-}
-inline device_memory::~device_memory() {
-  if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFree(data_));
-}
-
-inline pinned_uploader::~pinned_uploader() {
-  for (auto& s : slots_) {
-    if (s.done != nullptr) {
-      ZENFLOW_CUDA_ASSERT(cudaEventSynchronize(s.done));
-      ZENFLOW_CUDA_ASSERT(cudaEventDestroy(s.done));
-    }
-    if (s.host != nullptr) ZENFLOW_CUDA_ASSERT(cudaFreeHost(s.host));
-  }
-}
-
-inline void pinned_uploader::upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return;
-  slot& s = slots_[next_];
-  next_ = (next_ + 1) % slots_.size();
-  if (s.done == nullptr)
-    ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
-  else
-    ZENFLOW_CUDA_TRY(cudaEventSynchronize(s.done));  // the copy that last used this slot has run
-  if (s.capacity < bytes) {
-    if (s.host != nullptr) ZENFLOW_CUDA_TRY(cudaFreeHost(s.host));
-    s.host = nullptr;
-    s.capacity = 0;
-    ZENFLOW_CUDA_TRY(cudaMallocHost(&s.host, bytes));
-    s.capacity = bytes;
-  }
-  std::memcpy(s.host, src, bytes);
-  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream));
-  ZENFLOW_CUDA_TRY(cudaEventRecord(s.done, stream));
-}
 
 /// Throws unless `ptr` is device (or managed) memory; with `mapped_host_ok`, pinned host memory
 /// mapped into the device's address space is accepted too (kernels read it in place: a loss scale
@@ -84,8 +37,8 @@ inline unsigned int grid_for(index_t n, int threads, unsigned int limit = 65535u
 
 inline cuda_sparse_adam::cuda_sparse_adam(const adam_options& options) : options_(options) {
   options_.validate();
-  control_ = detail::sparse_adam::device_memory(sizeof(detail::sparse_adam::control_block));
-  ZENFLOW_CUDA_TRY(cudaMemset(control_.get(), 0, sizeof(detail::sparse_adam::control_block)));
+  control_ = detail::cuda_device_buffer(sizeof(detail::sparse_adam::control_block));
+  ZENFLOW_CUDA_TRY(cudaMemset(control_.data(), 0, sizeof(detail::sparse_adam::control_block)));
   // cudaMemset on device memory may return before it ran, on the legacy stream, which a non-blocking
   // stream does not wait for: the first step must see a zeroed control block.
   ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
@@ -122,12 +75,12 @@ inline index_t cuda_sparse_adam::k(std::size_t i) const {
 }
 inline std::span<const std::int32_t> cuda_sparse_adam::selection_device(std::size_t i) const {
   check_matrix(i, "i");
-  return {entries_[i].columns.get<const std::int32_t>(), entries_[i].selection.size()};
+  return {entries_[i].columns.data<const std::int32_t>(), entries_[i].selection.size()};
 }
 inline std::span<const std::int32_t> cuda_sparse_adam::unselected_device(std::size_t i) const {
   check_matrix(i, "i");
   const auto& e = entries_[i];
-  return {e.columns.get<const std::int32_t>() + e.selection.size(),
+  return {e.columns.data<const std::int32_t>() + e.selection.size(),
           static_cast<std::size_t>(e.param.cols) - e.selection.size()};
 }
 
@@ -152,13 +105,13 @@ inline void cuda_sparse_adam::set_options(const adam_options& options) {
 
 inline std::int64_t cuda_sparse_adam::step_count() const {
   detail::sparse_adam::control_block c;
-  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(&c, control_.get(), sizeof c, cudaMemcpyDeviceToHost, last_stream_));
+  ZENFLOW_CUDA_TRY(cudaMemcpyAsync(&c, control_.data(), sizeof c, cudaMemcpyDeviceToHost, last_stream_));
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
   return c.step;
 }
 inline void cuda_sparse_adam::set_step_count(std::int64_t step, cudaStream_t stream) {
   expects(step >= 0, "step", "must be >= 0, got ", step);
-  uploader_.upload(control_.get(), &step, sizeof step, remember(stream));  // step is the first field
+  uploader_.upload(control_.data(), &step, sizeof step, remember(stream));  // step is the first field
 }
 inline void cuda_sparse_adam::set_step_count(std::int64_t step) {
   set_step_count(step, last_stream_);
@@ -170,7 +123,7 @@ inline void cuda_sparse_adam::upload_selection(entry& e, cudaStream_t stream) {
   std::vector<std::int32_t> both(e.selection);
   const auto rest = complement_columns(e.selection, e.param.cols);
   both.insert(both.end(), rest.begin(), rest.end());
-  uploader_.upload(e.columns.get(), both.data(), both.size() * sizeof(std::int32_t), stream);
+  uploader_.upload(e.columns.data(), both.data(), both.size() * sizeof(std::int32_t), stream);
 }
 
 inline std::size_t cuda_sparse_adam::add_matrix(matrix_view param, std::span<const std::int32_t> initial_selection,
@@ -188,8 +141,8 @@ inline std::size_t cuda_sparse_adam::add_matrix(matrix_view param, std::span<con
   e.selection.assign(initial_selection.begin(), initial_selection.end());
   e.rows = param.rows;
   e.state_row_major = sa::state_row_major_for(param.row_stride, param.col_stride);
-  e.state = sa::device_memory(3 * static_cast<std::size_t>(param.rows * k) * sizeof(float));
-  e.columns = sa::device_memory(static_cast<std::size_t>(param.cols) * sizeof(std::int32_t));
+  e.state = detail::cuda_device_buffer(3 * static_cast<std::size_t>(param.rows * k) * sizeof(float));
+  e.columns = detail::cuda_device_buffer(static_cast<std::size_t>(param.cols) * sizeof(std::int32_t));
   upload_selection(e, stream);
   const sa::state_arrays a = e.arrays();
   sa::rebuild_state_kernel<<<sa::grid_for(param.rows * k, sa::kThreads), sa::kThreads, 0, stream>>>(
@@ -223,9 +176,9 @@ inline std::size_t cuda_sparse_adam::add_vector(vector_view param, std::span<con
   e.param = matrix_view(param.data, param.size, 1, param.stride, 1, param.type, param.space);
   e.selection = {0};
   e.rows = param.size;
-  e.state = sa::device_memory(3 * static_cast<std::size_t>(param.size) * sizeof(float));
-  uploader_.upload(e.state.get(), initial_master.data(), static_cast<std::size_t>(param.size) * sizeof(float), stream);
-  ZENFLOW_CUDA_TRY(cudaMemsetAsync(e.state.get<float>() + param.size, 0,
+  e.state = detail::cuda_device_buffer(3 * static_cast<std::size_t>(param.size) * sizeof(float));
+  uploader_.upload(e.state.data(), initial_master.data(), static_cast<std::size_t>(param.size) * sizeof(float), stream);
+  ZENFLOW_CUDA_TRY(cudaMemsetAsync(e.state.data<float>() + param.size, 0,
                                    2 * static_cast<std::size_t>(param.size) * sizeof(float), stream));
   e.options = options_;
   entries_.push_back(std::move(e));
@@ -244,7 +197,7 @@ inline void cuda_sparse_adam::rebuild_tables(cudaStream_t stream) {
     d.param = e.param.data;
     d.row_stride = e.param.row_stride;
     d.col_stride = e.param.col_stride;
-    d.columns = e.is_vector ? nullptr : e.columns.get<const std::int32_t>();
+    d.columns = e.is_vector ? nullptr : e.columns.data<const std::int32_t>();
     const sa::state_arrays a = e.arrays();
     d.master = a.part[0];
     d.exp_avg = a.part[1];
@@ -259,11 +212,11 @@ inline void cuda_sparse_adam::rebuild_tables(cudaStream_t stream) {
     tiles += (e.rows * static_cast<index_t>(e.selection.size()) + sa::kTile - 1) / sa::kTile;
   }
   if (params_dev_.bytes() < table.size() * sizeof(sa::param_desc)) {
-    params_dev_ = sa::device_memory(table.size() * sizeof(sa::param_desc));
-    grads_dev_ = sa::device_memory(table.size() * sizeof(sa::grad_desc));
+    params_dev_ = detail::cuda_device_buffer(table.size() * sizeof(sa::param_desc));
+    grads_dev_ = detail::cuda_device_buffer(table.size() * sizeof(sa::grad_desc));
     grads_host_.clear();
   }
-  uploader_.upload(params_dev_.get(), table.data(), table.size() * sizeof(sa::param_desc), stream);
+  uploader_.upload(params_dev_.data(), table.data(), table.size() * sizeof(sa::param_desc), stream);
   tiles_ = tiles;
   params_dirty_ = false;
 }
@@ -300,16 +253,16 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   if (entries_.empty()) return;
   if (params_dirty_) rebuild_tables(stream);
   if (grads != grads_host_) {  // trainers normally keep their gradient buffers: uploaded once
-    uploader_.upload(grads_dev_.get(), grads.data(), grads.size() * sizeof(sa::grad_desc), stream);
+    uploader_.upload(grads_dev_.data(), grads.data(), grads.size() * sizeof(sa::grad_desc), stream);
     grads_host_ = std::move(grads);
   }
-  auto* control = control_.get<sa::control_block>();
+  auto* control = control_.data<sa::control_block>();
   const int count = static_cast<int>(entries_.size());
   const auto grid = static_cast<unsigned int>(std::min<std::int64_t>(tiles_, grid_limit_));
   if (check_finite) {
     ZENFLOW_CUDA_TRY(cudaMemsetAsync(&control->nonfinite, 0, sizeof(int), stream));
-    sa::sparse_adam_nonfinite_kernel<<<grid, sa::kThreads, 0, stream>>>(params_dev_.get<const sa::param_desc>(),
-                                                                        grads_dev_.get<const sa::grad_desc>(), count,
+    sa::sparse_adam_nonfinite_kernel<<<grid, sa::kThreads, 0, stream>>>(params_dev_.data<const sa::param_desc>(),
+                                                                        grads_dev_.data<const sa::grad_desc>(), count,
                                                                         tiles_, grad_scale, scale_ptr_device, control);
     ZENFLOW_CUDA_TRY(cudaGetLastError());
   }
@@ -321,7 +274,7 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   ctl.use_nonfinite = check_finite;
   ctl.control = control;
   sa::sparse_adam_step_kernel<<<grid, sa::kThreads, 0, stream>>>(
-      params_dev_.get<const sa::param_desc>(), grads_dev_.get<const sa::grad_desc>(), count, tiles_, ctl);
+      params_dev_.data<const sa::param_desc>(), grads_dev_.data<const sa::grad_desc>(), count, tiles_, ctl);
   ZENFLOW_CUDA_TRY(cudaGetLastError());
 }
 
@@ -353,18 +306,10 @@ inline void cuda_sparse_adam::reselect(std::size_t i, std::span<const std::int32
   const sa::state_layout layout = e.layout();
   const index_t n = layout.size();
   // Scratch (stream-ordered): new state, then the maps [source (k) | leaving (moved)].
-  float* fresh = nullptr;
-  std::int32_t* maps = nullptr;
-  ZENFLOW_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&fresh), 3 * n * sizeof(float), stream));
-  struct scratch_guard {
-    void* p;
-    cudaStream_t s;
-    ~scratch_guard() {
-      if (p != nullptr) ZENFLOW_CUDA_ASSERT(cudaFreeAsync(p, s));
-    }
-  } fresh_guard{fresh, stream}, maps_guard{nullptr, stream};
-  ZENFLOW_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&maps), (source.size() + leaving.size()) * 4, stream));
-  maps_guard.p = maps;
+  const detail::cuda_async_buffer fresh_buffer(3 * n * sizeof(float), stream);
+  const detail::cuda_async_buffer maps_buffer((source.size() + leaving.size()) * 4, stream);
+  float* fresh = fresh_buffer.data<float>();
+  std::int32_t* maps = maps_buffer.data<std::int32_t>();
   source.insert(source.end(), leaving.begin(), leaving.end());
   uploader_.upload(maps, source.data(), source.size() * sizeof(std::int32_t), stream);
   const sa::state_arrays old_state = e.arrays();
@@ -416,10 +361,10 @@ inline void cuda_sparse_adam::export_state(std::size_t i, std::span<float> packe
   const entry& e = at(i);
   const index_t n = 3 * e.layout().size();
   detail::sparse_adam::check_buffer(packed_out.size(), n, "packed_out");
-  detail::sparse_adam::device_memory scratch(static_cast<std::size_t>(n) * sizeof(float));
-  export_state(i, scratch.get<float>(), last_stream_);
+  detail::cuda_device_buffer scratch(static_cast<std::size_t>(n) * sizeof(float));
+  export_state(i, scratch.data<float>(), last_stream_);
   ZENFLOW_CUDA_TRY(
-      cudaMemcpyAsync(packed_out.data(), scratch.get(), scratch.bytes(), cudaMemcpyDeviceToHost, last_stream_));
+      cudaMemcpyAsync(packed_out.data(), scratch.data(), scratch.bytes(), cudaMemcpyDeviceToHost, last_stream_));
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
 }
 
@@ -427,10 +372,10 @@ inline void cuda_sparse_adam::import_state(std::size_t i, std::span<const float>
   const entry& e = at(i);
   const index_t n = 3 * e.layout().size();
   detail::sparse_adam::check_buffer(packed_in.size(), n, "packed_in");
-  detail::sparse_adam::device_memory scratch(static_cast<std::size_t>(n) * sizeof(float));
+  detail::cuda_device_buffer scratch(static_cast<std::size_t>(n) * sizeof(float));
   ZENFLOW_CUDA_TRY(
-      cudaMemcpyAsync(scratch.get(), packed_in.data(), scratch.bytes(), cudaMemcpyHostToDevice, last_stream_));
-  import_state(i, scratch.get<const float>(), last_stream_);
+      cudaMemcpyAsync(scratch.data(), packed_in.data(), scratch.bytes(), cudaMemcpyHostToDevice, last_stream_));
+  import_state(i, scratch.data<const float>(), last_stream_);
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
 }
 
