@@ -1,4 +1,5 @@
-// The concepts that tie the five components together.
+// The concepts that tie the five components together, and the contract between the coordinator's
+// schedule and its execution backends.
 //
 // Each component is a template that models one of these, so a trainer can use a component alone,
 // swap one for its own, or compose all five through the coordinator. Requirements are numbered
@@ -13,10 +14,17 @@
 #include <optional>
 #include <span>
 
+#include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/view.hpp"
 
 namespace zenflow {
+
+// Vocabulary of the components that the requirements below name (declared here so that this
+// header stays light; check a concept where the component's header is included).
+struct cpu_adam_config;                        // cpu_adam.hpp
+struct cpu_adam_task;                          // cpu_adam.hpp
+enum class transfer_direction : std::uint8_t;  // transfer_queue.hpp
 
 /// 1. importance_selector: owns column scores and the current selection of every registered
 ///    2-D parameter.
@@ -73,19 +81,36 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
   { cq.counters().transfers } -> std::convertible_to<std::uint64_t>;
 };
 
-/// 3. host_optimizer: the CPU Adam/AdamW that owns fp32 master, m, v of every column.
-///    R1 `options()` — the Adam hyper-parameters in use.
-///    R2 `step_count()` — the number of updates it has applied (64-bit).
-///    R3 `tensor_count()` — number of registered tensors.
-///    R4 `params(t)` — tensor t's fp32 master parameters, column-contiguous (column c of a
-///       rows x cols tensor at [c*rows, (c+1)*rows)), readable on the host.
-///    R5 `set_step_count(n)` — restores the counter (checkpoints).
+/// 3. host_optimizer: the CPU Adam/AdamW that owns fp32 master, m, v of every column. The
+///    requirements are exactly what basic_coordinator calls on it, so a type that models the
+///    concept can be plugged into the coordinator (cpu_adam is the library's model; the
+///    coordinator's tests plug in wrappers that inject failures and delays).
+///    R1 `O(adam, config)` — constructible from the coordinator's adam_options and a
+///       cpu_adam_config (its cpu_threads and pin_threads).
+///    R2 `add_tensor(initial, rows, cols)` — registers a rows x cols tensor from its fp32 master
+///       values, column-contiguous (column c at [c*rows, (c+1)*rows)), moments 0; returns its index.
+///    R3 `params(t)`, `exp_avg(t)`, `exp_avg_sq(t)` — tensor t's master, m and v, column-contiguous,
+///       writable host memory (state moves through them on reselection and checkpoint load);
+///       `params(t)` also on a const optimizer (what basic_coordinator::host_optimizer() offers).
+///    R4 `step(tasks, grad_scale, check_finite)` — one Adam/AdamW step over a span of cpu_adam_task
+///       (each tensor's CPU columns, its compact gradient, its hyper-parameters, a compact copy-out
+///       in the parameter's dtype), every gradient element multiplied by grad_scale. Synchronous.
+///    R5 `step_count()` — the number of updates it has applied (64-bit); `set_step_count(n)`
+///       restores it (checkpoints).
+///    The coordinator accumulates the offloaded gradients itself (into buffers it owns, with the
+///    library's SIMD accumulate kernel, on its offload thread while this optimizer may be running
+///    a step): accumulation is not part of the contract.
 template <class O>
-concept host_optimizer = requires(O& o, const O& co, std::size_t t, std::int64_t n) {
-  { co.options() } -> std::convertible_to<const adam_options&>;
-  { co.step_count() } -> std::convertible_to<std::int64_t>;
-  { co.tensor_count() } -> std::convertible_to<std::size_t>;
+concept host_optimizer = std::constructible_from<O, const adam_options&, const cpu_adam_config&> &&
+    requires(O& o, const O& co, std::span<const float> initial, index_t rows, index_t cols, std::size_t t,
+             std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite, std::int64_t n) {
+  { o.add_tensor(initial, rows, cols) } -> std::convertible_to<std::size_t>;
+  { o.params(t) } -> std::convertible_to<std::span<float>>;
+  { o.exp_avg(t) } -> std::convertible_to<std::span<float>>;
+  { o.exp_avg_sq(t) } -> std::convertible_to<std::span<float>>;
   { co.params(t) } -> std::convertible_to<std::span<const float>>;
+  o.step(tasks, grad_scale, check_finite);
+  { co.step_count() } -> std::convertible_to<std::int64_t>;
   o.set_step_count(n);
 };
 
@@ -121,5 +146,157 @@ concept offload_coordinator = requires(C& c, const C& cc, typename C::stream_typ
   { cc.step_count() } -> std::convertible_to<std::int64_t>;
   cc.metrics();
 };
+
+namespace detail {
+// coordinator_backend's requirements, one concept per group (declared first: the diagnostics of a
+// backend that falls short name the group).
+
+// R1
+template <class B>
+concept backend_stream = std::copyable<typename B::stream_type> && requires {
+  { B::device_space } -> std::convertible_to<memory_space>;
+};
+
+// R2
+template <class B>
+concept backend_selector = importance_selector<typename B::selector_type> &&
+    std::constructible_from<typename B::selector_type, float> &&
+    requires(typename B::selector_type& s, const typename B::selector_type& cs, index_t n, std::size_t i) {
+  { s.add_parameter(n, n) } -> std::convertible_to<std::size_t>;
+  { cs.scores(i) } -> std::convertible_to<std::span<const float>>;
+};
+
+// R3
+template <class D>
+concept migratable_device_optimizer = device_optimizer<D> && std::constructible_from<D, const adam_options&> &&
+    requires(D& d, const D& cd, std::size_t i, std::span<float> out, std::span<const float> in, std::int64_t n) {
+  cd.export_state(i, out);
+  d.import_state(i, in);
+  d.set_step_count(n);
+};
+template <class B>
+concept backend_device_optimizer = migratable_device_optimizer<typename B::device_optimizer_type>;
+
+// R4
+template <class B>
+concept backend_queue = transfer_queue<typename B::queue_type> &&
+    std::constructible_from<typename B::queue_type, transfer_direction, std::size_t, std::size_t> &&
+    requires(typename B::queue_type& q, typename B::stream_type s, void* dst, const void* src, std::size_t bytes) {
+  { B::queue_stream(s) } -> std::convertible_to<typename B::queue_type::stream_type>;
+  pipelined_copy_to_device(q, dst, src, bytes, B::queue_stream(s));
+};
+
+// R5
+template <class Buffer>
+concept backend_buffer =
+    std::default_initializable<Buffer> && std::movable<Buffer> && std::constructible_from<Buffer, std::size_t>;
+template <class B>
+concept backend_buffers = backend_buffer<typename B::device_buffer> && backend_buffer<typename B::host_buffer> &&
+    requires(const typename B::device_buffer& d, typename B::host_buffer& h) {
+  { d.data() } -> std::same_as<std::byte*>;
+  { d.bytes() } -> std::convertible_to<std::size_t>;
+  { h.data() } -> std::same_as<std::byte*>;
+  { h.device_data() } -> std::same_as<std::byte*>;
+};
+
+// R6
+template <class B>
+concept host_events_are_queryable = B::device_space != memory_space::host || requires(typename B::event_type& e) {
+  { e.query() } -> std::convertible_to<bool>;
+};
+template <class B>
+concept backend_streams_and_events = std::default_initializable<typename B::owned_stream> &&
+    std::default_initializable<typename B::event_type> && host_events_are_queryable<B> &&
+    requires(typename B::owned_stream& owned, typename B::event_type& e, typename B::stream_type s) {
+  { owned.get() } -> std::convertible_to<typename B::stream_type>;
+  B::record(e, s);
+  B::wait(s, e);
+  B::synchronize(e);
+  B::synchronize(s);
+};
+
+// R7, R8
+template <class B>
+concept backend_devices_and_copies = requires(typename B::stream_type s, void* dst, const void* src, std::size_t n) {
+  { B::current_device() } -> std::convertible_to<int>;
+  B::bind_device(0);
+  B::copy_async(dst, src, n, s);
+};
+
+// R9, R10, R11, R12
+template <class B>
+concept backend_step_operations =
+    requires(typename B::stream_type s, typename B::device_optimizer_type& opt, typename B::selector_type& selector,
+             std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors, float max_norm,
+             step_flags* flags, const step_flags* const_flags, std::byte* scratch, std::size_t i,
+             const adam_options& adam, matrix_view param, vector_view vector, const_matrix_view grad,
+             std::span<const std::int32_t> columns, const std::int32_t* columns_dev, std::span<const float> packed,
+             std::span<float> leaving, void* dst, const void* src, dtype type) {
+  { B::statistics_scratch_bytes } -> std::convertible_to<std::size_t>;
+  B::step_statistics(matrices, vectors, max_norm, flags, flags, scratch, s);
+  B::device_step(opt, matrices, vectors, const_flags, s);
+  B::set_options(opt, i, adam, s);
+  { B::add_matrix(opt, param, columns, packed, s) } -> std::convertible_to<std::size_t>;
+  { B::add_vector(opt, vector, packed) } -> std::convertible_to<std::size_t>;
+  B::reselect(opt, i, columns, packed, leaving, s);
+  B::gather(grad, columns, columns_dev, dst, type, const_flags, s);
+  B::scatter(src, type, columns, columns_dev, param, s);
+  B::select(selector, matrices, s);
+};
+}  // namespace detail
+
+/// 6. coordinator_backend: what basic_coordinator's schedule needs from an execution backend — its
+///    component types, its memory, streams and events, and the "device" operations of a step
+///    (host_backend in detail/coordinator/host_backend.hpp: host memory, a host_stream plays the GPU
+///    stream; cuda_backend in detail/coordinator/cuda_backend.cuh). Every operation is a static
+///    member; a "device" operation is enqueued on the stream it takes and returns without waiting
+///    for it, unless its requirement says it synchronizes.
+///    R1 `B::stream_type` — the trainer's stream handle (copyable, passed by value);
+///       `B::device_space` — the memory_space of the parameters, gradients and device buffers.
+///    R2 `B::selector_type` — an importance_selector constructible from topk_ratio, with
+///       `add_parameter(rows, cols)` (returns the index) and `scores(i)` (the last selection's
+///       column scores, host memory).
+///    R3 `B::device_optimizer_type` — a device_optimizer constructible from adam_options, with
+///       `export_state(i, out)` and `import_state(i, in)` (packed master/m/v, host spans) and
+///       `set_step_count(n)` (checkpoints).
+///    R4 `B::queue_type` — a transfer_queue constructible from (direction, slot_bytes, slot_count);
+///       `B::queue_stream(stream)` — the stream argument the queue's submissions take;
+///       `pipelined_copy_to_device(queue, dst, src, bytes, queue_stream(stream))` (found by ADL)
+///       copies host memory to the device through the queue's slots and returns once done.
+///    R5 `B::device_buffer` — an owning allocation in device_space: default-constructible,
+///       movable, `device_buffer(bytes)`, `data()` (std::byte*, also on a const buffer), `bytes()`.
+///       `B::host_buffer` — host memory that device work writes into: default-constructible,
+///       movable, `host_buffer(bytes)`, `data()` for the host, `device_data()` for device work.
+///    R6 Streams and events: `B::owned_stream` (default-constructible, `get()` gives its
+///       stream_type); `B::event_type` (default-constructible); `record(event, stream)`;
+///       `wait(stream, event)` (the stream's later work waits for the event; the caller does not);
+///       `synchronize(event)` and `synchronize(stream)` (the caller waits). When device_space is
+///       host, `event.query()` says whether the event completed (the stream-order check).
+///    R7 `current_device()` — the calling thread's device; `bind_device(device)` makes it a worker
+///       thread's.
+///    R8 `copy_async(dst, src, bytes, stream)` — a copy between host and device memory, either way.
+///    R9 `B::statistics_scratch_bytes` and `step_statistics(matrices, vectors, max_norm, flags,
+///       flags_host, scratch, stream)` — the global statistics of the step's gradients turned into
+///       its step_flags (make_step_flags), written to `flags` (device memory) and `flags_host` (a
+///       host_buffer's device_data()); `scratch` is a device buffer of statistics_scratch_bytes.
+///    R10 The device update: `device_step(opt, matrices, vectors, flags, stream)` (the sparse Adam
+///        step of the selected columns and the 1-D parameters, gradients multiplied by
+///        flags->scale, nothing done when flags->skip); `set_options(opt, i, adam, stream)` (for the
+///        steps enqueued after it); `add_matrix(opt, param, selection, packed, stream)` and
+///        `add_vector(opt, param, initial)` (register, return the index; the input may be freed on
+///        return); `reselect(opt, i, selection, entering, leaving, stream)` (moves state in and out;
+///        synchronizes: `leaving` is filled on return).
+///    R11 Columns: `gather(grad, columns, columns_dev, dst, dst_type, flags, stream)` (dst = the
+///        listed columns of grad times flags->scale, compact, in dst_type) and `scatter(src,
+///        src_type, columns, columns_dev, param, stream)` (the listed columns of param = the compact
+///        src, converted to param's dtype); `columns` lists them on the host, `columns_dev` is the
+///        same list in device memory.
+///    R12 `select(selector, grads, stream)` — scores the step's gradients and selects; the
+///        selection is readable on the host on return.
+template <class B>
+concept coordinator_backend =
+    detail::backend_stream<B> && detail::backend_selector<B> && detail::backend_device_optimizer<B> &&
+    detail::backend_queue<B> && detail::backend_buffers<B> && detail::backend_streams_and_events<B> &&
+    detail::backend_devices_and_copies<B> && detail::backend_step_operations<B>;
 
 }  // namespace zenflow

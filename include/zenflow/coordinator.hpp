@@ -12,35 +12,33 @@
 // selected columns. A selection boundary first completes and writes back all CPU work, then
 // re-selects and migrates optimizer state both ways (nothing is zeroed or truncated).
 //
-// The template takes an execution backend that names the component types and the "device"
-// operations: host_backend (detail/coordinator/host_backend.hpp; a host_stream plays the GPU
-// stream) ships here, cuda_backend in coordinator.cuh.
+// The template takes an execution backend (a coordinator_backend, concepts.hpp) that names the
+// component types and the "device" operations: host_backend ships here (a host_stream plays the
+// GPU stream), cuda_backend with coordinator.cuh. This header declares; the definitions live in
+// detail/coordinator/: the schedule (coordinator_impl.hpp), state migration on reselection
+// (migration.hpp), the offload and update workers (offload_worker.hpp, update_worker.hpp; the work
+// they are handed in jobs.hpp, what they share with the trainer thread in shared_state.hpp), the
+// per-step flags (step_flags.hpp) and checkpoints (checkpoint_io.hpp).
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <chrono>
-#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <exception>
-#include <functional>
 #include <iosfwd>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <ostream>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "zenflow/concepts.hpp"
 #include "zenflow/cpu_adam.hpp"
-#include "zenflow/detail/coordinator/checkpoint_io.hpp"
 #include "zenflow/detail/coordinator/host_backend.hpp"
+#include "zenflow/detail/coordinator/shared_state.hpp"
+#include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/importance_selector.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/view.hpp"
 
@@ -75,16 +73,10 @@ struct step_metrics {
   bool reselected = false;
   bool cpu_update_launched = false;
   bool written_back = false;
-  friend std::ostream& operator<<(std::ostream& os, const step_metrics& m) {
-    os << "step " << m.step << " stall " << m.stall_seconds * 1e3 << " ms";
-    if (!m.stall_reason.empty()) os << " (" << m.stall_reason << ")";
-    os << " cpu_update " << m.cpu_update_seconds * 1e3 << " ms d2h " << m.bytes_device_to_host << " B h2d "
-       << m.bytes_host_to_device << " B overlap " << m.selection_overlap << " interval " << m.interval
-       << (m.reselected ? " reselected" : "") << (m.cpu_update_launched ? " cpu-update" : "")
-       << (m.written_back ? " write-back" : "");
-    return os;
-  }
 };
+/// Prints one line: step, stall (and why), CPU update time, bytes each way, overlap, interval and
+/// what happened.
+inline std::ostream& operator<<(std::ostream& os, const step_metrics& m);
 
 /// One CPU update as the staleness oracle sees it.
 struct update_record {
@@ -97,7 +89,17 @@ struct update_record {
   bool synchronous = false;
 };
 
-template <class Backend, host_optimizer HostOptimizer = cpu_adam>
+namespace detail {
+template <class Backend>
+class offload_worker;
+template <class Backend, class HostOptimizer>
+class update_worker;
+}  // namespace detail
+
+/// The schedule over an execution backend (host_backend, cuda_backend) and a CPU optimizer. The
+/// CPU optimizer is a template parameter so that a trainer (or a test) can plug in its own: the
+/// host_optimizer concept lists exactly what the coordinator calls on it.
+template <coordinator_backend Backend, host_optimizer HostOptimizer = cpu_adam>
 class basic_coordinator {
  public:
   using backend_type = Backend;
@@ -105,102 +107,34 @@ class basic_coordinator {
   using selector_type = typename Backend::selector_type;
   using device_optimizer_type = typename Backend::device_optimizer_type;
   using queue_type = typename Backend::queue_type;
-  static_assert(importance_selector<selector_type>);
-  static_assert(device_optimizer<device_optimizer_type>);
-  static_assert(transfer_queue<queue_type>);
 
-  /// Validates the options; starts the worker threads. Does not synchronize.
-  explicit basic_coordinator(const zenflow_options& options, const coordinator_config& config = {})
-      : options_(validated(options)),
-        config_(config),
-        host_opt_(options.adam, cpu_adam_config{config.cpu_threads, config.pin_threads}),
-        device_opt_(options.adam),
-        selector_(options.topk_ratio),
-        policy_(options),
-        d2h_(transfer_direction::device_to_host, at_least_one_float(config.d2h_slot_bytes, "d2h_slot_bytes"),
-             config.d2h_slots),
-        h2d_(transfer_direction::host_to_device, at_least_one_float(config.h2d_slot_bytes, "h2d_slot_bytes"),
-             config.h2d_slots) {
-    statistics_scratch_ = typename Backend::device_buffer(Backend::statistics_scratch_bytes);
-    unit_flags_dev_ = typename Backend::device_buffer(sizeof(step_flags));
-    const step_flags unit{};
-    Backend::copy_async(unit_flags_dev_.data(), &unit, sizeof unit, offload_stream_.get());
-    Backend::synchronize(offload_stream_.get());
-    flags_dev_[0] = typename Backend::device_buffer(sizeof(step_flags));
-    flags_dev_[1] = typename Backend::device_buffer(sizeof(step_flags));
-    flags_host_[0] = typename Backend::host_buffer(sizeof(step_flags));
-    flags_host_[1] = typename Backend::host_buffer(sizeof(step_flags));
-    // The workers use the device current here (a process may drive one GPU per coordinator).
-    const int device = Backend::current_device();
-    offload_thread_ = std::thread([this, device] {
-      Backend::bind_device(device);
-      offload_loop();
-    });
-    try {
-      update_thread_ = std::thread([this, device] {
-        Backend::bind_device(device);
-        update_loop();
-      });
-    } catch (...) {
-      stop_workers();  // a joinable std::thread must not be destroyed during unwinding
-      throw;
-    }
-  }
+  /// Validates the options and the config (throws naming the field); starts the worker threads.
+  /// Does not synchronize.
+  explicit basic_coordinator(const zenflow_options& options, const coordinator_config& config = {});
 
   basic_coordinator(const basic_coordinator&) = delete;
   basic_coordinator& operator=(const basic_coordinator&) = delete;
 
   /// Stops the workers after the work already handed to them (pending CPU updates finish; their
   /// results are not written back: call finish() for that). Never throws.
-  ~basic_coordinator() {
-    stop_workers();
-    // Copies still in flight (a worker that died with chunks submitted) read or write the
-    // parameters' staging buffers, which are destroyed before the queues: wait for them first.
-    for (queue_type* q : {&d2h_, &h2d_}) {
-      try {
-        q->drain();
-      } catch (...) {
-      }
-    }
-    try {
-      Backend::synchronize(offload_stream_.get());
-      Backend::synchronize(writeback_stream_.get());
-      // The trainer's stream may still run work that reads or writes our buffers (statistics, the
-      // flags written to host memory, the sparse step, gathers, scatters): each step's last such
-      // work is followed by one of these events. The trainer's stream itself is never synchronized
-      // (it may be gone).
-      for (int b = 0; b < 2; ++b) {
-        Backend::synchronize(stats_ready_[b]);
-        Backend::synchronize(written_back_[b]);
-        for (auto& p : params_) Backend::synchronize((*p.gathered)[b]);
-      }
-    } catch (...) {
-    }
-  }
+  ~basic_coordinator();
 
-  [[nodiscard]] const zenflow_options& options() const noexcept { return options_; }
-  [[nodiscard]] std::int64_t step_count() const noexcept { return step_; }
+  [[nodiscard]] const zenflow_options& options() const noexcept;
+  [[nodiscard]] std::int64_t step_count() const noexcept;
   /// The last step's metrics (also after a failure).
-  [[nodiscard]] const step_metrics& metrics() const noexcept { return metrics_; }
-  [[nodiscard]] std::vector<update_record> trace() const {
-    std::lock_guard lock(mutex_);
-    return trace_;
-  }
+  [[nodiscard]] const step_metrics& metrics() const noexcept;
+  /// One record per CPU update launched so far (coordinator_config::record_trace; else empty).
+  [[nodiscard]] std::vector<update_record> trace() const;
   /// The CPU optimizer, for reading its state between steps. Waits for CPU updates already
   /// launched (the update worker writes that state); the state then stays as it is until the next
   /// step(), which is how long the reference may be used. A result that is not yet written back is
   /// already in it.
-  [[nodiscard]] const HostOptimizer& host_optimizer() const {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return updated_interval_ >= launched_interval_ || failed_; });
-    if (worker_error_) std::rethrow_exception(worker_error_);
-    return host_opt_;
-  }
-  [[nodiscard]] const device_optimizer_type& device_optimizer() const noexcept { return device_opt_; }
-  [[nodiscard]] std::size_t parameter_count() const noexcept { return params_.size(); }
-  [[nodiscard]] const std::string& name(std::size_t i) const { return at(i).name; }
+  [[nodiscard]] const HostOptimizer& host_optimizer() const;
+  [[nodiscard]] const device_optimizer_type& device_optimizer() const noexcept;
+  [[nodiscard]] std::size_t parameter_count() const noexcept;
+  [[nodiscard]] const std::string& name(std::size_t i) const;
   /// Parameter i's Adam/AdamW hyper-parameters for the next step (options().adam until changed).
-  [[nodiscard]] const adam_options& adam_options_of(std::size_t i) const { return at(i).adam; }
+  [[nodiscard]] const adam_options& adam_options_of(std::size_t i) const;
 
   /// Learning-rate schedules and parameter groups: every parameter's (or parameter i's)
   /// hyper-parameters from the next step on. The GPU update of a step uses those set before its
@@ -208,70 +142,20 @@ class basic_coordinator {
   /// step() that ends it, at a reselection or in finish()), in sync and async mode alike. They may
   /// differ from options().adam in lr and weight_decay only (throws naming the first other field
   /// that differs). Saved in checkpoints. Does not synchronize.
-  void set_adam_options(const adam_options& adam) {
-    rethrow_worker_error();
-    check_adam(adam);
-    for (auto& p : params_) p.adam = adam;
-  }
-  void set_adam_options(std::size_t i, const adam_options& adam) {
-    rethrow_worker_error();
-    auto& p = at(i);
-    check_adam(adam);
-    p.adam = adam;
-  }
+  void set_adam_options(const adam_options& adam);
+  void set_adam_options(std::size_t i, const adam_options& adam);
 
   /// Columns of parameter i updated on the GPU now (ascending; empty for 1-D parameters).
-  [[nodiscard]] std::span<const std::int32_t> gpu_columns(std::size_t i) const { return at(i).selection; }
+  [[nodiscard]] std::span<const std::int32_t> gpu_columns(std::size_t i) const;
 
   /// Registers a 2-D parameter (before the first step). `param` is the model's weight in device
   /// memory (updated in place); `initial` its initial values in host memory (same shape, any
   /// layout), either fp32 (an fp32 master the trainer keeps) or in the parameter's own dtype
   /// (upcast exactly); `grad_type` the dtype its gradients will have. Returns the parameter's index.
-  std::size_t register_parameter(std::string name, matrix_view param, const_matrix_view initial, dtype grad_type) {
-    param.validate("param", Backend::device_space);
-    initial.validate("initial", memory_space::host);
-    expects(!param.empty(), "param", "must not be empty");
-    expects(initial.rows == param.rows && initial.cols == param.cols, "initial", "shape ", initial.rows, " x ",
-            initial.cols, " does not match param ", param.rows, " x ", param.cols);
-    expects(initial.type == dtype::f32 || initial.type == param.type, "initial", "must be f32 or the param's dtype (",
-            std::string(dtype_name(param.type)), "), got ", std::string(dtype_name(initial.type)));
-    expects(is_valid(grad_type), "grad_type", "unknown dtype");
-    expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
-    // Column-contiguous fp32 master for the CPU optimizer.
-    std::vector<float> master(static_cast<std::size_t>(param.rows * param.cols));
-    dispatch_dtype(initial.type, [&](auto tag) {
-      using T = decltype(tag);
-      const T* src = static_cast<const T*>(initial.data);
-      for (index_t c = 0; c < param.cols; ++c)
-        for (index_t r = 0; r < param.rows; ++r) master[c * param.rows + r] = to_float(src[initial.offset(r, c)]);
-    });
-    parameter p;
-    p.name = std::move(name);
-    p.adam = options_.adam;
-    p.matrix = param;
-    p.grad_type = grad_type;
-    p.cpu_tensor = host_opt_.add_tensor(master, param.rows, param.cols);
-    p.selector_index = selector_.add_parameter(param.rows, param.cols);
-    params_.push_back(std::move(p));
-    return params_.size() - 1;
-  }
+  std::size_t register_parameter(std::string name, matrix_view param, const_matrix_view initial, dtype grad_type);
 
   /// Registers a 1-D parameter (bias, norm): always updated on the GPU.
-  std::size_t register_parameter(std::string name, vector_view param, std::span<const float> initial) {
-    param.validate("param", Backend::device_space);
-    expects(!param.empty() && param.contiguous(), "param", "must be a non-empty contiguous vector");
-    expects(static_cast<index_t>(initial.size()) == param.size, "initial", "has ", initial.size(),
-            " values, param has ", param.size);
-    expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
-    parameter p;
-    p.name = std::move(name);
-    p.adam = options_.adam;
-    p.is_vector = true;
-    p.vector = param;
-    p.device_index = Backend::add_vector(device_opt_, param, initial);
-    params_.push_back(std::move(p));
-    return params_.size() - 1;
-  }
+  std::size_t register_parameter(std::string name, vector_view param, std::span<const float> initial);
 
   /// Hands over parameter i's gradient for the current step (call as backward produces it), once
   /// per parameter and step. `grad` must stay valid until `stream` has passed step(). The gradient
@@ -279,38 +163,8 @@ class basic_coordinator {
   /// enqueued on `stream` after step() sees them; with the host backend the trainer's own code
   /// reads them, so it must call stream.synchronize() after step() and before its backward (see
   /// coordinator_config::check_stream_order). Does not synchronize.
-  void submit_gradient(std::size_t i, const_matrix_view grad, stream_type stream) {
-    rethrow_worker_error();
-    auto& p = at(i);
-    expects(!p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 1-D: pass a vector view");
-    check_submission(p, i);
-    grad.validate("grad", Backend::device_space);
-    expects(grad.rows == p.matrix.rows && grad.cols == p.matrix.cols, "grad", "shape ", grad.rows, " x ", grad.cols,
-            " does not match parameter ", p.name, " (", p.matrix.rows, " x ", p.matrix.cols, ")");
-    expects(grad.type == p.grad_type, "grad", "dtype ", std::string(dtype_name(grad.type)), " was registered as ",
-            std::string(dtype_name(p.grad_type)));
-    p.grad_matrix = grad;
-    p.has_grad = true;
-    // Without clipping, nothing about this gradient's CPU columns waits for the rest of backward:
-    // gather them now and let the copy overlap backward (not at a selection boundary, which may
-    // change the columns).
-    if (started_ && options_.max_grad_norm == 0.0f && !p.complement.empty() && !selection_boundary()) {
-      begin_step();
-      offload_gradient(p, reinterpret_cast<const step_flags*>(unit_flags_dev_.data()), stream);
-    }
-  }
-  void submit_gradient(std::size_t i, const_vector_view grad, stream_type stream) {
-    rethrow_worker_error();
-    auto& p = at(i);
-    expects(p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 2-D: pass a matrix view");
-    check_submission(p, i);
-    grad.validate("grad", Backend::device_space);
-    expects(grad.size == p.vector.size && grad.contiguous(), "grad", "must be contiguous with ", p.vector.size,
-            " elements");
-    p.grad_vector = grad;
-    p.has_grad = true;
-    (void)stream;
-  }
+  void submit_gradient(std::size_t i, const_matrix_view grad, stream_type stream);
+  void submit_gradient(std::size_t i, const_vector_view grad, stream_type stream);
 
   /// Ends the training step: GPU update of the selected columns, offload of the rest, and the
   /// CPU schedule. Blocks only where the staleness bound (or a synchronous mode, or a selection
@@ -338,6 +192,7 @@ class basic_coordinator {
  private:
   using clock = std::chrono::steady_clock;
   using device_buffer = typename Backend::device_buffer;
+  using event_type = typename Backend::event_type;
 
   struct parameter {
     std::string name;
@@ -356,8 +211,7 @@ class basic_coordinator {
     device_buffer grad_stage[2];              // compact gathered gradient, per step parity
     // Recorded after this parameter's gather, per step parity; the offload worker's copies wait
     // for it (behind a pointer: events do not move).
-    std::unique_ptr<std::array<typename Backend::event_type, 2>> gathered =
-        std::make_unique<std::array<typename Backend::event_type, 2>>();
+    std::unique_ptr<std::array<event_type, 2>> gathered = std::make_unique<std::array<event_type, 2>>();
     std::vector<float> accumulator[2];    // fp32 accumulated compact gradient, per interval parity
     std::vector<std::byte> out_stage[2];  // CPU copy-out (param dtype, compact), per interval parity
     device_buffer writeback_dev[2];       // the same on the device, per interval parity
@@ -368,152 +222,73 @@ class basic_coordinator {
   };
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-  // Work for the offload worker: one gathered gradient (or an interval marker).
-  struct offload_job {
-    std::int64_t step = 0;
-    std::int64_t interval = 0;
-    bool interval_end = false;  // marker: every gradient of `interval` has been handed over
-    const std::byte* src = nullptr;
-    std::size_t bytes = 0;
-    dtype type = dtype::f32;
-    float* accumulator = nullptr;
-    const step_flags* flags = nullptr;  // host copy of the step's flags (valid once stats_ready_ completed)
-    typename Backend::event_type* gathered = nullptr;  // the gather this copy must wait for
-  };
-  struct update_job {
-    std::int64_t interval = 0;
-    bool synchronous = false;
-    std::vector<adam_options> adam;  // per parameter, as the interval ended
-  };
   struct interval_state {
     std::int64_t index = 0;
     std::int64_t first_step = 0;
     std::int64_t steps = 0;  // training steps handed over so far
   };
 
-  static zenflow_options validated(const zenflow_options& o) {
-    o.validate();
-    return o;
-  }
-  static std::size_t at_least_one_float(std::size_t v, const char* name) {
-    expects(v >= 4, name, "must be >= 4 (a slot carries whole fp32 elements), got ", v);
-    return v;
-  }
-  parameter& at(std::size_t i) {
-    expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
-    return params_[i];
-  }
-  const parameter& at(std::size_t i) const {
-    expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
-    return params_[i];
-  }
+  // Construction (coordinator_impl.hpp).
+  static zenflow_options validated(const zenflow_options& options);
+  static coordinator_config validated(const coordinator_config& config);
+  static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config);
+  void stop_workers() noexcept;
 
-  [[nodiscard]] bool warm_up() const noexcept {
-    return options_.mode == offload_mode::zero_offload || step_ < options_.full_warm_up_rounds;
-  }
-  [[nodiscard]] bool overlapped() const noexcept { return options_.overlap_step && !warm_up(); }
-
-  // A failed coordinator rethrows the first error from every call (it is never cleared).
-  void rethrow_worker_error() const {
-    std::lock_guard lock(mutex_);
-    if (worker_error_) std::rethrow_exception(worker_error_);
-  }
-  void fail(std::exception_ptr e) {
-    std::lock_guard lock(mutex_);
-    if (!worker_error_) worker_error_ = std::move(e);
-    failed_ = true;
-    cv_.notify_all();
-  }
-  void stop_workers() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (offload_thread_.joinable()) offload_thread_.join();
-    if (update_thread_.joinable()) update_thread_.join();
-  }
-  // Runs trainer-side work that changes the coordinator's state: an error in it leaves that state
-  // half-changed, so it fails the coordinator as a worker error does.
+  // Checks and failure (coordinator_impl.hpp).
+  parameter& at(std::size_t i);
+  const parameter& at(std::size_t i) const;
+  void check_adam(const adam_options& adam) const;
+  void check_submission(const parameter& p, std::size_t i);
+  void rethrow_worker_error() const;
   template <class F>
-  decltype(auto) or_fail(F&& f) {
-    try {
-      return std::forward<F>(f)();
-    } catch (...) {
-      fail(std::current_exception());
-      throw;
-    }
-  }
-  void check_adam(const adam_options& adam) const {
-    adam.validate();
-    const char* field = adam.differs_beyond_lr_and_weight_decay(options_.adam);
-    expects(field == nullptr, field ? field : "adam", "must stay as in options().adam: parameter groups and schedules ",
-            "change lr and weight_decay only");
-  }
-  void check_submission(const parameter& p, std::size_t i) {
-    expects(!p.has_grad, "grad", "parameter ", i, " (", p.name, ") already has a gradient in step ", step_,
-            ": submit each gradient once per step");
-    if constexpr (Backend::device_space == memory_space::host) {
-      expects(!config_.check_stream_order || step_done_.query(), "grad", "parameter ", i, " (", p.name,
-              ") was submitted in step ", step_, " while step ", step_ - 1,
-              "'s parameter updates were still running on the stream: call stream.synchronize() after step() and "
-              "before the backward that reads the parameters");
-    }
-  }
-
-  // Waits (trainer thread) until pred() holds; time is charged to the step's stall.
+  decltype(auto) or_fail(F&& f);
   template <class Pred>
-  void stall_until(Pred pred, const char* reason) {
-    std::unique_lock lock(mutex_);
-    if (pred()) return;
-    const auto t0 = clock::now();
-    cv_.wait(lock, [&] { return pred() || failed_; });
-    metrics_.stall_seconds += std::chrono::duration<double>(clock::now() - t0).count();
-    if (metrics_.stall_reason.empty()) metrics_.stall_reason = reason;
-    if (worker_error_) std::rethrow_exception(worker_error_);
-  }
+  void stall_until(Pred pred, const char* reason);
 
+  // The schedule (coordinator_impl.hpp).
+  [[nodiscard]] bool in_warm_up() const noexcept;
+  [[nodiscard]] bool overlapped() const noexcept;
+  [[nodiscard]] bool has_cpu_columns() const noexcept;
+  [[nodiscard]] const step_flags* unit_flags() const noexcept;
   void start(stream_type stream);
   void begin_step();
   void abandon_step(stream_type stream);
   void run_step(stream_type stream);
   [[nodiscard]] bool selection_boundary() const;
-  void offload_gradient(parameter& p, const step_flags* scale, stream_type stream);
-  void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
+  void offload_gradient(parameter& p, const step_flags* flags, stream_type stream);
   void reselect(stream_type stream);
+  [[nodiscard]] std::int64_t auto_interval() const;
   void end_interval(stream_type stream, bool synchronous, std::int64_t last_step);
   void begin_interval(std::int64_t index, std::int64_t first_step);
   void write_back(std::int64_t interval, stream_type stream, const char* reason, std::int64_t at_end_of);
+
+  // State migration (migration.hpp).
+  void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
   void setup_buffers(parameter& p, stream_type stream);
-  [[nodiscard]] bool has_cpu_columns() const noexcept {
-    for (const auto& p : params_)
-      if (!p.is_vector && !p.complement.empty()) return true;
-    return false;
-  }
-  void offload_loop();
-  void update_loop();
-  void run_update(const update_job& job);
-  std::int64_t auto_interval() const;
+
+  // Checkpoints (checkpoint_io.hpp).
+  void copy_all_columns(const parameter& p, std::span<std::byte> values, transfer_direction direction,
+                        stream_type stream);
 
   zenflow_options options_;
   coordinator_config config_;
+  mutable detail::shared_state shared_;  // with the workers: progress counters, first error, stop request
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;
   selector_type selector_;
   selection_policy policy_;
-  queue_type d2h_;
-  queue_type h2d_;
-  typename Backend::owned_stream offload_stream_;
-  typename Backend::owned_stream writeback_stream_;
+  detail::offload_worker<Backend> offload_;
+  detail::update_worker<Backend, HostOptimizer> update_;
   std::vector<parameter> params_;
   device_buffer flags_dev_[2];
-  device_buffer statistics_scratch_;              // the backend's scratch for the step's gradient statistics
-  device_buffer unit_flags_dev_;                  // scale 1, no skip: for gathers during backward
-  typename Backend::event_type stats_ready_[2];   // the step's flags reached the host (per step parity)
-  typename Backend::event_type written_back_[2];  // the interval's scatter is done (per interval parity)
+  device_buffer statistics_scratch_;  // the backend's scratch for the step's gradient statistics
+  device_buffer unit_flags_dev_;      // scale 1, no skip: gathers during backward and for checkpoints
+  event_type stats_ready_[2];         // the step's flags reached the host (per step parity)
+  event_type written_back_[2];        // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];
-  typename Backend::event_type step_done_;  // the last step's work on the trainer's stream (stream-order check)
+  event_type step_done_;  // the last step's work on the trainer's stream (stream-order check)
 
+  // The trainer thread's own state.
   std::int64_t step_ = 0;
   bool started_ = false;
   bool in_step_ = false;         // a gradient of step_ was handed over, or step() is running
@@ -525,28 +300,6 @@ class basic_coordinator {
   std::optional<std::int64_t> pending_interval_;  // CPU update launched, not yet written back
   step_metrics metrics_{};
   double last_overlap_ = 1.0;
-
-  // Shared with the workers (mutex_).
-  mutable std::mutex mutex_;
-  mutable std::condition_variable cv_;
-  std::deque<offload_job> offload_jobs_;
-  std::deque<update_job> update_jobs_;
-  std::int64_t offloaded_through_step_ = -1;  // every gradient of steps <= this is accumulated
-  std::int64_t stats_ready_step_ = -1;        // the flags of steps <= this are recorded (stats_ready_)
-  std::int64_t accumulated_interval_ = -1;    // intervals <= this are fully accumulated
-  // Non-skipped steps per interval, by index % 4: at most three intervals are live at once (one
-  // awaiting its write-back, one in its CPU update, one accumulating).
-  std::array<std::int64_t, 4> accumulated_counts_{};
-  std::int64_t& accumulated_count(std::int64_t interval) { return accumulated_counts_[interval % 4]; }
-  std::int64_t updated_interval_ = -1;   // CPU updates of intervals <= this are done
-  std::int64_t launched_interval_ = -1;  // CPU updates of intervals <= this were handed over
-  std::vector<update_record> trace_;
-  double last_update_seconds_ = 0.0;
-  std::exception_ptr worker_error_;
-  bool failed_ = false;
-  bool stopping_ = false;
-  std::thread offload_thread_;
-  std::thread update_thread_;
 };
 
 /// The host instantiation: the full asynchronous schedule with a host_stream as the GPU stream.

@@ -67,7 +67,7 @@ class coordinator_handle final : public handle {
     // The coordinator takes every registered parameter's gradient in every step.
     return {true, true, false};
   }
-  [[nodiscard]] const char* backend() const noexcept override { return Coordinator::backend_type::name; }
+  [[nodiscard]] const char* backend() const noexcept override { return host ? "host" : "cuda"; }
 
   std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
                          zenflow::dtype grad_type, const zenflow::adam_options& adam) override {

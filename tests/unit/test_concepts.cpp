@@ -1,13 +1,20 @@
 // Each concept has a positive and a negative static_assert. The positive models here are minimal
 // stand-ins that spell out the requirements; the real components assert their own conformance in
-// their tests as they land.
+// their tests as they land. The coordinator's concepts (host_optimizer, coordinator_backend) are
+// also checked against the library's models, and a minimal host_optimizer runs the coordinator.
 #include <zenflow/concepts.hpp>
+#include <zenflow/coordinator.hpp>
 
 #include <doctest/doctest.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <vector>
+
+#include "coordinator_harness.hpp"
 
 namespace {
 
@@ -66,7 +73,26 @@ struct queue_without_try_acquire {
   counters_type counters() const { return {}; }
 };
 
+// Exactly what basic_coordinator calls on its CPU optimizer, with no optimizer behind it.
 struct model_host_optimizer {
+  std::vector<float> p;
+  model_host_optimizer(const zenflow::adam_options&, const zenflow::cpu_adam_config&) {}
+  std::size_t add_tensor(std::span<const float>, zenflow::index_t, zenflow::index_t) { return 0; }
+  std::span<float> params(std::size_t) { return p; }
+  std::span<const float> params(std::size_t) const { return p; }
+  std::span<float> exp_avg(std::size_t) { return p; }
+  std::span<float> exp_avg_sq(std::size_t) { return p; }
+  zenflow::cpu_step_result step(std::span<const zenflow::cpu_adam_task>, float, bool) { return {}; }
+  std::int64_t step_count() const { return 0; }
+  void set_step_count(std::int64_t) {}
+};
+struct optimizer_without_step_count {
+  zenflow::adam_options opts;
+  const zenflow::adam_options& options() const { return opts; }
+};
+// The requirements of the concept before it said what the coordinator calls: a type with only
+// these cannot run the coordinator (no construction from the config, add_tensor, moments or step).
+struct optimizer_with_only_the_reading_side {
   zenflow::adam_options opts;
   std::vector<float> p;
   const zenflow::adam_options& options() const { return opts; }
@@ -75,17 +101,42 @@ struct model_host_optimizer {
   std::span<const float> params(std::size_t) const { return p; }
   void set_step_count(std::int64_t) {}
 };
-struct optimizer_without_step_count {
-  zenflow::adam_options opts;
-  const zenflow::adam_options& options() const { return opts; }
+
+// A host_optimizer that is not cpu_adam: it holds one and forwards exactly the concept's
+// requirements, so a coordinator over it must train bit-identically to host_coordinator.
+class wrapped_cpu_adam {
+ public:
+  wrapped_cpu_adam(const zenflow::adam_options& adam, const zenflow::cpu_adam_config& config) : adam_(adam, config) {}
+  std::size_t add_tensor(std::span<const float> initial, zenflow::index_t rows, zenflow::index_t cols) {
+    return adam_.add_tensor(initial, rows, cols);
+  }
+  std::span<float> params(std::size_t t) { return adam_.params(t); }
+  std::span<const float> params(std::size_t t) const { return adam_.params(t); }
+  std::span<float> exp_avg(std::size_t t) { return adam_.exp_avg(t); }
+  std::span<float> exp_avg_sq(std::size_t t) { return adam_.exp_avg_sq(t); }
+  void step(std::span<const zenflow::cpu_adam_task> tasks, float grad_scale, bool check_finite) {
+    adam_.step(tasks, grad_scale, check_finite);
+  }
+  std::int64_t step_count() const { return adam_.step_count(); }
+  void set_step_count(std::int64_t n) { adam_.set_step_count(n); }
+
+ private:
+  zenflow::cpu_adam adam_;
 };
-struct model_device_optimizer : model_host_optimizer {
+
+struct model_device_optimizer {
+  zenflow::adam_options opts;
   std::vector<std::int32_t> sel;
+  const zenflow::adam_options& options() const { return opts; }
+  std::int64_t step_count() const { return 0; }
   std::size_t parameter_count() const { return 0; }
   std::span<const std::int32_t> selection(std::size_t) const { return sel; }
   std::int64_t k(std::size_t) const { return static_cast<std::int64_t>(sel.size()); }
 };
-struct device_optimizer_without_selection : model_host_optimizer {
+struct device_optimizer_without_selection {
+  zenflow::adam_options opts;
+  const zenflow::adam_options& options() const { return opts; }
+  std::int64_t step_count() const { return 0; }
   std::size_t parameter_count() const { return 0; }
 };
 
@@ -107,12 +158,162 @@ struct coordinator_without_submit {
   int metrics() const { return 0; }
 };
 
+// coordinator_backend: a model built from one part per numbered requirement (R1..R12), each part
+// holding only what its requirement names; backend_missing<N> leaves out part N.
+struct backend_selector : model_selector {
+  explicit backend_selector(float) {}
+  std::size_t add_parameter(zenflow::index_t, zenflow::index_t) { return 0; }
+  std::span<const float> scores(std::size_t) const { return {}; }
+};
+struct backend_device_optimizer : model_device_optimizer {
+  explicit backend_device_optimizer(const zenflow::adam_options&) {}
+  void export_state(std::size_t, std::span<float>) const {}
+  void import_state(std::size_t, std::span<const float>) {}
+  void set_step_count(std::int64_t) {}
+};
+struct backend_queue : model_queue {
+  backend_queue(zenflow::transfer_direction, std::size_t, std::size_t) {}
+};
+void pipelined_copy_to_device(backend_queue&, void*, const void*, std::size_t, int) {}
+struct backend_buffer {
+  backend_buffer() = default;
+  explicit backend_buffer(std::size_t) {}
+  std::byte* data() const { return nullptr; }
+  std::size_t bytes() const { return 0; }
+  std::byte* device_data() const { return nullptr; }
+};
+struct backend_event {
+  bool query() const { return true; }
+};
+struct backend_owned_stream {
+  int get() { return 0; }
+};
+
+struct r1_stream {
+  using stream_type = int;
+  static constexpr zenflow::memory_space device_space = zenflow::memory_space::host;
+};
+struct r2_selector {
+  using selector_type = backend_selector;
+};
+struct r3_device_optimizer {
+  using device_optimizer_type = backend_device_optimizer;
+};
+struct r4_queue {
+  using queue_type = backend_queue;
+  static int queue_stream(int stream) { return stream; }
+};
+struct r5_buffers {
+  using device_buffer = backend_buffer;
+  using host_buffer = backend_buffer;
+};
+struct r6_streams_and_events {
+  using owned_stream = backend_owned_stream;
+  using event_type = backend_event;
+  static void record(event_type&, int) {}
+  static void wait(int, event_type&) {}
+  static void synchronize(event_type&) {}
+  static void synchronize(int) {}
+};
+struct r7_devices {
+  static int current_device() { return 0; }
+  static void bind_device(int) {}
+};
+struct r8_copies {
+  static void copy_async(void*, const void*, std::size_t, int) {}
+};
+struct r9_statistics {
+  static constexpr std::size_t statistics_scratch_bytes = 0;
+  static void step_statistics(std::span<const zenflow::const_matrix_view>, std::span<const zenflow::const_vector_view>,
+                              float, zenflow::step_flags*, zenflow::step_flags*, std::byte*, int) {}
+};
+struct r10_device_update {
+  static void device_step(backend_device_optimizer&, std::span<const zenflow::const_matrix_view>,
+                          std::span<const zenflow::const_vector_view>, const zenflow::step_flags*, int) {}
+  static void set_options(backend_device_optimizer&, std::size_t, const zenflow::adam_options&, int) {}
+  static std::size_t add_matrix(backend_device_optimizer&, zenflow::matrix_view, std::span<const std::int32_t>,
+                                std::span<const float>, int) {
+    return 0;
+  }
+  static std::size_t add_vector(backend_device_optimizer&, zenflow::vector_view, std::span<const float>) { return 0; }
+  static void reselect(backend_device_optimizer&, std::size_t, std::span<const std::int32_t>, std::span<const float>,
+                       std::span<float>, int) {}
+};
+struct r11_columns {
+  static void gather(zenflow::const_matrix_view, std::span<const std::int32_t>, const std::int32_t*, void*,
+                     zenflow::dtype, const zenflow::step_flags*, int) {}
+  static void scatter(const void*, zenflow::dtype, std::span<const std::int32_t>, const std::int32_t*,
+                      zenflow::matrix_view, int) {}
+};
+struct r12_selection {
+  static void select(backend_selector&, std::span<const zenflow::const_matrix_view>, int) {}
+};
+
+template <int N>
+struct omitted {};
+template <int Missing>
+struct backend_missing : std::conditional_t<Missing == 1, omitted<1>, r1_stream>,
+                         std::conditional_t<Missing == 2, omitted<2>, r2_selector>,
+                         std::conditional_t<Missing == 3, omitted<3>, r3_device_optimizer>,
+                         std::conditional_t<Missing == 4, omitted<4>, r4_queue>,
+                         std::conditional_t<Missing == 5, omitted<5>, r5_buffers>,
+                         std::conditional_t<Missing == 6, omitted<6>, r6_streams_and_events>,
+                         std::conditional_t<Missing == 7, omitted<7>, r7_devices>,
+                         std::conditional_t<Missing == 8, omitted<8>, r8_copies>,
+                         std::conditional_t<Missing == 9, omitted<9>, r9_statistics>,
+                         std::conditional_t<Missing == 10, omitted<10>, r10_device_update>,
+                         std::conditional_t<Missing == 11, omitted<11>, r11_columns>,
+                         std::conditional_t<Missing == 12, omitted<12>, r12_selection> {};
+using model_backend = backend_missing<0>;
+
+// Parts that are there but fall short of their requirement.
+struct selector_without_scores : model_selector {
+  explicit selector_without_scores(float) {}
+  std::size_t add_parameter(zenflow::index_t, zenflow::index_t) { return 0; }
+};
+struct backend_with_a_selector_without_scores : model_backend {
+  using selector_type = selector_without_scores;
+  static void select(selector_type&, std::span<const zenflow::const_matrix_view>, int) {}
+};
+struct event_without_query {};
+struct host_backend_with_events_without_query : model_backend {
+  using event_type = event_without_query;
+  static void record(event_type&, int) {}
+  static void wait(int, event_type&) {}
+  static void synchronize(event_type&) {}
+  static void synchronize(int) {}
+};
+struct device_backend_with_events_without_query : host_backend_with_events_without_query {
+  static constexpr zenflow::memory_space device_space = zenflow::memory_space::device;
+};
+
+static_assert(zenflow::coordinator_backend<model_backend>);
+static_assert(!zenflow::coordinator_backend<backend_missing<1>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<2>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<3>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<4>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<5>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<6>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<7>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<8>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<9>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<10>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<11>>);
+static_assert(!zenflow::coordinator_backend<backend_missing<12>>);
+static_assert(!zenflow::coordinator_backend<backend_with_a_selector_without_scores>);
+static_assert(!zenflow::coordinator_backend<host_backend_with_events_without_query>);  // R6: query() on the host
+static_assert(zenflow::coordinator_backend<device_backend_with_events_without_query>);
+static_assert(zenflow::coordinator_backend<zenflow::host_backend>);
+
 static_assert(zenflow::importance_selector<model_selector>);
 static_assert(!zenflow::importance_selector<selector_without_k>);
 static_assert(zenflow::transfer_queue<model_queue>);
 static_assert(!zenflow::transfer_queue<queue_without_try_acquire>);
 static_assert(zenflow::host_optimizer<model_host_optimizer>);
 static_assert(!zenflow::host_optimizer<optimizer_without_step_count>);
+static_assert(!zenflow::host_optimizer<optimizer_with_only_the_reading_side>);
+static_assert(zenflow::host_optimizer<wrapped_cpu_adam>);
+static_assert(zenflow::host_optimizer<zenflow::cpu_adam>);
 static_assert(zenflow::device_optimizer<model_device_optimizer>);
 static_assert(!zenflow::device_optimizer<model_host_optimizer>);  // lacks parameter_count
 static_assert(!zenflow::device_optimizer<device_optimizer_without_selection>);
@@ -120,6 +321,17 @@ static_assert(zenflow::offload_coordinator<model_coordinator>);
 static_assert(!zenflow::offload_coordinator<coordinator_without_submit>);
 
 }  // namespace
+
+TEST_CASE("a host_optimizer that is not cpu_adam runs the coordinator") {
+  using zenflow::testing::base_options;
+  using zenflow::testing::basic_harness;
+  basic_harness<zenflow::basic_coordinator<zenflow::host_backend, wrapped_cpu_adam>> wrapped(base_options());
+  basic_harness<> reference(base_options());
+  wrapped.train(14);
+  reference.train(14);
+  CHECK(wrapped.finish() == reference.finish());
+  CHECK(wrapped.coordinator.host_optimizer().step_count() == reference.coordinator.host_optimizer().step_count());
+}
 
 TEST_CASE("concept models are usable through the concept") {
   auto count = [](const zenflow::importance_selector auto& s) { return s.parameter_count(); };

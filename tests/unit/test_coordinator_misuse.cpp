@@ -274,3 +274,30 @@ TEST_CASE("what a new user sets works as written") {
         doctest::Contains("must be f32 or the param's dtype (f32), got bf16"), zenflow::error);
   }
 }
+
+TEST_CASE("a bad coordinator_config is rejected naming its own field") {
+  auto rejected_field = [](coordinator_config config) -> std::string {
+    try {
+      host_coordinator c(zenflow_options{}, config);
+    } catch (const zenflow::error& e) {
+      CHECK(std::string(e.what()).find(e.argument()) != std::string::npos);
+      return e.argument();
+    }
+    return "(accepted)";
+  };
+  coordinator_config c;
+  c.d2h_slots = 1;
+  CHECK(rejected_field(c) == "d2h_slots");
+  c = {};
+  c.h2d_slots = 0;
+  CHECK(rejected_field(c) == "h2d_slots");
+  c = {};
+  c.h2d_slot_bytes = 2;
+  CHECK(rejected_field(c) == "h2d_slot_bytes");
+  c = {};
+  c.d2h_slots = std::size_t{1} << 60;  // d2h_slots x d2h_slot_bytes overflows size_t
+  CHECK(rejected_field(c) == "d2h_slots");
+  c = {};
+  c.cpu_threads = 100000;
+  CHECK(rejected_field(c) == "cpu_threads");
+}

@@ -1,4 +1,5 @@
-// The coordinator's checkpoint file format (version 2) and its reader/writer.
+// The coordinator's checkpoints: the file format (version 2), its reader and writer, and
+// basic_coordinator::save_checkpoint / load_checkpoint.
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"
@@ -7,7 +8,7 @@
 //   16      8     payload size in bytes (uint64)
 //   24      8     FNV-1a 64-bit hash of the payload
 //   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
-//                 order written by basic_coordinator::save_checkpoint (see coordinator_impl.hpp):
+//                 order written by basic_coordinator::save_checkpoint (below):
 //                 options fingerprint, step and interval position, optimizer step counts, then
 //                 per parameter its name, shape, dtypes, CPU fp32 master/m/v, selection, GPU
 //                 compact state, accumulator, pending write-back and the model's parameter bytes.
@@ -19,16 +20,23 @@
 // and every length against what remains.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <numeric>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "zenflow/coordinator.hpp"
 #include "zenflow/error.hpp"
 
 namespace zenflow::detail {
@@ -177,4 +185,350 @@ class checkpoint_reader {
   std::size_t pos_ = 0;
 };
 
+/// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
+/// struct padding reaches the file).
+inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
+  w.put(static_cast<std::uint8_t>(o.mode));
+  w.put(o.topk_ratio);
+  w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
+  w.put(o.select_interval_steps());
+  w.put(o.update_interval.is_auto);
+  w.put(o.update_interval.value);
+  w.put(o.full_warm_up_rounds);
+  w.put(o.overlap_step);
+  w.put(o.max_update_interval);
+}
+inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
+  bool same = r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.mode);
+  same = (r.get<float>() == o.topk_ratio) && same;
+  same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
+  same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
+  same = (r.get<bool>() == o.update_interval.is_auto) && same;
+  same = (r.get<std::int64_t>() == o.update_interval.value) && same;
+  same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
+  same = (r.get<bool>() == o.overlap_step) && same;
+  same = (r.get<std::int64_t>() == o.max_update_interval) && same;
+  expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
+          "overlap_step)");
+}
+
+/// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
+/// never outlive the buffers declared before this guard. Never throws.
+template <class Backend>
+class synchronize_on_unwind {
+ public:
+  explicit synchronize_on_unwind(typename Backend::stream_type stream) noexcept : stream_(stream) {}
+  synchronize_on_unwind(const synchronize_on_unwind&) = delete;
+  synchronize_on_unwind& operator=(const synchronize_on_unwind&) = delete;
+  ~synchronize_on_unwind() {
+    if (std::uncaught_exceptions() <= exceptions_) return;
+    try {
+      Backend::synchronize(stream_);
+    } catch (...) {
+    }
+  }
+
+ private:
+  typename Backend::stream_type stream_;
+  int exceptions_ = std::uncaught_exceptions();
+};
+
 }  // namespace zenflow::detail
+
+namespace zenflow {
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::copy_all_columns(const parameter& p, std::span<std::byte> values,
+                                                                 transfer_direction direction, stream_type stream) {
+  std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
+  std::iota(all.begin(), all.end(), 0);
+  // Every buffer a copy below uses is allocated first and lives until the stream is idle.
+  device_buffer all_dev(all.size() * sizeof(std::int32_t));
+  device_buffer values_dev(values.size());
+  const auto* columns_dev = reinterpret_cast<const std::int32_t*>(all_dev.data());
+  detail::synchronize_on_unwind<Backend> guard(stream);
+  Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
+  if (direction == transfer_direction::device_to_host) {
+    // Gathered with the coordinator's unit flags (scale 1, no skip).
+    Backend::gather(const_matrix_view(p.matrix), all, columns_dev, values_dev.data(), p.matrix.type, unit_flags(),
+                    stream);
+    Backend::copy_async(values.data(), values_dev.data(), values.size(), stream);
+  } else {
+    Backend::copy_async(values_dev.data(), values.data(), values.size(), stream);
+    Backend::scatter(values_dev.data(), p.matrix.type, all, columns_dev, p.matrix, stream);
+  }
+  Backend::synchronize(stream);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::string& path, stream_type stream) {
+  rethrow_worker_error();
+  for (const auto& p : params_)
+    expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
+  // Drain: every offloaded gradient accumulated and every launched CPU update done. A pending
+  // result stays pending (it is saved), exactly as in an uninterrupted run.
+  stall_until(
+      [&] {
+        return shared_.offloaded_through_step >= step_ - 1 &&
+               (!pending_interval_ || shared_.updated_interval >= *pending_interval_);
+      },
+      "checkpoint");
+  Backend::synchronize(stream);
+  detail::checkpoint_writer w;
+  detail::put_options(w, options_);
+  w.put(step_);
+  w.put(started_);
+  w.put(interval_.index);
+  w.put(interval_.first_step);
+  w.put(interval_.steps);
+  w.put(interval_target_);
+  w.put<std::int64_t>(pending_interval_ ? *pending_interval_ : -1);
+  w.put(last_overlap_);
+  w.put(selection_due_);
+  w.put(host_opt_.step_count());
+  w.put(device_opt_.step_count());
+  {
+    detail::state_lock lock(shared_.mutex);
+    auto count = [&](std::int64_t i) { return i >= 0 ? shared_.accumulated_count(i) : std::int64_t{0}; };
+    w.put(count(interval_.index));
+    w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
+  }
+  w.put<std::uint64_t>(params_.size());
+  for (const auto& p : params_) {
+    w.put_string(p.name);
+    w.put(p.is_vector);
+    w.put(p.adam.lr);  // the rest of the hyper-parameters is options().adam
+    w.put(p.adam.weight_decay);
+    if (p.is_vector) {
+      w.put(p.vector.size);
+      w.put(p.vector.type);
+      std::vector<float> state(3 * static_cast<std::size_t>(p.vector.size));
+      device_opt_.export_state(p.device_index, state);
+      w.put_array<float>(state);
+      std::vector<std::byte> bytes(p.vector.size * dtype_size(p.vector.type));
+      Backend::copy_async(bytes.data(), p.vector.data, bytes.size(), stream);
+      Backend::synchronize(stream);
+      w.put_array<std::byte>(bytes);
+      continue;
+    }
+    w.put(p.matrix.rows);
+    w.put(p.matrix.cols);
+    w.put(p.matrix.type);
+    w.put(p.grad_type);
+    w.put_array<float>(host_opt_.params(p.cpu_tensor));
+    w.put_array<float>(host_opt_.exp_avg(p.cpu_tensor));
+    w.put_array<float>(host_opt_.exp_avg_sq(p.cpu_tensor));
+    w.put_array<std::int32_t>(p.selection);
+    std::vector<float> compact;
+    if (p.device_index != npos) {
+      compact.resize(3 * p.selection.size() * static_cast<std::size_t>(p.matrix.rows));
+      device_opt_.export_state(p.device_index, compact);
+    }
+    w.put_array<float>(compact);
+    w.put_array<float>(p.accumulator[interval_.index % 2]);
+    std::vector<std::byte> pending;
+    if (pending_interval_) {
+      const device_buffer& staged = p.writeback_dev[*pending_interval_ % 2];
+      pending.resize(staged.bytes());
+      detail::synchronize_on_unwind<Backend> guard(stream);
+      Backend::copy_async(pending.data(), staged.data(), pending.size(), stream);
+      Backend::synchronize(stream);
+    }
+    std::vector<std::byte> values(static_cast<std::size_t>(p.matrix.rows * p.matrix.cols) * dtype_size(p.matrix.type));
+    copy_all_columns(p, values, transfer_direction::device_to_host, stream);
+    w.put_array<std::byte>(pending);
+    w.put_array<std::byte>(values);
+  }
+  w.write(path);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::string& path, stream_type stream) {
+  rethrow_worker_error();
+  expects(!started_ && step_ == 0, "load_checkpoint",
+          "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
+  // Parse and validate everything first: nothing changes unless the whole file is good, and what
+  // follows the validation cannot fail on the file's content (only on a backend error).
+  detail::checkpoint_reader r(path);
+  detail::check_options(r, options_);
+  struct saved_parameter {
+    std::vector<float> cpu_p, cpu_m, cpu_v, compact, accumulator, vector_state;
+    std::vector<std::int32_t> selection;
+    std::vector<std::byte> pending, values;
+    adam_options adam;
+  };
+  const auto step = r.get<std::int64_t>();
+  const auto started = r.get<bool>();
+  interval_state interval;
+  interval.index = r.get<std::int64_t>();
+  interval.first_step = r.get<std::int64_t>();
+  interval.steps = r.get<std::int64_t>();
+  const auto target = r.get<std::int64_t>();
+  const auto pending = r.get<std::int64_t>();
+  const auto overlap = r.get<double>();
+  const auto selection_due = r.get<bool>();
+  const auto host_steps = r.get<std::int64_t>();
+  const auto device_steps = r.get<std::int64_t>();
+  const auto current_count = r.get<std::int64_t>();
+  const auto pending_count = r.get<std::int64_t>();
+  // The schedule between two steps (start, step, end_interval, reselect, finish):
+  // - nothing has happened before the first step; every interval spans at least one step, and
+  //   the current one began `steps` steps ago;
+  expects(step >= 0 && (started || step == 0) && interval.index >= 0 && interval.first_step >= interval.index &&
+              interval.first_step <= step && interval.steps == step - interval.first_step,
+          "checkpoint", "holds an inconsistent position: step ", step, ", interval ", interval.index, " begun at step ",
+          interval.first_step, " with ", interval.steps, " steps");
+  // - an interval ends when it reaches its target: 1 in warm-up and before the first step, else the
+  //   fixed update_interval, or with "auto" a count in [1, max_update_interval];
+  const std::int64_t max_target =
+      options_.update_interval.is_auto ? options_.effective_max_update_interval() : options_.update_interval.value;
+  expects(target >= 1 && target <= max_target && interval.steps < target && (started || target == 1), "checkpoint",
+          "holds an update interval target of ", target, " with ", interval.steps, " steps done (options allow 1 to ",
+          max_target, ")");
+  // - only the interval before the current one can await its write-back, and only when ZenFlow
+  //   overlaps the CPU update;
+  const bool overlapping = options_.mode == offload_mode::zenflow && options_.overlap_step;
+  expects(pending == -1 || (overlapping && pending == interval.index - 1), "checkpoint", "holds pending interval ",
+          pending, " in interval ", interval.index, overlapping ? "" : " (these options never leave one pending)");
+  // - counts never exceed what they count: non-skipped steps of an interval, one CPU update per
+  //   ended interval, one GPU update per step;
+  expects(current_count >= 0 && current_count <= interval.steps && pending_count >= 0 &&
+              (pending >= 0 ? pending_count <= interval.first_step : pending_count == 0),
+          "checkpoint", "holds accumulated step counts ", current_count, " and ", pending_count,
+          " inconsistent with its interval position");
+  expects(host_steps >= 0 && host_steps <= interval.index && device_steps >= 0 && device_steps <= step, "checkpoint",
+          "holds optimizer step counts ", host_steps, " (CPU) and ", device_steps, " (GPU) for ", interval.index,
+          " intervals and ", step, " steps");
+  expects(overlap >= 0.0 && overlap <= 1.0, "checkpoint", "holds selection overlap ", overlap, " (not in [0, 1])");
+  const auto count = r.get<std::uint64_t>();
+  expects(count == params_.size(), "checkpoint", "holds ", count, " parameters, ", params_.size(), " are registered");
+  // A selection exists from the first selection on (never in warm-up or ZeRO-Offload, where every
+  // column stays on the CPU), for every 2-D parameter at once, with the selector's k columns (all
+  // of them in dense mode).
+  const bool selection_possible =
+      started && options_.mode != offload_mode::zero_offload && step >= options_.full_warm_up_rounds;
+  std::size_t selected = 0, unselected = 0, cpu_columns = 0;
+  std::vector<saved_parameter> saved(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    auto& s = saved[i];
+    const auto name = r.get_string();
+    expects(name == p.name, "checkpoint", "parameter ", i, " is '", name, "', registered '", p.name, "'");
+    expects(r.get<bool>() == p.is_vector, "checkpoint", "parameter '", name, "' changed between 1-D and 2-D");
+    s.adam = options_.adam;
+    s.adam.lr = r.get<float>();
+    s.adam.weight_decay = r.get<float>();
+    expects(std::isfinite(s.adam.lr) && s.adam.lr >= 0.0f && std::isfinite(s.adam.weight_decay) &&
+                s.adam.weight_decay >= 0.0f,
+            "checkpoint", "parameter '", name, "' has an invalid lr or weight_decay");
+    if (p.is_vector) {
+      expects(r.get<index_t>() == p.vector.size && r.get<dtype>() == p.vector.type, "checkpoint", "parameter '", name,
+              "' has a different size or dtype");
+      s.vector_state = r.get_array<float>();
+      s.values = r.get_array<std::byte>();
+      expects(s.vector_state.size() == 3 * static_cast<std::size_t>(p.vector.size) &&
+                  s.values.size() == p.vector.size * dtype_size(p.vector.type),
+              "checkpoint", "parameter '", name, "' has state of the wrong size");
+      continue;
+    }
+    const auto rows = r.get<index_t>(), cols = r.get<index_t>();
+    const auto type = r.get<dtype>(), grad_type = r.get<dtype>();
+    expects(rows == p.matrix.rows && cols == p.matrix.cols && type == p.matrix.type && grad_type == p.grad_type,
+            "checkpoint", "parameter '", name, "' has a different shape or dtype");
+    const std::size_t n = static_cast<std::size_t>(rows * cols);
+    s.cpu_p = r.get_array<float>();
+    s.cpu_m = r.get_array<float>();
+    s.cpu_v = r.get_array<float>();
+    s.selection = r.get_array<std::int32_t>();
+    s.compact = r.get_array<float>();
+    s.accumulator = r.get_array<float>();
+    s.pending = r.get_array<std::byte>();
+    s.values = r.get_array<std::byte>();
+    bool sorted =
+        std::adjacent_find(s.selection.begin(), s.selection.end(), std::greater_equal<>()) == s.selection.end();
+    for (auto c : s.selection) sorted = sorted && c >= 0 && c < cols;
+    const std::size_t k = s.selection.size();
+    const std::size_t expected_k = options_.mode == offload_mode::dense ? static_cast<std::size_t>(cols)
+                                   : options_.mode == offload_mode::zero_offload
+                                       ? 0
+                                       : static_cast<std::size_t>(selector_.k(p.selector_index));
+    expects(sorted && (k == 0 || (selection_possible && k == expected_k)), "checkpoint", "parameter '", name,
+            "' has a selection of ", k, " columns (expected ", selection_possible ? expected_k : 0,
+            ", ascending, each in [0, ", cols, "))");
+    (k == 0 ? unselected : selected) += 1;
+    const std::size_t cpu_cols = static_cast<std::size_t>(cols) - k;
+    cpu_columns += cpu_cols;
+    // The accumulator and staging buffers exist from the first step on.
+    expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && s.compact.size() == 3 * k * rows &&
+                s.accumulator.size() == (started ? cpu_cols * rows : 0) &&
+                s.pending.size() == (pending < 0 ? 0 : cpu_cols * rows * dtype_size(type)) &&
+                s.values.size() == n * dtype_size(type),
+            "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
+  }
+  expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
+  expects(selected == 0 || unselected == 0, "checkpoint", "holds a selection for ", selected, " of ",
+          selected + unselected, " 2-D parameters (all or none)");
+  expects(cpu_columns > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
+
+  // Apply.
+  started_ = started;
+  step_ = step;
+  interval_ = interval;
+  interval_target_ = target;
+  last_overlap_ = overlap;
+  selection_due_ = selection_due;
+  if (pending >= 0) pending_interval_ = pending;
+  host_opt_.set_step_count(host_steps);
+  {
+    detail::state_lock lock(shared_.mutex);
+    shared_.accumulated_counts = {};
+    shared_.accumulated_count(interval.index) = current_count;
+    if (pending >= 0) shared_.accumulated_count(pending) = pending_count;
+    shared_.offloaded_through_step = step - 1;
+    shared_.stats_ready_step = step - 1;
+    shared_.accumulated_interval = interval.index - 1;
+    shared_.updated_interval = shared_.launched_interval = interval.index - 1;
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    auto& s = saved[i];
+    p.adam = s.adam;
+    p.device_adam.reset();  // handed to the device optimizer at the next step
+    if (p.is_vector) {
+      device_opt_.import_state(p.device_index, s.vector_state);
+      Backend::copy_async(p.vector.data, s.values.data(), s.values.size(), stream);
+      Backend::synchronize(stream);
+      continue;
+    }
+    std::copy(s.cpu_p.begin(), s.cpu_p.end(), std::span<float>(host_opt_.params(p.cpu_tensor)).begin());
+    std::copy(s.cpu_m.begin(), s.cpu_m.end(), std::span<float>(host_opt_.exp_avg(p.cpu_tensor)).begin());
+    std::copy(s.cpu_v.begin(), s.cpu_v.end(), std::span<float>(host_opt_.exp_avg_sq(p.cpu_tensor)).begin());
+    if (!s.selection.empty()) {
+      device_buffer compact_dev(s.compact.size() * sizeof(float));
+      Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);
+      Backend::synchronize(stream);
+      p.device_index = Backend::add_matrix(
+          device_opt_, p.matrix, s.selection,
+          std::span<const float>(reinterpret_cast<const float*>(compact_dev.data()), s.compact.size()), stream);
+      // Dense mode does not use the selector (whose k may be smaller than every column).
+      if (options_.mode == offload_mode::zenflow) selector_.set_selection(p.selector_index, s.selection);
+    }
+    // Before the first step a coordinator has no selection, CPU column list or staging buffers
+    // yet (start() makes them).
+    if (started) {
+      p.selection = s.selection;
+      p.complement = complement_columns(p.selection, p.matrix.cols);
+      setup_buffers(p, stream);
+      p.accumulator[interval.index % 2] = std::move(s.accumulator);
+    }
+    if (pending >= 0) {
+      detail::synchronize_on_unwind<Backend> guard(stream);
+      Backend::copy_async(p.writeback_dev[pending % 2].data(), s.pending.data(), s.pending.size(), stream);
+      Backend::synchronize(stream);
+    }
+    copy_all_columns(p, s.values, transfer_direction::host_to_device, stream);
+  }
+  device_opt_.set_step_count(device_steps);
+}
+
+}  // namespace zenflow

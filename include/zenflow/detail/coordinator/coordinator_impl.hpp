@@ -1,56 +1,405 @@
-// Definitions of basic_coordinator (included at the end of coordinator.hpp).
+// The schedule of basic_coordinator (included at the end of coordinator.hpp): construction and
+// shutdown, registration, the trainer-side calls, and the step itself — selection boundaries, the
+// GPU update, the offload hand-over, intervals, CPU update launches and write-backs within the
+// staleness bound. State migration, the workers and checkpoints have their own files beside this
+// one.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <exception>
+#include <mutex>
 #include <numeric>
+#include <ostream>
+#include <utility>
 
 #include "zenflow/coordinator.hpp"
+#include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/detail/coordinator/jobs.hpp"
+#include "zenflow/detail/coordinator/migration.hpp"
+#include "zenflow/detail/coordinator/offload_worker.hpp"
+#include "zenflow/detail/coordinator/update_worker.hpp"
 
 namespace zenflow {
 
+inline std::ostream& operator<<(std::ostream& os, const step_metrics& m) {
+  os << "step " << m.step << " stall " << m.stall_seconds * 1e3 << " ms";
+  if (!m.stall_reason.empty()) os << " (" << m.stall_reason << ")";
+  os << " cpu_update " << m.cpu_update_seconds * 1e3 << " ms d2h " << m.bytes_device_to_host << " B h2d "
+     << m.bytes_host_to_device << " B overlap " << m.selection_overlap << " interval " << m.interval
+     << (m.reselected ? " reselected" : "") << (m.cpu_update_launched ? " cpu-update" : "")
+     << (m.written_back ? " write-back" : "");
+  return os;
+}
+
+// --- construction and shutdown -------------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+basic_coordinator<Backend, HostOptimizer>::basic_coordinator(const zenflow_options& options,
+                                                             const coordinator_config& config)
+    : options_(validated(options)),
+      config_(validated(config)),
+      host_opt_(make_host_optimizer(options.adam, config)),
+      device_opt_(options.adam),
+      selector_(options.topk_ratio),
+      policy_(options),
+      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots),
+      update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots) {
+  statistics_scratch_ = device_buffer(Backend::statistics_scratch_bytes);
+  unit_flags_dev_ = device_buffer(sizeof(step_flags));
+  const step_flags unit{};
+  Backend::copy_async(unit_flags_dev_.data(), &unit, sizeof unit, offload_.stream());
+  Backend::synchronize(offload_.stream());
+  flags_dev_[0] = device_buffer(sizeof(step_flags));
+  flags_dev_[1] = device_buffer(sizeof(step_flags));
+  flags_host_[0] = typename Backend::host_buffer(sizeof(step_flags));
+  flags_host_[1] = typename Backend::host_buffer(sizeof(step_flags));
+  // The workers use the device current here (a process may drive one GPU per coordinator).
+  const int device = Backend::current_device();
+  offload_.start(device);
+  try {
+    update_.start(device);
+  } catch (...) {
+    stop_workers();  // a joinable std::thread must not be destroyed during unwinding
+    throw;
+  }
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+basic_coordinator<Backend, HostOptimizer>::~basic_coordinator() {
+  stop_workers();
+  // Copies still in flight (a worker that died with chunks submitted) read or write the
+  // parameters' staging buffers, which are destroyed before the queues: wait for them first.
+  offload_.drain();
+  update_.drain();
+  try {
+    Backend::synchronize(offload_.stream());
+    Backend::synchronize(update_.stream());
+    // The trainer's stream may still run work that reads or writes our buffers (statistics, the
+    // flags written to host memory, the sparse step, gathers, scatters): each step's last such
+    // work is followed by one of these events. The trainer's stream itself is never synchronized
+    // (it may be gone).
+    for (int b = 0; b < 2; ++b) {
+      Backend::synchronize(stats_ready_[b]);
+      Backend::synchronize(written_back_[b]);
+      for (auto& p : params_) Backend::synchronize((*p.gathered)[b]);
+    }
+  } catch (...) {
+  }
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+zenflow_options basic_coordinator<Backend, HostOptimizer>::validated(const zenflow_options& options) {
+  options.validate();
+  return options;
+}
+
 namespace detail {
-/// Packs [master, m, v] of `columns` (column-contiguous CPU state, `rows` per column).
-inline void pack_columns(std::span<const float> p, std::span<const float> m, std::span<const float> v, index_t rows,
-                         std::span<const std::int32_t> columns, std::vector<float>& out) {
-  out.resize(columns.size() * 3 * static_cast<std::size_t>(rows));
-  float* dst = out.data();
-  for (std::int32_t c : columns) {
-    const std::size_t at = static_cast<std::size_t>(c) * rows;
-    for (auto* src : {&p, &m, &v}) {
-      std::memcpy(dst, src->data() + at, rows * sizeof(float));
-      dst += rows;
-    }
-  }
-}
-inline void unpack_columns(std::span<float> p, std::span<float> m, std::span<float> v, index_t rows,
-                           std::span<const std::int32_t> columns, std::span<const float> in) {
-  const float* src = in.data();
-  for (std::int32_t c : columns) {
-    const std::size_t at = static_cast<std::size_t>(c) * rows;
-    for (auto* dst : {&p, &m, &v}) {
-      std::memcpy(dst->data() + at, src, rows * sizeof(float));
-      src += rows;
-    }
-  }
-}
-inline std::vector<std::int32_t> set_difference(std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
-  std::vector<std::int32_t> out;
-  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
-  return out;
+/// The coordinator's check of one transfer queue's settings, naming the coordinator_config fields
+/// (the queue would name its own constructor's arguments).
+inline void check_queue_config(std::size_t slot_bytes, std::size_t slots, const char* slot_bytes_field,
+                               const char* slots_field) {
+  // A slot carries whole fp32 elements (an offloaded gradient is accumulated per slot), so the
+  // smallest slot that makes progress is 4 bytes.
+  expects(slot_bytes >= 4, slot_bytes_field, "must be >= 4 (a slot carries whole fp32 elements), got ", slot_bytes);
+  expects(slots >= 2, slots_field, "must be at least 2 (double buffering), got ", slots);
+  (void)slot_stride(slot_bytes, slots, slot_bytes_field, slots_field);  // the pool's size overflow check
 }
 }  // namespace detail
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+coordinator_config basic_coordinator<Backend, HostOptimizer>::validated(const coordinator_config& config) {
+  detail::check_queue_config(config.d2h_slot_bytes, config.d2h_slots, "d2h_slot_bytes", "d2h_slots");
+  detail::check_queue_config(config.h2d_slot_bytes, config.h2d_slots, "h2d_slot_bytes", "h2d_slots");
+  return config;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+HostOptimizer basic_coordinator<Backend, HostOptimizer>::make_host_optimizer(const adam_options& adam,
+                                                                             const coordinator_config& config) {
+  try {
+    return HostOptimizer(adam, cpu_adam_config{config.cpu_threads, config.pin_threads});
+  } catch (const error& e) {
+    // cpu_adam names its own config's field; the trainer set coordinator_config::cpu_threads.
+    if (e.argument() == "config.threads") throw error("cpu_threads", e.reason());
+    throw;
+  }
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::stop_workers() noexcept {
+  shared_.request_stop();
+  offload_.join();
+  update_.join();
+}
+
+// --- accessors -----------------------------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+const zenflow_options& basic_coordinator<Backend, HostOptimizer>::options() const noexcept {
+  return options_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::int64_t basic_coordinator<Backend, HostOptimizer>::step_count() const noexcept {
+  return step_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+const step_metrics& basic_coordinator<Backend, HostOptimizer>::metrics() const noexcept {
+  return metrics_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::vector<update_record> basic_coordinator<Backend, HostOptimizer>::trace() const {
+  detail::state_lock lock(shared_.mutex);
+  return update_.trace(lock);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+const HostOptimizer& basic_coordinator<Backend, HostOptimizer>::host_optimizer() const {
+  std::unique_lock lock(shared_.mutex);
+  shared_.cv.wait(lock, [&] { return shared_.updated_interval >= shared_.launched_interval || shared_.failed; });
+  if (shared_.error) std::rethrow_exception(shared_.error);
+  return host_opt_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+auto basic_coordinator<Backend, HostOptimizer>::device_optimizer() const noexcept -> const device_optimizer_type& {
+  return device_opt_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::size_t basic_coordinator<Backend, HostOptimizer>::parameter_count() const noexcept {
+  return params_.size();
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+const std::string& basic_coordinator<Backend, HostOptimizer>::name(std::size_t i) const {
+  return at(i).name;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+const adam_options& basic_coordinator<Backend, HostOptimizer>::adam_options_of(std::size_t i) const {
+  return at(i).adam;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::span<const std::int32_t> basic_coordinator<Backend, HostOptimizer>::gpu_columns(std::size_t i) const {
+  return at(i).selection;
+}
+
+// --- hyper-parameters and registration -----------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::set_adam_options(const adam_options& adam) {
+  rethrow_worker_error();
+  check_adam(adam);
+  for (auto& p : params_) p.adam = adam;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::set_adam_options(std::size_t i, const adam_options& adam) {
+  rethrow_worker_error();
+  auto& p = at(i);
+  check_adam(adam);
+  p.adam = adam;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::size_t basic_coordinator<Backend, HostOptimizer>::register_parameter(std::string name, matrix_view param,
+                                                                          const_matrix_view initial, dtype grad_type) {
+  param.validate("param", Backend::device_space);
+  initial.validate("initial", memory_space::host);
+  expects(!param.empty(), "param", "must not be empty");
+  expects(initial.rows == param.rows && initial.cols == param.cols, "initial", "shape ", initial.rows, " x ",
+          initial.cols, " does not match param ", param.rows, " x ", param.cols);
+  expects(initial.type == dtype::f32 || initial.type == param.type, "initial", "must be f32 or the param's dtype (",
+          std::string(dtype_name(param.type)), "), got ", std::string(dtype_name(initial.type)));
+  expects(is_valid(grad_type), "grad_type", "unknown dtype");
+  expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
+  // Column-contiguous fp32 master for the CPU optimizer.
+  std::vector<float> master(static_cast<std::size_t>(param.rows * param.cols));
+  dispatch_dtype(initial.type, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(initial.data);
+    for (index_t c = 0; c < param.cols; ++c)
+      for (index_t r = 0; r < param.rows; ++r) master[c * param.rows + r] = to_float(src[initial.offset(r, c)]);
+  });
+  parameter p;
+  p.name = std::move(name);
+  p.adam = options_.adam;
+  p.matrix = param;
+  p.grad_type = grad_type;
+  p.cpu_tensor = host_opt_.add_tensor(master, param.rows, param.cols);
+  p.selector_index = selector_.add_parameter(param.rows, param.cols);
+  params_.push_back(std::move(p));
+  return params_.size() - 1;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+std::size_t basic_coordinator<Backend, HostOptimizer>::register_parameter(std::string name, vector_view param,
+                                                                          std::span<const float> initial) {
+  param.validate("param", Backend::device_space);
+  expects(!param.empty() && param.contiguous(), "param", "must be a non-empty contiguous vector");
+  expects(static_cast<index_t>(initial.size()) == param.size, "initial", "has ", initial.size(), " values, param has ",
+          param.size);
+  expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
+  parameter p;
+  p.name = std::move(name);
+  p.adam = options_.adam;
+  p.is_vector = true;
+  p.vector = param;
+  p.device_index = Backend::add_vector(device_opt_, param, initial);
+  params_.push_back(std::move(p));
+  return params_.size() - 1;
+}
+
+// --- gradients -----------------------------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::submit_gradient(std::size_t i, const_matrix_view grad,
+                                                                stream_type stream) {
+  rethrow_worker_error();
+  auto& p = at(i);
+  expects(!p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 1-D: pass a vector view");
+  check_submission(p, i);
+  grad.validate("grad", Backend::device_space);
+  expects(grad.rows == p.matrix.rows && grad.cols == p.matrix.cols, "grad", "shape ", grad.rows, " x ", grad.cols,
+          " does not match parameter ", p.name, " (", p.matrix.rows, " x ", p.matrix.cols, ")");
+  expects(grad.type == p.grad_type, "grad", "dtype ", std::string(dtype_name(grad.type)), " was registered as ",
+          std::string(dtype_name(p.grad_type)));
+  p.grad_matrix = grad;
+  p.has_grad = true;
+  // Without clipping, nothing about this gradient's CPU columns waits for the rest of backward:
+  // gather them now and let the copy overlap backward (not at a selection boundary, which may
+  // change the columns).
+  if (started_ && options_.max_grad_norm == 0.0f && !p.complement.empty() && !selection_boundary()) {
+    begin_step();
+    offload_gradient(p, unit_flags(), stream);
+  }
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::submit_gradient(std::size_t i, const_vector_view grad,
+                                                                stream_type stream) {
+  rethrow_worker_error();
+  auto& p = at(i);
+  expects(p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 2-D: pass a matrix view");
+  check_submission(p, i);
+  grad.validate("grad", Backend::device_space);
+  expects(grad.size == p.vector.size && grad.contiguous(), "grad", "must be contiguous with ", p.vector.size,
+          " elements");
+  p.grad_vector = grad;
+  p.has_grad = true;
+  (void)stream;
+}
+
+// --- trainer-side checks and failure -------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+auto basic_coordinator<Backend, HostOptimizer>::at(std::size_t i) -> parameter& {
+  expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
+  return params_[i];
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+auto basic_coordinator<Backend, HostOptimizer>::at(std::size_t i) const -> const parameter& {
+  expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
+  return params_[i];
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::check_adam(const adam_options& adam) const {
+  adam.validate();
+  const char* field = adam.differs_beyond_lr_and_weight_decay(options_.adam);
+  expects(field == nullptr, field ? field : "adam", "must stay as in options().adam: parameter groups and schedules ",
+          "change lr and weight_decay only");
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::check_submission(const parameter& p, std::size_t i) {
+  expects(!p.has_grad, "grad", "parameter ", i, " (", p.name, ") already has a gradient in step ", step_,
+          ": submit each gradient once per step");
+  if constexpr (Backend::device_space == memory_space::host) {
+    expects(!config_.check_stream_order || step_done_.query(), "grad", "parameter ", i, " (", p.name,
+            ") was submitted in step ", step_, " while step ", step_ - 1,
+            "'s parameter updates were still running on the stream: call stream.synchronize() after step() and "
+            "before the backward that reads the parameters");
+  }
+}
+
+// A failed coordinator rethrows the first error from every call (it is never cleared).
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::rethrow_worker_error() const {
+  shared_.rethrow_error();
+}
+
+// Runs trainer-side work that changes the coordinator's state: an error in it leaves that state
+// half-changed, so it fails the coordinator as a worker error does.
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+template <class F>
+decltype(auto) basic_coordinator<Backend, HostOptimizer>::or_fail(F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (...) {
+    shared_.fail(std::current_exception());
+    throw;
+  }
+}
+
+// Waits (trainer thread) until pred() holds; time is charged to the step's stall.
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+template <class Pred>
+void basic_coordinator<Backend, HostOptimizer>::stall_until(Pred pred, const char* reason) {
+  std::unique_lock lock(shared_.mutex);
+  if (pred()) return;
+  const auto t0 = clock::now();
+  shared_.cv.wait(lock, [&] { return pred() || shared_.failed; });
+  metrics_.stall_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+  if (metrics_.stall_reason.empty()) metrics_.stall_reason = reason;
+  if (shared_.error) std::rethrow_exception(shared_.error);
+}
+
+// --- the schedule --------------------------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+bool basic_coordinator<Backend, HostOptimizer>::in_warm_up() const noexcept {
+  return options_.mode == offload_mode::zero_offload || step_ < options_.full_warm_up_rounds;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+bool basic_coordinator<Backend, HostOptimizer>::overlapped() const noexcept {
+  return options_.overlap_step && !in_warm_up();
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+bool basic_coordinator<Backend, HostOptimizer>::has_cpu_columns() const noexcept {
+  for (const auto& p : params_)
+    if (!p.is_vector && !p.complement.empty()) return true;
+  return false;
+}
+
+// Scale 1, no skip: the flags of gathers that do not wait for the step's statistics (a member, so
+// no copy of them can outlive their buffer).
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+const step_flags* basic_coordinator<Backend, HostOptimizer>::unit_flags() const noexcept {
+  return reinterpret_cast<const step_flags*>(unit_flags_dev_.data());
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::start(stream_type stream) {
   started_ = true;
   for (auto& p : params_)
     if (!p.is_vector) set_selection(p, {}, stream);  // every column on the CPU until the first selection
   interval_ = {0, 0, 0};
   interval_target_ = 1;
-  if (!warm_up() && !options_.update_interval.is_auto) interval_target_ = options_.update_interval.value;
+  if (!in_warm_up() && !options_.update_interval.is_auto) interval_target_ = options_.update_interval.value;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   // "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
   // reaches the important mass per GPU column. With the selection's scores (L1 per column) as
@@ -78,62 +427,7 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1, bound);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::set_selection(parameter& p, std::vector<std::int32_t> selection,
-                                                              stream_type stream) {
-  const index_t rows = p.matrix.rows;
-  const auto entering = detail::set_difference(selection, p.selection);
-  const auto leaving = detail::set_difference(p.selection, selection);
-  auto params = host_opt_.params(p.cpu_tensor);
-  auto m = host_opt_.exp_avg(p.cpu_tensor);
-  auto v = host_opt_.exp_avg_sq(p.cpu_tensor);
-  const bool unchanged = p.device_index != npos && entering.empty() && leaving.empty();
-  if (!selection.empty() && !unchanged) {
-    std::vector<float> packed;
-    detail::pack_columns(params, m, v, rows, entering, packed);
-    device_buffer entering_dev(packed.size() * sizeof(float));
-    Backend::copy_async(entering_dev.data(), packed.data(), packed.size() * sizeof(float), stream);
-    Backend::synchronize(stream);
-    const std::span<const float> entering_span(reinterpret_cast<const float*>(entering_dev.data()), packed.size());
-    metrics_.bytes_host_to_device += packed.size() * sizeof(float);
-    if (p.device_index == npos) {
-      p.device_index = Backend::add_matrix(device_opt_, p.matrix, selection, entering_span, stream);
-    } else {
-      device_buffer leaving_dev(leaving.size() * 3 * rows * sizeof(float));
-      const std::span<float> leaving_span(reinterpret_cast<float*>(leaving_dev.data()), leaving.size() * 3 * rows);
-      Backend::reselect(device_opt_, p.device_index, selection, entering_span, leaving_span, stream);
-      std::vector<float> back(leaving_span.size());
-      Backend::copy_async(back.data(), leaving_dev.data(), back.size() * sizeof(float), stream);
-      Backend::synchronize(stream);
-      detail::unpack_columns(params, m, v, rows, leaving, back);
-      metrics_.bytes_device_to_host += back.size() * sizeof(float);
-    }
-  }
-  p.complement = complement_columns(selection, p.matrix.cols);
-  p.selection = std::move(selection);
-  setup_buffers(p, stream);
-}
-
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::setup_buffers(parameter& p, stream_type stream) {
-  const std::size_t n = p.complement.size() * static_cast<std::size_t>(p.matrix.rows);
-  // k is fixed per parameter, so after the first call the sizes never change: the device buffers
-  // are kept (a cudaFree per buffer and reselection would wait for the whole device each time).
-  auto fit = [](device_buffer& b, std::size_t bytes) {
-    if (b.bytes() != bytes) b = device_buffer(bytes);
-  };
-  fit(p.complement_dev, p.complement.size() * sizeof(std::int32_t));
-  Backend::copy_async(p.complement_dev.data(), p.complement.data(), p.complement.size() * sizeof(std::int32_t), stream);
-  for (int b = 0; b < 2; ++b) {
-    fit(p.grad_stage[b], n * dtype_size(p.grad_type));
-    p.accumulator[b].assign(n, 0.0f);
-    p.out_stage[b].assign(n * dtype_size(p.matrix.type), std::byte{0});
-    fit(p.writeback_dev[b], n * dtype_size(p.matrix.type));
-  }
-  Backend::synchronize(stream);
-}
-
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
   // A selection change moves optimizer state: first complete and write back every CPU update,
   // so no accumulated gradient is lost and no stale result lands on a column the GPU now owns.
@@ -170,27 +464,46 @@ void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
   interval_target_ = options_.update_interval.is_auto ? auto_interval() : options_.update_interval.value;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream, bool synchronous,
                                                              std::int64_t last_step) {
   const std::int64_t i = interval_.index;
+  const int b = static_cast<int>(i % 2);
+  // The CPU update of every parameter with CPU columns, with the hyper-parameters in effect now.
+  detail::update_job<Backend> job;
+  job.interval = i;
+  job.written_back = &written_back_[b];
+  for (auto& p : params_) {
+    if (p.is_vector || p.complement.empty()) continue;
+    detail::update_item item;
+    item.adam = p.adam;
+    item.tensor = p.cpu_tensor;
+    item.columns = p.complement;
+    item.accumulator = p.accumulator[b];
+    item.out = p.out_stage[b];
+    item.out_type = p.matrix.type;
+    item.device_out = p.writeback_dev[b].data();
+    job.items.push_back(item);
+  }
   {
-    std::lock_guard lock(mutex_);
-    offload_jobs_.push_back(offload_job{last_step, i, true});
-    update_job job{i, synchronous, {}};
-    for (const auto& p : params_) job.adam.push_back(p.adam);
-    update_jobs_.push_back(std::move(job));
-    launched_interval_ = i;
+    detail::state_lock lock(shared_.mutex);
+    detail::offload_job<Backend> marker;  // every gradient of interval i has been handed over
+    marker.step = last_step;
+    marker.interval = i;
+    marker.interval_end = true;
+    offload_.push(lock, marker);
+    update_.push(lock, std::move(job));
+    shared_.launched_interval = i;
     if (config_.record_trace) {
       update_record r;
       r.interval = i;
       r.first_step = interval_.first_step;
       r.last_step = last_step;
       r.synchronous = synchronous;
-      trace_.push_back(r);
+      update_.add_record(lock, r);
     }
   }
-  cv_.notify_all();
+  shared_.cv.notify_all();
   metrics_.cpu_update_launched = true;
   // The deadline of the previous interval's update is the end of this one.
   if (pending_interval_) write_back(*pending_interval_, stream, "staleness bound", last_step);
@@ -201,26 +514,22 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
   begin_interval(i + 1, last_step + 1);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::begin_interval(std::int64_t index, std::int64_t first_step) {
   interval_ = {index, first_step, 0};
-  std::lock_guard lock(mutex_);
-  accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
+  detail::state_lock lock(shared_.mutex);
+  shared_.accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, stream_type stream, const char* reason,
                                                            std::int64_t at_end_of) {
-  stall_until([&] { return updated_interval_ >= i; }, reason);
+  stall_until([&] { return shared_.updated_interval >= i; }, reason);
   bool applied;
   {
-    std::lock_guard lock(mutex_);
-    applied = accumulated_count(i) > 0;
-    for (auto& r : trace_)
-      if (r.interval == i) {
-        r.written_back_at = at_end_of;
-        ++r.write_backs;
-      }
+    detail::state_lock lock(shared_.mutex);
+    applied = shared_.accumulated_count(i) > 0;
+    update_.mark_written_back(lock, i, at_end_of);
   }
   if (applied) {
     for (auto& p : params_) {
@@ -235,7 +544,7 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
   metrics_.written_back = true;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::begin_step() {
   if (in_step_) return;
   last_metrics_ = metrics_;
@@ -244,10 +553,10 @@ void basic_coordinator<Backend, HostOptimizer>::begin_step() {
   in_step_ = true;
   step_offloaded_ = false;
   // The flags and gradient staging of this step's parity were last used two steps ago.
-  stall_until([&] { return offloaded_through_step_ >= step_ - 2; }, "offload backpressure");
+  stall_until([&] { return shared_.offloaded_through_step >= step_ - 2; }, "offload backpressure");
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::abandon_step(stream_type stream) {
   // Gradients handed over during backward may already be with the offload worker, which waits for
   // this step's flags: give it flags that skip, wait until it has dropped them, then rewind its
@@ -260,26 +569,26 @@ void basic_coordinator<Backend, HostOptimizer>::abandon_step(stream_type stream)
     flags->skip = 1;
     Backend::record(stats_ready_[parity], stream);  // after the gathers the copies read
     {
-      std::lock_guard lock(mutex_);
-      stats_ready_step_ = step_;
-      offload_job marker;
+      detail::state_lock lock(shared_.mutex);
+      shared_.stats_ready_step = step_;
+      detail::offload_job<Backend> marker;
       marker.step = step_;
       marker.interval = interval_.index;
-      offload_jobs_.push_back(marker);  // flags == nullptr: the step is not counted
+      offload_.push(lock, marker);  // flags == nullptr: the step is not counted
     }
-    cv_.notify_all();
-    stall_until([&] { return offloaded_through_step_ >= step_; }, "abandoned step");
-    std::lock_guard lock(mutex_);
-    offloaded_through_step_ = stats_ready_step_ = step_ - 1;
+    shared_.cv.notify_all();
+    stall_until([&] { return shared_.offloaded_through_step >= step_; }, "abandoned step");
+    detail::state_lock lock(shared_.mutex);
+    shared_.offloaded_through_step = shared_.stats_ready_step = step_ - 1;
   }
   for (auto& p : params_) p.has_grad = p.offloaded = false;
   if (in_step_) metrics_ = last_metrics_;
   in_step_ = step_offloaded_ = false;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
-  if (warm_up()) return false;
+  if (in_warm_up()) return false;
   if (selection_due_) return true;
   for (const auto& p : params_)
     if (!p.is_vector && p.selection.empty()) return true;  // the first step after warm-up
@@ -287,17 +596,17 @@ bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
   return options_.mode == offload_mode::zenflow && policy_.should_select(step_ - options_.full_warm_up_rounds);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, const step_flags* scale,
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
+void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, const step_flags* flags,
                                                                  stream_type stream) {
   const int parity = static_cast<int>(step_ % 2);
   Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
-                  p.grad_stage[parity].data(), p.grad_type, scale, stream);
+                  p.grad_stage[parity].data(), p.grad_type, flags, stream);
   // The worker makes its copies wait for this event when it gets to them; a wait enqueued on the
   // offload stream here would also hold back the copies of earlier steps still being submitted.
   // Re-recorded two steps later, after begin_step saw this job consumed.
   Backend::record((*p.gathered)[parity], stream);
-  offload_job j;
+  detail::offload_job<Backend> j;
   j.step = step_;
   j.interval = interval_.index;
   j.src = p.grad_stage[parity].data();
@@ -305,18 +614,19 @@ void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, c
   j.type = p.grad_type;
   j.accumulator = p.accumulator[interval_.index % 2].data();
   j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
+  j.flags_ready = &stats_ready_[parity];
   j.gathered = &(*p.gathered)[parity];
   {
-    std::lock_guard lock(mutex_);
-    offload_jobs_.push_back(j);
+    detail::state_lock lock(shared_.mutex);
+    offload_.push(lock, j);
   }
-  cv_.notify_all();
+  shared_.cv.notify_all();
   metrics_.bytes_device_to_host += j.bytes;
   p.offloaded = true;
   step_offloaded_ = true;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream) {
   rethrow_worker_error();
   for (std::size_t i = 0; i < params_.size(); ++i)
@@ -329,7 +639,7 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   return metrics_;
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   if (!started_) start(stream);
   begin_step();
@@ -377,28 +687,28 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
 
   Backend::record(stats_ready_[parity], stream);
   {
-    std::lock_guard lock(mutex_);
-    stats_ready_step_ = step_;
+    detail::state_lock lock(shared_.mutex);
+    shared_.stats_ready_step = step_;
   }
-  cv_.notify_all();
+  shared_.cv.notify_all();
 
   // 4. Offload the CPU columns not handed over during backward: gathered scaled by the step's
   //    clip factor, then the end-of-step marker.
   for (auto& p : params_)
     if (!p.is_vector && !p.complement.empty() && !p.offloaded) offload_gradient(p, flags_dev, stream);
   {
-    std::lock_guard lock(mutex_);
-    offload_job marker;  // end of this step's gradients
+    detail::state_lock lock(shared_.mutex);
+    detail::offload_job<Backend> marker;  // end of this step's gradients
     marker.step = step_;
     marker.interval = interval_.index;
     marker.flags = step_offloaded_ ? flags_host : nullptr;
-    offload_jobs_.push_back(marker);
+    offload_.push(lock, marker);
   }
-  cv_.notify_all();
+  shared_.cv.notify_all();
   ++interval_.steps;
 
   // 5. Interval boundary: CPU update (async with overlap_step), write-back within the bound.
-  if (warm_up() || interval_.steps >= interval_target_) {
+  if (in_warm_up() || interval_.steps >= interval_target_) {
     if (has_cpu_columns())
       end_interval(stream, /*synchronous=*/!overlapped(), step_);
     else
@@ -408,19 +718,19 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   in_step_ = false;
   ++step_;
   // Leaving warm-up: the next interval follows the options.
-  if (!warm_up() && !options_.update_interval.is_auto && interval_.steps == 0)
+  if (!in_warm_up() && !options_.update_interval.is_auto && interval_.steps == 0)
     interval_target_ = options_.update_interval.value;
 
   metrics_.selection_overlap = last_overlap_;
   metrics_.interval = interval_target_;
   {
-    std::lock_guard lock(mutex_);
-    metrics_.cpu_update_seconds = last_update_seconds_;
+    detail::state_lock lock(shared_.mutex);
+    metrics_.cpu_update_seconds = shared_.last_update_seconds;
   }
   if constexpr (Backend::device_space == memory_space::host) Backend::record(step_done_, stream);
 }
 
-template <class Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer>
 void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
   rethrow_worker_error();
   abandon_step(stream);
@@ -429,497 +739,6 @@ void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
     if (interval_.steps > 0 && has_cpu_columns()) end_interval(stream, /*synchronous=*/true, step_ - 1);
     Backend::synchronize(stream);
   });
-}
-
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::offload_loop() {
-  struct in_flight {
-    offload_job job;
-    std::size_t offset;
-    std::size_t bytes;
-  };
-  std::deque<in_flight> flight;
-  auto consume_one = [&] {
-    auto slot = d2h_.next();
-    const in_flight f = flight.front();
-    flight.pop_front();
-    // A gradient handed over during backward can land before step() has produced the step's
-    // flags: wait for them (abandoned at shutdown: then nothing is accumulated).
-    bool have_flags;
-    {
-      std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return stats_ready_step_ >= f.job.step || stopping_ || failed_; });
-      have_flags = stats_ready_step_ >= f.job.step;
-    }
-    if (!have_flags) {
-      d2h_.release(slot);
-      return;
-    }
-    Backend::synchronize(stats_ready_[f.job.step % 2]);
-    // The CPU Adam's SIMD accumulate kernel, on this thread alone: the pool belongs to the update
-    // worker, which may be running the previous interval's update right now.
-    if (!f.job.flags->skip)
-      detail::cpu_accumulate_kernel(cpu_isa::automatic, f.job.accumulator + f.offset / dtype_size(f.job.type),
-                                    slot.data, f.job.type, f.bytes / dtype_size(f.job.type), 1.0f);
-    d2h_.release(slot);
-  };
-  std::exception_ptr error;
-  try {
-    for (;;) {
-      offload_job job;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return stopping_ || failed_ || !offload_jobs_.empty(); });
-        if (failed_ || offload_jobs_.empty()) break;  // stopping with nothing left
-        job = offload_jobs_.front();
-        offload_jobs_.pop_front();
-      }
-      if (job.src == nullptr) {
-        // A marker: everything before it must be accumulated first.
-        while (!flight.empty()) consume_one();
-        std::lock_guard lock(mutex_);
-        if (job.interval_end) {
-          accumulated_interval_ = job.interval;
-        } else {
-          if (job.flags != nullptr && !job.flags->skip) {
-            ++accumulated_count(job.interval);
-          }
-          offloaded_through_step_ = job.step;
-        }
-        cv_.notify_all();
-        continue;
-      }
-      const std::size_t chunk = d2h_.slot_bytes() - d2h_.slot_bytes() % 4;
-      Backend::wait(offload_stream_.get(), *job.gathered);  // the copies below read the gathered gradient
-      for (std::size_t off = 0; off < job.bytes; off += chunk) {
-        const std::size_t n = std::min(chunk, job.bytes - off);
-        auto slot = d2h_.try_acquire();
-        while (!slot) {
-          if (!flight.empty()) consume_one();
-          slot = d2h_.try_acquire();
-          if (!slot && flight.empty()) slot = d2h_.acquire();
-        }
-        d2h_.submit_device_to_host(*slot, job.src + off, n, Backend::queue_stream(offload_stream_.get()));
-        flight.push_back({job, off, n});
-      }
-    }
-    while (!flight.empty()) consume_one();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  // Published after the handler has ended, so that this thread holds no reference to the
-  // exception once the trainer may rethrow and free it.
-  if (error) fail(std::move(error));
-}
-
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::update_loop() {
-  std::exception_ptr error;
-  try {
-    for (;;) {
-      update_job job;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return stopping_ || failed_ || !update_jobs_.empty(); });
-        if (failed_ || update_jobs_.empty()) break;
-        job = update_jobs_.front();
-        update_jobs_.pop_front();
-        // Every gradient of the interval must be accumulated.
-        cv_.wait(lock, [&] { return failed_ || stopping_ || accumulated_interval_ >= job.interval; });
-        if (accumulated_interval_ < job.interval) break;
-      }
-      run_update(job);
-    }
-  } catch (...) {
-    error = std::current_exception();
-  }
-  // Published after the handler has ended, so that this thread holds no reference to the
-  // exception once the trainer may rethrow and free it.
-  if (error) fail(std::move(error));
-}
-
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::run_update(const update_job& job) {
-  const auto t0 = clock::now();
-  const int b = static_cast<int>(job.interval % 2);
-  std::int64_t count;
-  {
-    std::lock_guard lock(mutex_);
-    count = accumulated_count(job.interval);
-  }
-  if (count > 0) {
-    // The write-back of interval i-2 read writeback_dev[b]: it must have run before we refill it.
-    Backend::synchronize(written_back_[b]);
-    std::vector<cpu_adam_task> tasks;
-    for (auto& p : params_) {
-      if (p.is_vector || p.complement.empty()) continue;
-      cpu_adam_task t{};
-      t.options = &job.adam[static_cast<std::size_t>(&p - params_.data())];
-      t.tensor = p.cpu_tensor;
-      t.grad = p.accumulator[b].data();
-      t.grad_type = dtype::f32;
-      t.columns = p.complement;
-      t.grad_compact = true;
-      t.copy_out = p.out_stage[b].data();
-      t.copy_out_type = p.matrix.type;
-      t.out_compact = true;
-      tasks.push_back(t);
-    }
-    host_opt_.step(tasks, 1.0f / static_cast<float>(count), /*check_finite=*/false);
-    for (auto& p : params_) {
-      if (p.is_vector || p.complement.empty()) continue;
-      pipelined_copy_to_device(h2d_, p.writeback_dev[b].data(), p.out_stage[b].data(), p.out_stage[b].size(),
-                               Backend::queue_stream(writeback_stream_.get()));
-      std::fill(p.accumulator[b].begin(), p.accumulator[b].end(), 0.0f);
-    }
-    Backend::synchronize(writeback_stream_.get());
-  }
-  std::lock_guard lock(mutex_);
-  last_update_seconds_ = std::chrono::duration<double>(clock::now() - t0).count();
-  for (auto& r : trace_)
-    if (r.interval == job.interval) r.accumulated_steps = count;
-  updated_interval_ = job.interval;
-  cv_.notify_all();
-}
-
-}  // namespace zenflow
-
-namespace zenflow {
-
-namespace detail {
-/// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
-/// struct padding reaches the file).
-inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
-  w.put(static_cast<std::uint8_t>(o.mode));
-  w.put(o.topk_ratio);
-  w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
-  w.put(o.select_interval_steps());
-  w.put(o.update_interval.is_auto);
-  w.put(o.update_interval.value);
-  w.put(o.full_warm_up_rounds);
-  w.put(o.overlap_step);
-  w.put(o.max_update_interval);
-}
-inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
-  bool same = r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.mode);
-  same = (r.get<float>() == o.topk_ratio) && same;
-  same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
-  same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
-  same = (r.get<bool>() == o.update_interval.is_auto) && same;
-  same = (r.get<std::int64_t>() == o.update_interval.value) && same;
-  same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
-  same = (r.get<bool>() == o.overlap_step) && same;
-  same = (r.get<std::int64_t>() == o.max_update_interval) && same;
-  expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
-          "overlap_step)");
-}
-
-/// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
-/// never outlive the buffers declared before this guard. Never throws.
-template <class Backend>
-class synchronize_on_unwind {
- public:
-  explicit synchronize_on_unwind(typename Backend::stream_type stream) noexcept : stream_(stream) {}
-  synchronize_on_unwind(const synchronize_on_unwind&) = delete;
-  synchronize_on_unwind& operator=(const synchronize_on_unwind&) = delete;
-  ~synchronize_on_unwind() {
-    if (std::uncaught_exceptions() <= exceptions_) return;
-    try {
-      Backend::synchronize(stream_);
-    } catch (...) {
-    }
-  }
-
- private:
-  typename Backend::stream_type stream_;
-  int exceptions_ = std::uncaught_exceptions();
-};
-}  // namespace detail
-
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::string& path, stream_type stream) {
-  rethrow_worker_error();
-  for (const auto& p : params_)
-    expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
-  // Drain: every offloaded gradient accumulated and every launched CPU update done. A pending
-  // result stays pending (it is saved), exactly as in an uninterrupted run.
-  stall_until(
-      [&] {
-        return offloaded_through_step_ >= step_ - 1 && (!pending_interval_ || updated_interval_ >= *pending_interval_);
-      },
-      "checkpoint");
-  Backend::synchronize(stream);
-  detail::checkpoint_writer w;
-  detail::put_options(w, options_);
-  w.put(step_);
-  w.put(started_);
-  w.put(interval_.index);
-  w.put(interval_.first_step);
-  w.put(interval_.steps);
-  w.put(interval_target_);
-  w.put<std::int64_t>(pending_interval_ ? *pending_interval_ : -1);
-  w.put(last_overlap_);
-  w.put(selection_due_);
-  w.put(host_opt_.step_count());
-  w.put(device_opt_.step_count());
-  {
-    std::lock_guard lock(mutex_);
-    auto count = [&](std::int64_t i) { return i >= 0 ? accumulated_count(i) : std::int64_t{0}; };
-    w.put(count(interval_.index));
-    w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
-  }
-  w.put<std::uint64_t>(params_.size());
-  // The values are gathered with the coordinator's own unit flags (scale 1, no skip): a member,
-  // so no copy of the flags can outlive their buffer.
-  const auto* identity = reinterpret_cast<const step_flags*>(unit_flags_dev_.data());
-  for (const auto& p : params_) {
-    w.put_string(p.name);
-    w.put(p.is_vector);
-    w.put(p.adam.lr);  // the rest of the hyper-parameters is options().adam
-    w.put(p.adam.weight_decay);
-    if (p.is_vector) {
-      w.put(p.vector.size);
-      w.put(p.vector.type);
-      std::vector<float> state(3 * static_cast<std::size_t>(p.vector.size));
-      device_opt_.export_state(p.device_index, state);
-      w.put_array<float>(state);
-      std::vector<std::byte> bytes(p.vector.size * dtype_size(p.vector.type));
-      Backend::copy_async(bytes.data(), p.vector.data, bytes.size(), stream);
-      Backend::synchronize(stream);
-      w.put_array<std::byte>(bytes);
-      continue;
-    }
-    w.put(p.matrix.rows);
-    w.put(p.matrix.cols);
-    w.put(p.matrix.type);
-    w.put(p.grad_type);
-    w.put_array<float>(host_opt_.params(p.cpu_tensor));
-    w.put_array<float>(host_opt_.exp_avg(p.cpu_tensor));
-    w.put_array<float>(host_opt_.exp_avg_sq(p.cpu_tensor));
-    w.put_array<std::int32_t>(p.selection);
-    std::vector<float> compact;
-    if (p.device_index != npos) {
-      compact.resize(3 * p.selection.size() * static_cast<std::size_t>(p.matrix.rows));
-      device_opt_.export_state(p.device_index, compact);
-    }
-    w.put_array<float>(compact);
-    w.put_array<float>(p.accumulator[interval_.index % 2]);
-    // Every buffer a copy below uses is allocated first and lives until the stream is idle.
-    const device_buffer* pending_dev = pending_interval_ ? &p.writeback_dev[*pending_interval_ % 2] : nullptr;
-    std::vector<std::byte> pending(pending_dev ? pending_dev->bytes() : 0);
-    // The model's parameter values, element by element (the view may be strided).
-    std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
-    std::iota(all.begin(), all.end(), 0);
-    device_buffer all_dev(all.size() * sizeof(std::int32_t));
-    device_buffer values_dev(p.matrix.rows * p.matrix.cols * dtype_size(p.matrix.type));
-    std::vector<std::byte> values(values_dev.bytes());
-    {
-      detail::synchronize_on_unwind<Backend> guard(stream);
-      if (pending_dev) Backend::copy_async(pending.data(), pending_dev->data(), pending.size(), stream);
-      Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
-      Backend::gather(const_matrix_view(p.matrix), all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
-                      values_dev.data(), p.matrix.type, identity, stream);
-      Backend::copy_async(values.data(), values_dev.data(), values.size(), stream);
-      Backend::synchronize(stream);
-    }
-    w.put_array<std::byte>(pending);
-    w.put_array<std::byte>(values);
-  }
-  w.write(path);
-}
-
-template <class Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::string& path, stream_type stream) {
-  rethrow_worker_error();
-  expects(!started_ && step_ == 0, "load_checkpoint",
-          "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
-  // Parse and validate everything first: nothing changes unless the whole file is good, and what
-  // follows the validation cannot fail on the file's content (only on a backend error).
-  detail::checkpoint_reader r(path);
-  detail::check_options(r, options_);
-  struct saved_parameter {
-    std::vector<float> cpu_p, cpu_m, cpu_v, compact, accumulator, vector_state;
-    std::vector<std::int32_t> selection;
-    std::vector<std::byte> pending, values;
-    adam_options adam;
-  };
-  const auto step = r.get<std::int64_t>();
-  const auto started = r.get<bool>();
-  interval_state interval;
-  interval.index = r.get<std::int64_t>();
-  interval.first_step = r.get<std::int64_t>();
-  interval.steps = r.get<std::int64_t>();
-  const auto target = r.get<std::int64_t>();
-  const auto pending = r.get<std::int64_t>();
-  const auto overlap = r.get<double>();
-  const auto selection_due = r.get<bool>();
-  const auto host_steps = r.get<std::int64_t>();
-  const auto device_steps = r.get<std::int64_t>();
-  const auto current_count = r.get<std::int64_t>();
-  const auto pending_count = r.get<std::int64_t>();
-  // The schedule between two steps (start, step, end_interval, reselect, finish):
-  // - nothing has happened before the first step; every interval spans at least one step, and
-  //   the current one began `steps` steps ago;
-  expects(step >= 0 && (started || step == 0) && interval.index >= 0 && interval.first_step >= interval.index &&
-              interval.first_step <= step && interval.steps == step - interval.first_step,
-          "checkpoint", "holds an inconsistent position: step ", step, ", interval ", interval.index, " begun at step ",
-          interval.first_step, " with ", interval.steps, " steps");
-  // - an interval ends when it reaches its target: 1 in warm-up and before the first step, else the
-  //   fixed update_interval, or with "auto" a count in [1, max_update_interval];
-  const std::int64_t max_target =
-      options_.update_interval.is_auto ? options_.effective_max_update_interval() : options_.update_interval.value;
-  expects(target >= 1 && target <= max_target && interval.steps < target && (started || target == 1), "checkpoint",
-          "holds an update interval target of ", target, " with ", interval.steps, " steps done (options allow 1 to ",
-          max_target, ")");
-  // - only the interval before the current one can await its write-back, and only when ZenFlow
-  //   overlaps the CPU update;
-  const bool overlapping = options_.mode == offload_mode::zenflow && options_.overlap_step;
-  expects(pending == -1 || (overlapping && pending == interval.index - 1), "checkpoint", "holds pending interval ",
-          pending, " in interval ", interval.index, overlapping ? "" : " (these options never leave one pending)");
-  // - counts never exceed what they count: non-skipped steps of an interval, one CPU update per
-  //   ended interval, one GPU update per step;
-  expects(current_count >= 0 && current_count <= interval.steps && pending_count >= 0 &&
-              (pending >= 0 ? pending_count <= interval.first_step : pending_count == 0),
-          "checkpoint", "holds accumulated step counts ", current_count, " and ", pending_count,
-          " inconsistent with its interval position");
-  expects(host_steps >= 0 && host_steps <= interval.index && device_steps >= 0 && device_steps <= step, "checkpoint",
-          "holds optimizer step counts ", host_steps, " (CPU) and ", device_steps, " (GPU) for ", interval.index,
-          " intervals and ", step, " steps");
-  expects(overlap >= 0.0 && overlap <= 1.0, "checkpoint", "holds selection overlap ", overlap, " (not in [0, 1])");
-  const auto count = r.get<std::uint64_t>();
-  expects(count == params_.size(), "checkpoint", "holds ", count, " parameters, ", params_.size(), " are registered");
-  // A selection exists from the first selection on (never in warm-up or ZeRO-Offload, where every
-  // column stays on the CPU), for every 2-D parameter at once, with the selector's k columns (all
-  // of them in dense mode).
-  const bool selection_possible =
-      started && options_.mode != offload_mode::zero_offload && step >= options_.full_warm_up_rounds;
-  std::size_t selected = 0, unselected = 0, cpu_columns = 0;
-  std::vector<saved_parameter> saved(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const auto& p = params_[i];
-    auto& s = saved[i];
-    const auto name = r.get_string();
-    expects(name == p.name, "checkpoint", "parameter ", i, " is '", name, "', registered '", p.name, "'");
-    expects(r.get<bool>() == p.is_vector, "checkpoint", "parameter '", name, "' changed between 1-D and 2-D");
-    s.adam = options_.adam;
-    s.adam.lr = r.get<float>();
-    s.adam.weight_decay = r.get<float>();
-    expects(std::isfinite(s.adam.lr) && s.adam.lr >= 0.0f && std::isfinite(s.adam.weight_decay) &&
-                s.adam.weight_decay >= 0.0f,
-            "checkpoint", "parameter '", name, "' has an invalid lr or weight_decay");
-    if (p.is_vector) {
-      expects(r.get<index_t>() == p.vector.size && r.get<dtype>() == p.vector.type, "checkpoint", "parameter '", name,
-              "' has a different size or dtype");
-      s.vector_state = r.get_array<float>();
-      s.values = r.get_array<std::byte>();
-      expects(s.vector_state.size() == 3 * static_cast<std::size_t>(p.vector.size) &&
-                  s.values.size() == p.vector.size * dtype_size(p.vector.type),
-              "checkpoint", "parameter '", name, "' has state of the wrong size");
-      continue;
-    }
-    const auto rows = r.get<index_t>(), cols = r.get<index_t>();
-    const auto type = r.get<dtype>(), grad_type = r.get<dtype>();
-    expects(rows == p.matrix.rows && cols == p.matrix.cols && type == p.matrix.type && grad_type == p.grad_type,
-            "checkpoint", "parameter '", name, "' has a different shape or dtype");
-    const std::size_t n = static_cast<std::size_t>(rows * cols);
-    s.cpu_p = r.get_array<float>();
-    s.cpu_m = r.get_array<float>();
-    s.cpu_v = r.get_array<float>();
-    s.selection = r.get_array<std::int32_t>();
-    s.compact = r.get_array<float>();
-    s.accumulator = r.get_array<float>();
-    s.pending = r.get_array<std::byte>();
-    s.values = r.get_array<std::byte>();
-    bool sorted =
-        std::adjacent_find(s.selection.begin(), s.selection.end(), std::greater_equal<>()) == s.selection.end();
-    for (auto c : s.selection) sorted = sorted && c >= 0 && c < cols;
-    const std::size_t k = s.selection.size();
-    const std::size_t expected_k = options_.mode == offload_mode::dense ? static_cast<std::size_t>(cols)
-                                   : options_.mode == offload_mode::zero_offload
-                                       ? 0
-                                       : static_cast<std::size_t>(selector_.k(p.selector_index));
-    expects(sorted && (k == 0 || (selection_possible && k == expected_k)), "checkpoint", "parameter '", name,
-            "' has a selection of ", k, " columns (expected ", selection_possible ? expected_k : 0,
-            ", ascending, each in [0, ", cols, "))");
-    (k == 0 ? unselected : selected) += 1;
-    const std::size_t cpu_cols = static_cast<std::size_t>(cols) - k;
-    cpu_columns += cpu_cols;
-    // The accumulator and staging buffers exist from the first step on.
-    expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && s.compact.size() == 3 * k * rows &&
-                s.accumulator.size() == (started ? cpu_cols * rows : 0) &&
-                s.pending.size() == (pending < 0 ? 0 : cpu_cols * rows * dtype_size(type)) &&
-                s.values.size() == n * dtype_size(type),
-            "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
-  }
-  expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
-  expects(selected == 0 || unselected == 0, "checkpoint", "holds a selection for ", selected, " of ",
-          selected + unselected, " 2-D parameters (all or none)");
-  expects(cpu_columns > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
-
-  // Apply.
-  started_ = started;
-  step_ = step;
-  interval_ = interval;
-  interval_target_ = target;
-  last_overlap_ = overlap;
-  selection_due_ = selection_due;
-  if (pending >= 0) pending_interval_ = pending;
-  host_opt_.set_step_count(host_steps);
-  {
-    std::lock_guard lock(mutex_);
-    accumulated_counts_ = {};
-    accumulated_count(interval.index) = current_count;
-    if (pending >= 0) accumulated_count(pending) = pending_count;
-    offloaded_through_step_ = step - 1;
-    stats_ready_step_ = step - 1;
-    accumulated_interval_ = interval.index - 1;
-    updated_interval_ = launched_interval_ = interval.index - 1;
-  }
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i];
-    auto& s = saved[i];
-    p.adam = s.adam;
-    p.device_adam.reset();  // handed to the device optimizer at the next step
-    if (p.is_vector) {
-      device_opt_.import_state(p.device_index, s.vector_state);
-      Backend::copy_async(p.vector.data, s.values.data(), s.values.size(), stream);
-      Backend::synchronize(stream);
-      continue;
-    }
-    std::copy(s.cpu_p.begin(), s.cpu_p.end(), host_opt_.params(p.cpu_tensor).begin());
-    std::copy(s.cpu_m.begin(), s.cpu_m.end(), host_opt_.exp_avg(p.cpu_tensor).begin());
-    std::copy(s.cpu_v.begin(), s.cpu_v.end(), host_opt_.exp_avg_sq(p.cpu_tensor).begin());
-    if (!s.selection.empty()) {
-      device_buffer compact_dev(s.compact.size() * sizeof(float));
-      Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);
-      Backend::synchronize(stream);
-      p.device_index = Backend::add_matrix(
-          device_opt_, p.matrix, s.selection,
-          std::span<const float>(reinterpret_cast<const float*>(compact_dev.data()), s.compact.size()), stream);
-      // Dense mode does not use the selector (whose k may be smaller than every column).
-      if (options_.mode == offload_mode::zenflow) selector_.set_selection(p.selector_index, s.selection);
-    }
-    // Before the first step a coordinator has no selection, CPU column list or staging buffers
-    // yet (start() makes them).
-    if (started) {
-      p.selection = s.selection;
-      p.complement = complement_columns(p.selection, p.matrix.cols);
-      setup_buffers(p, stream);
-      p.accumulator[interval.index % 2] = std::move(s.accumulator);
-    }
-    std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
-    std::iota(all.begin(), all.end(), 0);
-    device_buffer all_dev(all.size() * sizeof(std::int32_t)), values_dev(s.values.size());
-    detail::synchronize_on_unwind<Backend> guard(stream);
-    if (pending >= 0)
-      Backend::copy_async(p.writeback_dev[pending % 2].data(), s.pending.data(), s.pending.size(), stream);
-    Backend::copy_async(all_dev.data(), all.data(), all.size() * sizeof(std::int32_t), stream);
-    Backend::copy_async(values_dev.data(), s.values.data(), s.values.size(), stream);
-    Backend::scatter(values_dev.data(), p.matrix.type, all, reinterpret_cast<const std::int32_t*>(all_dev.data()),
-                     p.matrix, stream);
-    Backend::synchronize(stream);
-  }
-  device_opt_.set_step_count(device_steps);
 }
 
 }  // namespace zenflow

@@ -4,13 +4,13 @@
 // order, asynchronously to the caller, exactly where the CUDA backend would launch a kernel.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/gradient_stats.hpp"
 #include "zenflow/host_stream.hpp"
 #include "zenflow/importance_selector.hpp"
@@ -20,14 +20,7 @@
 
 namespace zenflow {
 
-/// Per-step decisions computed on the "device" from the gradient statistics: the factor every
-/// gradient of the step is multiplied by (clipping), and whether the step is skipped (a NaN/Inf).
-struct step_flags {
-  float scale = 1.0f;
-  int skip = 0;
-  double grad_norm = 0.0;
-};
-
+/// The host execution backend of basic_coordinator (models coordinator_backend).
 struct host_backend {
   using stream_type = host_stream*;
   using event_type = host_event;
@@ -35,7 +28,6 @@ struct host_backend {
   using device_optimizer_type = host_sparse_adam;
   using queue_type = host_transfer_queue;
   static constexpr memory_space device_space = memory_space::host;
-  static constexpr const char* name = "host";
 
   /// One "device": nothing to bind on worker threads.
   static int current_device() noexcept { return 0; }
@@ -83,9 +75,8 @@ struct host_backend {
     stream->enqueue([=] { std::memcpy(dst, src, bytes); });
   }
 
-  /// Global gradient statistics of the step, then the flags: skip when a value is not finite,
-  /// scale = min(1, max_norm / (norm + 1e-6)) when max_norm > 0.
-  /// The host backend computes the statistics inside the stream task: no scratch.
+  /// Global gradient statistics of the step, then the flags (make_step_flags) into `flags` and
+  /// `flags_host`, in one task on `stream`: no scratch.
   static constexpr std::size_t statistics_scratch_bytes = 0;
 
   static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
@@ -95,17 +86,8 @@ struct host_backend {
     std::vector<const_vector_view> v(vectors.begin(), vectors.end());
     stream->enqueue([m = std::move(m), v = std::move(v), max_norm, flags, flags_host] {
       const gradient_stats stats = host_gradient_stats(m, v);
-      *flags = *flags_host = make_step_flags(stats.sum_of_squares, stats.nonfinite_count, max_norm);
+      *flags = *flags_host = make_step_flags(stats.sum_of_squares, stats.nonfinite_count > 0, max_norm);
     });
-  }
-  static step_flags make_step_flags(double sum_of_squares, std::int64_t nonfinite, float max_norm) {
-    step_flags f;
-    f.grad_norm = std::sqrt(sum_of_squares);
-    f.skip = nonfinite > 0 || !std::isfinite(sum_of_squares);
-    f.scale = (max_norm > 0.0f && !f.skip && f.grad_norm > max_norm)
-                  ? static_cast<float>(static_cast<double>(max_norm) / (f.grad_norm + 1e-6))
-                  : 1.0f;
-    return f;
   }
 
   static void device_step(device_optimizer_type& opt, std::span<const const_matrix_view> matrices,

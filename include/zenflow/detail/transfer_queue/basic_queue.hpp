@@ -67,12 +67,15 @@ namespace detail {
 /// so a pool is slot_count * round_up(slot_bytes, 256) bytes (exact, no power-of-two rounding).
 inline constexpr std::size_t slot_alignment = 256;
 
-inline std::size_t slot_stride(std::size_t slot_bytes, std::size_t slot_count) {
-  expects(slot_bytes <= std::numeric_limits<std::size_t>::max() - (slot_alignment - 1), "slot_bytes",
+/// The distance between two slots; throws when the pool's size overflows size_t, naming the
+/// caller's fields for the slot size and the slot count (slot_count >= 1).
+inline std::size_t slot_stride(std::size_t slot_bytes, std::size_t slot_count,
+                               const char* slot_bytes_name = "slot_bytes", const char* slot_count_name = "slot_count") {
+  expects(slot_bytes <= std::numeric_limits<std::size_t>::max() - (slot_alignment - 1), slot_bytes_name,
           "too large: ", slot_bytes);
   const std::size_t stride = (slot_bytes + slot_alignment - 1) & ~(slot_alignment - 1);
-  expects(stride <= std::numeric_limits<std::size_t>::max() / slot_count, "slot_count", "slot_count ", slot_count,
-          " x slot_bytes ", slot_bytes, " overflows size_t");
+  expects(stride <= std::numeric_limits<std::size_t>::max() / slot_count, slot_count_name, slot_count_name, " ",
+          slot_count, " x ", slot_bytes_name, " ", slot_bytes, " overflows size_t");
   return stride;
 }
 

@@ -1,0 +1,249 @@
+// The CUDA execution backend of the coordinator: maps each "device" operation of the schedule
+// (basic_coordinator, coordinator.hpp) onto the CUDA components. The gradient statistics and the
+// per-step flags (clip factor, skip) stay on the device, the sparse-column Adam and the column
+// gather/scatter run on the trainer's stream, offload and write-back copies go through pinned
+// transfer queues on their own non-blocking streams. No operation synchronizes the device; the
+// trainer's stream is only synchronized where the schedule asks for it (selection boundaries,
+// finish() and checkpoints).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "zenflow/concepts.hpp"
+#include "zenflow/detail/coordinator/step_flags.hpp"
+#include "zenflow/error.hpp"
+#include "zenflow/gradient_stats.cuh"
+#include "zenflow/importance_selector.cuh"
+#include "zenflow/sparse_adam.cuh"
+#include "zenflow/transfer_queue.cuh"
+#include "zenflow/view.hpp"
+
+namespace zenflow {
+
+namespace detail {
+/// One thread turns the device-side gradient statistics into the step's flags (make_step_flags,
+/// the host backend's rule), written to device memory (for the step's kernels) and straight into
+/// mapped pinned host memory (for the offload worker): no copy on the trainer's stream, which could
+/// queue behind the offload's large copies on a copy engine.
+static __global__ void make_step_flags_kernel(const gradient_stats_device* stats, float max_norm, step_flags* flags,
+                                              step_flags* flags_host) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const step_flags f =
+      make_step_flags(static_cast<double>(stats->sum_of_squares), stats->nonfinite_count > 0, max_norm);
+  *flags = f;
+  *flags_host = f;
+  __threadfence_system();  // visible to the host once an event after this kernel completed
+}
+}  // namespace detail
+
+/// The CUDA execution backend of basic_coordinator (models coordinator_backend).
+struct cuda_backend {
+  using stream_type = cudaStream_t;
+  using selector_type = cuda_importance_selector<>;
+  using device_optimizer_type = cuda_sparse_adam;
+  /// The coordinator's queues. Their consumers are its worker threads, which wait while the CPU
+  /// Adam's thread pool runs: they sleep (event_wait::block) rather than spin on a core the pool
+  /// needs.
+  class queue_type : public cuda_transfer_queue {
+   public:
+    queue_type(transfer_direction direction, std::size_t slot_bytes, std::size_t slot_count)
+        : cuda_transfer_queue(direction, slot_bytes, slot_count, pinned_allocation::host_alloc, event_wait::block) {}
+  };
+  static constexpr memory_space device_space = memory_space::device;
+
+  /// Owning device allocation (cudaMalloc), freed exactly once.
+  class device_buffer {
+   public:
+    device_buffer() = default;
+    explicit device_buffer(std::size_t bytes) : bytes_(bytes) {
+      if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaMalloc(&data_, bytes_));
+    }
+    device_buffer(device_buffer&& o) noexcept
+        : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    device_buffer& operator=(device_buffer&& o) noexcept {
+      if (this != &o) {
+        reset();
+        data_ = std::exchange(o.data_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+      }
+      return *this;
+    }
+    ~device_buffer() { reset(); }
+    [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+   private:
+    void reset() noexcept {
+      if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFree(data_));
+      data_ = nullptr;
+      bytes_ = 0;
+    }
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+  };
+
+  /// Mapped pinned host memory kernels write into directly (the per-step flags): data() for the
+  /// host, device_data() for kernels.
+  class host_buffer {
+   public:
+    host_buffer() = default;
+    explicit host_buffer(std::size_t bytes) : bytes_(bytes) {
+      if (bytes_ == 0) return;
+      ZENFLOW_CUDA_TRY(cudaHostAlloc(&data_, bytes_, cudaHostAllocMapped));
+      try {
+        ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(&device_data_, data_, 0));
+      } catch (...) {
+        reset();
+        throw;
+      }
+    }
+    host_buffer(host_buffer&& o) noexcept
+        : data_(std::exchange(o.data_, nullptr)),
+          device_data_(std::exchange(o.device_data_, nullptr)),
+          bytes_(std::exchange(o.bytes_, 0)) {}
+    host_buffer& operator=(host_buffer&& o) noexcept {
+      if (this != &o) {
+        reset();
+        data_ = std::exchange(o.data_, nullptr);
+        device_data_ = std::exchange(o.device_data_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+      }
+      return *this;
+    }
+    ~host_buffer() { reset(); }
+    [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
+    [[nodiscard]] std::byte* device_data() const noexcept { return static_cast<std::byte*>(device_data_); }
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+   private:
+    void reset() noexcept {
+      if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFreeHost(data_));
+      data_ = device_data_ = nullptr;
+      bytes_ = 0;
+    }
+    void* data_ = nullptr;
+    void* device_data_ = nullptr;
+    std::size_t bytes_ = 0;
+  };
+
+  /// An event created on first use (timing disabled; waiters sleep, like the queues' consumers).
+  class event_type {
+   public:
+    event_type() = default;
+    event_type(const event_type&) = delete;
+    event_type& operator=(const event_type&) = delete;
+    ~event_type() {
+      if (event_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event_));
+    }
+    cudaEvent_t get() {
+      if (event_ == nullptr)
+        ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventBlockingSync));
+      return event_;
+    }
+    [[nodiscard]] bool recorded() const noexcept { return event_ != nullptr; }
+
+   private:
+    cudaEvent_t event_ = nullptr;
+  };
+
+  /// A non-blocking stream owned by the coordinator.
+  class owned_stream {
+   public:
+    owned_stream() { ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+    owned_stream(const owned_stream&) = delete;
+    owned_stream& operator=(const owned_stream&) = delete;
+    ~owned_stream() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream_)); }
+    [[nodiscard]] stream_type get() noexcept { return stream_; }
+
+   private:
+    cudaStream_t stream_ = nullptr;
+  };
+
+  /// The calling thread's current device; bind_device makes it a worker thread's current device.
+  static int current_device() {
+    int device = 0;
+    ZENFLOW_CUDA_TRY(cudaGetDevice(&device));
+    return device;
+  }
+  static void bind_device(int device) noexcept { ZENFLOW_CUDA_ASSERT(cudaSetDevice(device)); }
+
+  /// The stream argument the transfer queues take.
+  static cudaStream_t queue_stream(stream_type stream) noexcept { return stream; }
+
+  static void record(event_type& event, stream_type stream) { ZENFLOW_CUDA_TRY(cudaEventRecord(event.get(), stream)); }
+  static void wait(stream_type stream, event_type& event) {
+    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(stream, event.get(), 0));
+  }
+  static void synchronize(event_type& event) {
+    if (event.recorded()) ZENFLOW_CUDA_TRY(cudaEventSynchronize(event.get()));
+  }
+  static void synchronize(stream_type stream) { ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream)); }
+
+  static void copy_async(void* dst, const void* src, std::size_t bytes, stream_type stream) {
+    if (bytes != 0) ZENFLOW_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  }
+
+  /// Device scratch the coordinator owns for step_statistics.
+  static constexpr std::size_t statistics_scratch_bytes = sizeof(gradient_stats_device);
+
+  /// Global gradient statistics of the step into `scratch`, then the flags (a one-thread kernel)
+  /// into `flags` (device) and `flags_host` (a host_buffer's device_data()). Asynchronous on
+  /// `stream`.
+  static void step_statistics(std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
+                              float max_norm, step_flags* flags, step_flags* flags_host, std::byte* scratch,
+                              stream_type stream) {
+    auto* stats = reinterpret_cast<gradient_stats_device*>(scratch);
+    cuda_gradient_stats(matrices, vectors, stats, stream);
+    detail::make_step_flags_kernel<<<1, 1, 0, stream>>>(stats, max_norm, flags, flags_host);
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+  }
+
+  static void device_step(device_optimizer_type& opt, std::span<const const_matrix_view> matrices,
+                          std::span<const const_vector_view> vectors, const step_flags* flags, stream_type stream) {
+    opt.step(matrices, vectors, 1.0f, &flags->scale, &flags->skip, false, stream);
+  }
+  static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* columns_dev,
+                     void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {
+    cuda_gather_columns(grad, std::span<const std::int32_t>(columns_dev, columns.size()), dst, dst_type, &flags->scale,
+                        stream);
+  }
+  static void scatter(const void* src, dtype src_type, std::span<const std::int32_t> columns,
+                      const std::int32_t* columns_dev, matrix_view param, stream_type stream) {
+    cuda_scatter_columns(src, src_type, std::span<const std::int32_t>(columns_dev, columns.size()), param, stream);
+  }
+  static void select(selector_type& selector, std::span<const const_matrix_view> grads, stream_type stream) {
+    selector.select(grads, stream);
+  }
+  /// Parameter `index`'s hyper-parameters for the launches after this call (they are read when a
+  /// step is enqueued, so stream order holds).
+  static void set_options(device_optimizer_type& opt, std::size_t index, const adam_options& options,
+                          stream_type /*stream*/) {
+    opt.set_options(index, options);
+  }
+  static void reselect(device_optimizer_type& opt, std::size_t index, std::span<const std::int32_t> selection,
+                       std::span<const float> entering, std::span<float> leaving, stream_type stream) {
+    opt.reselect(index, selection, entering, leaving, stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  static std::size_t add_matrix(device_optimizer_type& opt, matrix_view param, std::span<const std::int32_t> selection,
+                                std::span<const float> packed, stream_type stream) {
+    const auto i = opt.add_matrix(param, selection, packed, stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
+    return i;
+  }
+  /// Registration has no trainer stream: the upload runs on the default stream and completes
+  /// here, so the trainer's (non-blocking) stream never races it.
+  static std::size_t add_vector(device_optimizer_type& opt, vector_view param, std::span<const float> initial) {
+    const auto i = opt.add_vector(param, initial, nullptr);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(nullptr));
+    return i;
+  }
+};
+
+static_assert(coordinator_backend<cuda_backend>);
+
+}  // namespace zenflow

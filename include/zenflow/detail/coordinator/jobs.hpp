@@ -1,0 +1,54 @@
+// The work the coordinator's trainer thread hands to its two workers (offload_worker.hpp,
+// update_worker.hpp), under the shared mutex (shared_state.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "zenflow/detail/coordinator/step_flags.hpp"
+#include "zenflow/options.hpp"
+#include "zenflow/types.hpp"
+
+namespace zenflow::detail {
+
+/// Work for the offload worker: one gathered gradient, or a marker (src == nullptr).
+template <class Backend>
+struct offload_job {
+  std::int64_t step = 0;
+  std::int64_t interval = 0;
+  /// Marker only: every gradient of `interval` has been handed over (else: every gradient of
+  /// `step`; with flags == nullptr the step is not counted).
+  bool interval_end = false;
+  const std::byte* src = nullptr;  ///< the gathered gradient (device memory, compact)
+  std::size_t bytes = 0;
+  dtype type = dtype::f32;
+  float* accumulator = nullptr;       ///< the interval's fp32 accumulator of this parameter's CPU columns
+  const step_flags* flags = nullptr;  ///< host copy of the step's flags, valid once *flags_ready completed
+  typename Backend::event_type* flags_ready = nullptr;  ///< recorded after the step's flags were written
+  typename Backend::event_type* gathered = nullptr;     ///< the gather this copy must wait for
+};
+
+/// One parameter's share of a CPU update.
+struct update_item {
+  adam_options adam;                      ///< its hyper-parameters as the interval ended
+  std::size_t tensor = 0;                 ///< its tensor in the host optimizer
+  std::span<const std::int32_t> columns;  ///< its CPU columns (ascending)
+  std::span<float> accumulator;           ///< the interval's accumulated gradient, compact (zeroed after)
+  std::span<std::byte> out;               ///< the updated columns in `out_type`, compact (host staging)
+  dtype out_type = dtype::f32;
+  std::byte* device_out = nullptr;  ///< where the write-back reads them from (device memory)
+};
+
+/// Work for the update worker: the CPU update of one interval.
+template <class Backend>
+struct update_job {
+  std::int64_t interval = 0;
+  std::vector<update_item> items;  ///< the parameters with CPU columns
+  /// The write-back that last read this interval parity's device staging (interval - 2's): it must
+  /// have run before the staging is refilled.
+  typename Backend::event_type* written_back = nullptr;
+};
+
+}  // namespace zenflow::detail

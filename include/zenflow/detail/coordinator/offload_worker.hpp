@@ -1,0 +1,149 @@
+// The coordinator's offload worker: copies each step's gathered CPU-column gradients device to
+// host through the device_to_host transfer queue (on its own stream) and accumulates them in fp32
+// into the interval's accumulators, then reports its progress in the shared state.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "zenflow/detail/coordinator/jobs.hpp"
+#include "zenflow/detail/coordinator/shared_state.hpp"
+#include "zenflow/detail/coordinator/step_flags.hpp"
+#include "zenflow/detail/cpu_adam/isa.hpp"
+#include "zenflow/detail/cpu_adam/kernels.hpp"
+#include "zenflow/detail/transfer_queue/basic_queue.hpp"
+#include "zenflow/types.hpp"
+
+namespace zenflow::detail {
+
+/// Owns the device_to_host queue, its copy stream, the job list and the thread. The coordinator
+/// starts it once, pushes jobs under the shared mutex, and requests the stop (shared_state) before
+/// it joins or destroys it.
+template <class Backend>
+class offload_worker {
+ public:
+  using job = offload_job<Backend>;
+  using stream_type = typename Backend::stream_type;
+
+  /// The queue has `slots` slots of `slot_bytes` bytes (validated by the coordinator).
+  offload_worker(shared_state& state, std::size_t slot_bytes, std::size_t slots)
+      : state_(state), queue_(transfer_direction::device_to_host, slot_bytes, slots) {}
+  offload_worker(const offload_worker&) = delete;
+  offload_worker& operator=(const offload_worker&) = delete;
+  ~offload_worker() { join(); }
+
+  /// Starts the thread with `device` as its current device.
+  void start(int device) {
+    thread_ = std::thread([this, device] {
+      Backend::bind_device(device);
+      state_.run_worker([this] { loop(); });
+    });
+  }
+  /// Waits for the thread (after shared_state::request_stop or a failure).
+  void join() noexcept {
+    if (thread_.joinable()) thread_.join();
+  }
+  /// Appends a job; the caller holds the shared mutex and notifies the condition variable after.
+  void push(const state_lock&, const job& j) { jobs_.push_back(j); }
+  /// The stream of the copies (also usable by the coordinator while the thread is not running).
+  [[nodiscard]] stream_type stream() noexcept { return stream_.get(); }
+  /// Waits for every copy submitted to the queue (shutdown). Never throws.
+  void drain() noexcept {
+    try {
+      queue_.drain();
+    } catch (...) {
+    }
+  }
+
+ private:
+  struct in_flight {
+    job j;
+    std::size_t offset;
+    std::size_t bytes;
+  };
+
+  void loop();
+  void consume_one(std::deque<in_flight>& flight);
+
+  shared_state& state_;
+  typename Backend::queue_type queue_;
+  typename Backend::owned_stream stream_;
+  std::deque<job> jobs_;  // guarded by state_.mutex
+  std::thread thread_;
+};
+
+template <class Backend>
+void offload_worker<Backend>::consume_one(std::deque<in_flight>& flight) {
+  auto slot = queue_.next();
+  const in_flight f = flight.front();
+  flight.pop_front();
+  // A gradient handed over during backward can land before step() has produced the step's
+  // flags: wait for them (abandoned at shutdown: then nothing is accumulated).
+  bool have_flags;
+  {
+    std::unique_lock lock(state_.mutex);
+    state_.cv.wait(lock, [&] { return state_.stats_ready_step >= f.j.step || state_.stopping || state_.failed; });
+    have_flags = state_.stats_ready_step >= f.j.step;
+  }
+  if (!have_flags) {
+    queue_.release(slot);
+    return;
+  }
+  Backend::synchronize(*f.j.flags_ready);
+  // The CPU Adam's SIMD accumulate kernel, on this thread alone: the CPU optimizer's pool belongs
+  // to the update worker, which may be running the previous interval's update right now.
+  if (!f.j.flags->skip)
+    cpu_accumulate_kernel(cpu_isa::automatic, f.j.accumulator + f.offset / dtype_size(f.j.type), slot.data, f.j.type,
+                          f.bytes / dtype_size(f.j.type), 1.0f);
+  queue_.release(slot);
+}
+
+template <class Backend>
+void offload_worker<Backend>::loop() {
+  std::deque<in_flight> flight;
+  for (;;) {
+    job j;
+    {
+      std::unique_lock lock(state_.mutex);
+      state_.cv.wait(lock, [&] { return state_.stopping || state_.failed || !jobs_.empty(); });
+      if (state_.failed || jobs_.empty()) break;  // stopping with nothing left
+      j = jobs_.front();
+      jobs_.pop_front();
+    }
+    if (j.src == nullptr) {
+      // A marker: everything before it must be accumulated first.
+      while (!flight.empty()) consume_one(flight);
+      std::lock_guard lock(state_.mutex);
+      if (j.interval_end) {
+        state_.accumulated_interval = j.interval;
+      } else {
+        if (j.flags != nullptr && !j.flags->skip) {
+          ++state_.accumulated_count(j.interval);
+        }
+        state_.offloaded_through_step = j.step;
+      }
+      state_.cv.notify_all();
+      continue;
+    }
+    const std::size_t chunk = queue_.slot_bytes() - queue_.slot_bytes() % 4;
+    Backend::wait(stream_.get(), *j.gathered);  // the copies below read the gathered gradient
+    for (std::size_t off = 0; off < j.bytes; off += chunk) {
+      const std::size_t n = std::min(chunk, j.bytes - off);
+      auto slot = queue_.try_acquire();
+      while (!slot) {
+        if (!flight.empty()) consume_one(flight);
+        slot = queue_.try_acquire();
+        if (!slot && flight.empty()) slot = queue_.acquire();
+      }
+      queue_.submit_device_to_host(*slot, j.src + off, n, Backend::queue_stream(stream_.get()));
+      flight.push_back({j, off, n});
+    }
+  }
+  while (!flight.empty()) consume_one(flight);
+}
+
+}  // namespace zenflow::detail
