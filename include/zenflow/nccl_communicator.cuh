@@ -50,6 +50,8 @@
 
 #include "zenflow/communicator.hpp"
 #include "zenflow/detail/communicator/checks.hpp"
+#include "zenflow/detail/communicator/nccl_core.cuh"
+#include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/error.hpp"
 #include "zenflow/host_stream.hpp"
 #include "zenflow/types.hpp"
@@ -65,58 +67,6 @@ struct nccl_communicator_options {
   /// How often the watchdog looks at the collectives in flight and NCCL's asynchronous error.
   std::chrono::milliseconds poll_interval = std::chrono::milliseconds(10);
 };
-
-namespace detail::nccl {
-
-template <class T>
-constexpr ncclDataType_t datatype() noexcept {
-  if constexpr (std::is_same_v<T, float>)
-    return ncclFloat32;
-  else if constexpr (std::is_same_v<T, double>)
-    return ncclFloat64;
-  else if constexpr (std::is_same_v<T, std::int32_t>)
-    return ncclInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>)
-    return ncclInt64;
-  else if constexpr (std::is_same_v<T, bfloat16>)
-    return ncclBfloat16;
-  else
-    return ncclFloat16;
-}
-
-inline ncclRedOp_t reduction(reduce_op op) noexcept {
-  return op == reduce_op::sum ? ncclSum : op == reduce_op::max ? ncclMax : ncclMin;
-}
-
-/// "<NCCL's name for the result> (<its last error message>)".
-inline std::string result_text(ncclResult_t result, ncclComm_t comm) {
-  std::string text = ncclGetErrorString(result);
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last != '\0') text += detail::concat(" (", last, ")");
-  }
-  return text;
-}
-
-/// Makes `device` current for its scope; restores the previous device.
-class device_guard {
- public:
-  explicit device_guard(int device) : device_(device) {
-    ZENFLOW_CUDA_TRY(cudaGetDevice(&previous_));
-    if (previous_ != device_) ZENFLOW_CUDA_TRY(cudaSetDevice(device_));
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() {
-    if (previous_ != device_) ZENFLOW_CUDA_ASSERT(cudaSetDevice(previous_));
-  }
-
- private:
-  int device_;
-  int previous_ = 0;
-};
-
-}  // namespace detail::nccl
 
 /// A new ncclUniqueId (ncclGetUniqueId), for rank 0 to send to the others. Throws zenflow::error.
 inline ncclUniqueId nccl_unique_id() {
@@ -232,9 +182,9 @@ class nccl_communicator {
       detail::nccl::device_guard guard(device_);
       if (comm_ != nullptr && !failed_.load()) {
         for (const inflight& op : inflight_) {
-          while (cudaEventQuery(op.event) == cudaErrorNotReady && clock::now() < op.deadline)
+          while (cudaEventQuery(op.event.native()) == cudaErrorNotReady && clock::now() < op.deadline)
             std::this_thread::sleep_for(std::chrono::microseconds(200));
-          if (cudaEventQuery(op.event) != cudaSuccess) {
+          if (cudaEventQuery(op.event.native()) != cudaSuccess) {
             fail_locked(detail::concat("nccl_communicator destroyed while ", op.what, " was in flight"));
             break;
           }
@@ -252,8 +202,8 @@ class nccl_communicator {
           comm_ = nullptr;
         }
       }
-      for (const inflight& op : inflight_) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(op.event));
-      for (cudaEvent_t event : free_events_) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event));
+      inflight_.clear();  // the events, destroyed on the communicator's device
+      free_events_.clear();
     } catch (...) {
       if (comm_ != nullptr) (void)ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -332,7 +282,7 @@ class nccl_communicator {
  private:
   using clock = std::chrono::steady_clock;
   struct inflight {
-    cudaEvent_t event;
+    detail::cuda_event event;
     clock::time_point deadline;
     std::string what;
   };
@@ -368,19 +318,19 @@ class nccl_communicator {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     ZENFLOW_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) return;
-    cudaEvent_t event = nullptr;
+    detail::cuda_event event(cudaEventDisableTiming);
     if (free_events_.empty()) {
-      ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      event.create();
     } else {
-      event = free_events_.back();
+      event = std::move(free_events_.back());
       free_events_.pop_back();
     }
-    const cudaError_t recorded = cudaEventRecord(event, stream);
+    const cudaError_t recorded = cudaEventRecord(event.native(), stream);
     if (recorded != cudaSuccess) {
-      free_events_.push_back(event);
+      free_events_.push_back(std::move(event));
       ZENFLOW_CUDA_TRY(recorded);
     }
-    inflight_.push_back({event, clock::now() + timeout_, what});
+    inflight_.push_back({std::move(event), clock::now() + timeout_, what});
     cv_.notify_all();
   }
 
@@ -439,9 +389,9 @@ class nccl_communicator {
       if (failed_.load()) continue;
       const auto now = clock::now();
       for (std::size_t i = 0; i < inflight_.size();) {
-        const cudaError_t state = cudaEventQuery(inflight_[i].event);
+        const cudaError_t state = cudaEventQuery(inflight_[i].event.native());
         if (state == cudaSuccess) {
-          free_events_.push_back(inflight_[i].event);
+          free_events_.push_back(std::move(inflight_[i].event));
           inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
           continue;
         }
@@ -474,7 +424,7 @@ class nccl_communicator {
   mutable ncclComm_t comm_ = nullptr;
   std::condition_variable cv_;
   std::vector<inflight> inflight_;
-  std::vector<cudaEvent_t> free_events_;
+  std::vector<detail::cuda_event> free_events_;
   std::uint64_t calls_ = 0;
   mutable std::atomic<bool> failed_{false};
   mutable std::string failure_;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../gpu/device_helpers.cuh"
+#include "../support/cuda_test_utils.cuh"
 
 using namespace std::chrono_literals;
 using zenflow::bfloat16;
@@ -45,24 +45,17 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 template <class T>
 struct device_vector {
   explicit device_vector(const std::vector<T>& values) : n(values.size()), buffer(values.size() * sizeof(T)) {
-    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.get(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.data(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> out(n);
-    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.data(), n * sizeof(T), cudaMemcpyDeviceToHost));
     return out;
   }
-  std::span<T> span() { return {buffer.get<T>(), n}; }
-  std::span<const T> cspan() const { return {buffer.get<T>(), n}; }
+  std::span<T> span() { return {buffer.data<T>(), n}; }
+  std::span<const T> cspan() const { return {buffer.data<T>(), n}; }
   std::size_t n;
   zenflow_test::device_buffer buffer;
-};
-
-struct stream_holder {
-  cudaStream_t stream = nullptr;
-  stream_holder() { ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
-  ~stream_holder() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream)); }
-  void synchronize() const { ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream)); }
 };
 
 bool contains(const std::string& text, const std::string& part) {
@@ -86,24 +79,24 @@ TEST_CASE_TEMPLATE("one rank: every collective, every element type, in place too
   nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1);
   CHECK(comm.rank() == 0);
   CHECK(comm.size() == 1);
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   const std::size_t n = 1000;
   const std::vector<T> values = pattern<T>(n, 0.0);
   for (const reduce_op op : {reduce_op::sum, reduce_op::max, reduce_op::min}) {
     device_vector<T> send(values), recv(pattern<T>(n, 100.0));
-    comm.all_reduce(send.cspan(), recv.span(), op, s.stream);
+    comm.all_reduce(send.cspan(), recv.span(), op, s.get());
     s.synchronize();
     CHECK(same_bits(recv.download(), values));
-    comm.all_reduce(send.cspan(), send.span(), op, s.stream);  // in place
-    comm.reduce_scatter(send.cspan(), recv.span(), op, s.stream);
+    comm.all_reduce(send.cspan(), send.span(), op, s.get());  // in place
+    comm.reduce_scatter(send.cspan(), recv.span(), op, s.get());
     s.synchronize();
     CHECK(same_bits(send.download(), values));
     CHECK(same_bits(recv.download(), values));
   }
   device_vector<T> send(values), recv(pattern<T>(n, 100.0));
-  comm.all_gather(send.cspan(), recv.span(), s.stream);
-  comm.all_gather(send.cspan(), send.span(), s.stream);  // in place
-  comm.broadcast(send.span(), 0, s.stream);
+  comm.all_gather(send.cspan(), recv.span(), s.get());
+  comm.all_gather(send.cspan(), send.span(), s.get());  // in place
+  comm.broadcast(send.span(), 0, s.get());
   s.synchronize();
   CHECK(same_bits(recv.download(), values));
   CHECK(same_bits(send.download(), values));
@@ -112,14 +105,14 @@ TEST_CASE_TEMPLATE("one rank: every collective, every element type, in place too
 
 TEST_CASE("one rank: bad arguments are rejected before anything is enqueued") {
   nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1);
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   device_vector<float> a(pattern<float>(8, 0.0)), b(pattern<float>(4, 0.0));
-  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), b.span(), reduce_op::sum, s.stream); }),
+  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), b.span(), reduce_op::sum, s.get()); }),
                  "zenflow: recv: all_reduce needs recv.size() == send.size(), got 4 and 8"));
-  CHECK(contains(error_of([&] { comm.reduce_scatter(a.cspan(), b.span(), reduce_op::sum, s.stream); }),
+  CHECK(contains(error_of([&] { comm.reduce_scatter(a.cspan(), b.span(), reduce_op::sum, s.get()); }),
                  "zenflow: send: reduce_scatter needs send.size() == size() * recv.size()"));
-  CHECK(contains(error_of([&] { comm.broadcast(a.span(), 1, s.stream); }), "zenflow: root: must be in [0, 1), got 1"));
-  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), a.span(), static_cast<reduce_op>(9), s.stream); }),
+  CHECK(contains(error_of([&] { comm.broadcast(a.span(), 1, s.get()); }), "zenflow: root: must be in [0, 1), got 1"));
+  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), a.span(), static_cast<reduce_op>(9), s.get()); }),
                  "zenflow: op: unknown reduce_op value 9"));
   // The legacy default stream is a valid CUDA stream.
   comm.all_reduce(a.cspan(), a.span(), reduce_op::sum, nullptr);
@@ -129,13 +122,13 @@ TEST_CASE("one rank: bad arguments are rejected before anything is enqueued") {
 
 TEST_CASE("one rank: abort fails the communicator for good") {
   nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1);
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   device_vector<float> a(pattern<float>(8, 0.0));
   comm.abort("bad input");
   comm.abort("ignored");
   CHECK(comm.native_handle() == nullptr);
   CHECK(error_of([&] { comm.check(); }) == "zenflow: nccl_communicator: aborted on rank 0 of 1: bad input");
-  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), a.span(), reduce_op::sum, s.stream); }),
+  CHECK(contains(error_of([&] { comm.all_reduce(a.cspan(), a.span(), reduce_op::sum, s.get()); }),
                  "all_reduce called after the communicator failed: aborted on rank 0 of 1: bad input"));
 }
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "../gpu/device_helpers.cuh"
+#include "../support/cuda_test_utils.cuh"
 #include "mpi_doctest.hpp"
 
 using namespace std::chrono_literals;
@@ -74,24 +74,17 @@ std::vector<T> patterned(int rank, std::size_t n) {
 template <class T>
 struct device_vector {
   explicit device_vector(const std::vector<T>& values) : n(values.size()), buffer(values.size() * sizeof(T)) {
-    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.get(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.data(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> out(n);
-    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.data(), n * sizeof(T), cudaMemcpyDeviceToHost));
     return out;
   }
-  std::span<T> span() { return {buffer.get<T>(), n}; }
-  std::span<const T> cspan() const { return {buffer.get<T>(), n}; }
+  std::span<T> span() { return {buffer.data<T>(), n}; }
+  std::span<const T> cspan() const { return {buffer.data<T>(), n}; }
   std::size_t n;
   zenflow_test::device_buffer buffer;
-};
-
-struct stream_holder {
-  cudaStream_t stream = nullptr;
-  stream_holder() { ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
-  ~stream_holder() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream)); }
-  void synchronize() const { ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream)); }
 };
 
 bool contains(const std::string& text, const std::string& part) {
@@ -126,34 +119,34 @@ TEST_CASE_TEMPLATE("all_reduce, reduce_scatter, all_gather, broadcast: exact on 
   nccl_communicator comm = make_communicator();
   REQUIRE(comm.rank() == world_rank());
   REQUIRE(comm.size() == world_size());
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   const std::size_t n = 1000;
   const auto blocks = static_cast<std::size_t>(comm.size());
   for (const reduce_op op : {reduce_op::sum, reduce_op::max, reduce_op::min}) {
     CAPTURE(zenflow::reduce_op_name(op));
     device_vector<T> send(patterned<T>(comm.rank(), blocks * n)), all{std::vector<T>(blocks * n)},
         part{std::vector<T>(n)};
-    comm.all_reduce(send.cspan(), all.span(), op, s.stream);
-    comm.reduce_scatter(send.cspan(), part.span(), op, s.stream);
+    comm.all_reduce(send.cspan(), all.span(), op, s.get());
+    comm.reduce_scatter(send.cspan(), part.span(), op, s.get());
     s.synchronize();
     const std::vector<T> a = all.download(), p = part.download();
     for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(value(a[i]) == reduced(op, i));
     for (std::size_t i = 0; i < n; ++i)
       REQUIRE(value(p[i]) == reduced(op, static_cast<std::size_t>(comm.rank()) * n + i));
     // In place: all_reduce over the same buffer, reduce_scatter into this rank's block.
-    comm.all_reduce(send.cspan(), send.span(), op, s.stream);
+    comm.all_reduce(send.cspan(), send.span(), op, s.get());
     s.synchronize();
     CHECK(std::memcmp(send.download().data(), a.data(), a.size() * sizeof(T)) == 0);
   }
   device_vector<T> mine(patterned<T>(comm.rank(), n)), gathered{std::vector<T>(blocks * n)};
-  comm.all_gather(mine.cspan(), gathered.span(), s.stream);
+  comm.all_gather(mine.cspan(), gathered.span(), s.get());
   s.synchronize();
   const std::vector<T> g = gathered.download();
   for (std::size_t r = 0; r < blocks; ++r)
     for (std::size_t i = 0; i < n; ++i) REQUIRE(value(g[r * n + i]) == pattern(static_cast<int>(r), i));
   for (int root = 0; root < comm.size(); ++root) {
     device_vector<T> buffer(patterned<T>(comm.rank(), n));
-    comm.broadcast(buffer.span(), root, s.stream);
+    comm.broadcast(buffer.span(), root, s.get());
     s.synchronize();
     const std::vector<T> b = buffer.download();
     for (std::size_t i = 0; i < n; ++i) REQUIRE(value(b[i]) == pattern(root, i));
@@ -163,7 +156,7 @@ TEST_CASE_TEMPLATE("all_reduce, reduce_scatter, all_gather, broadcast: exact on 
 
 TEST_CASE("in place reduce_scatter and all_gather; inexact float sums agree bitwise across ranks") {
   nccl_communicator comm = make_communicator();
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   const std::size_t n = 4099;
   const auto blocks = static_cast<std::size_t>(comm.size());
   const std::size_t first = static_cast<std::size_t>(comm.rank()) * n;
@@ -174,9 +167,9 @@ TEST_CASE("in place reduce_scatter and all_gather; inexact float sums agree bitw
     x = static_cast<float>(state >> 8) * 1e-7f - 0.3f;
   }
   device_vector<float> buffer(values), sum{std::vector<float>(blocks * n)};
-  comm.all_reduce(buffer.cspan(), sum.span(), reduce_op::sum, s.stream);
-  comm.reduce_scatter(buffer.cspan(), buffer.span().subspan(first, n), reduce_op::sum, s.stream);
-  comm.all_gather(buffer.cspan().subspan(first, n), buffer.span(), s.stream);
+  comm.all_reduce(buffer.cspan(), sum.span(), reduce_op::sum, s.get());
+  comm.reduce_scatter(buffer.cspan(), buffer.span().subspan(first, n), reduce_op::sum, s.get());
+  comm.all_gather(buffer.cspan().subspan(first, n), buffer.span(), s.get());
   s.synchronize();
   const std::vector<float> all = sum.download(), round_trip = buffer.download();
   std::vector<float> everyone(all.size() * blocks);
@@ -191,7 +184,7 @@ TEST_CASE("in place reduce_scatter and all_gather; inexact float sums agree bitw
 
 TEST_CASE("unequal partition: padded blocks scatter the sums and gather them back") {
   nccl_communicator comm = make_communicator();
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   const std::vector<std::int64_t> rows = {5, 3, 8, 1, 7, 2, 6, 4, 9, 1, 1, 3};
   const zenflow::block_partition part = zenflow::partition_by_size(rows, comm.size());
   const auto block = static_cast<std::size_t>(part.block);
@@ -202,8 +195,8 @@ TEST_CASE("unequal partition: padded blocks scatter the sums and gather them bac
       packed[static_cast<std::size_t>(part.offsets[c] + i)] = static_cast<float>(pattern(comm.rank(), element));
   device_vector<float> buffer(packed);
   const std::size_t mine = static_cast<std::size_t>(comm.rank()) * block;
-  comm.reduce_scatter(buffer.cspan(), buffer.span().subspan(mine, block), reduce_op::sum, s.stream);
-  comm.all_gather(buffer.cspan().subspan(mine, block), buffer.span(), s.stream);
+  comm.reduce_scatter(buffer.cspan(), buffer.span().subspan(mine, block), reduce_op::sum, s.get());
+  comm.all_gather(buffer.cspan().subspan(mine, block), buffer.span(), s.get());
   s.synchronize();
   const std::vector<float> out = buffer.download();
   element = 0;
@@ -214,18 +207,18 @@ TEST_CASE("unequal partition: padded blocks scatter the sums and gather them bac
 
 TEST_CASE("a rank that stops participating: the others' watchdog fails them within the timeout") {
   nccl_communicator comm = make_communicator(1000ms);
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   device_vector<float> buffer(patterned<float>(comm.rank(), 1024));
   if (comm.rank() != 1) {
     const auto start = std::chrono::steady_clock::now();
-    comm.all_reduce(buffer.cspan(), buffer.span(), reduce_op::sum, s.stream);
+    comm.all_reduce(buffer.cspan(), buffer.span(), reduce_op::sum, s.get());
     const std::string message = failure_within(comm, 30s);
     CHECK(contains(message,
                    "zenflow: nccl_communicator: all_reduce #0 (1024 x float, sum) did not complete within "
                    "1000 ms"));
     CHECK(std::chrono::steady_clock::now() - start < 30s);
     s.synchronize();  // ncclCommAbort ended the waiting kernel: the stream goes on
-    CHECK(contains(error_of([&] { comm.all_reduce(buffer.cspan(), buffer.span(), reduce_op::sum, s.stream); }),
+    CHECK(contains(error_of([&] { comm.all_reduce(buffer.cspan(), buffer.span(), reduce_op::sum, s.get()); }),
                    "all_reduce called after the communicator failed"));
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -234,14 +227,14 @@ TEST_CASE("a rank that stops participating: the others' watchdog fails them with
 
 TEST_CASE("abort(reason) on one rank: it fails at once, the peers within their timeout") {
   nccl_communicator comm = make_communicator(2000ms);
-  stream_holder s;
+  zenflow_test::cuda_stream s;
   device_vector<double> buffer(patterned<double>(comm.rank(), 64));
   if (comm.rank() == 0) {
     comm.abort("bad input on rank 0");
     CHECK(contains(error_of([&] { comm.check(); }), "aborted on rank 0 of"));
   } else {
     const auto start = std::chrono::steady_clock::now();
-    comm.all_reduce(buffer.cspan(), buffer.span(), reduce_op::sum, s.stream);
+    comm.all_reduce(buffer.cspan(), buffer.span(), reduce_op::sum, s.get());
     const std::string message = failure_within(comm, 30s);
     CHECK((contains(message, "did not complete within 2000 ms") || contains(message, "asynchronous error")));
     CHECK(std::chrono::steady_clock::now() - start < 30s);

@@ -15,6 +15,7 @@
 
 #include "zenflow/concepts.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
+#include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/error.hpp"
 #include "zenflow/gradient_stats.cuh"
 #include "zenflow/importance_selector.cuh"
@@ -55,113 +56,18 @@ struct cuda_backend {
   };
   static constexpr memory_space device_space = memory_space::device;
 
-  /// Owning device allocation (cudaMalloc), freed exactly once.
-  class device_buffer {
-   public:
-    device_buffer() = default;
-    explicit device_buffer(std::size_t bytes) : bytes_(bytes) {
-      if (bytes_ != 0) ZENFLOW_CUDA_TRY(cudaMalloc(&data_, bytes_));
-    }
-    device_buffer(device_buffer&& o) noexcept
-        : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-    device_buffer& operator=(device_buffer&& o) noexcept {
-      if (this != &o) {
-        reset();
-        data_ = std::exchange(o.data_, nullptr);
-        bytes_ = std::exchange(o.bytes_, 0);
-      }
-      return *this;
-    }
-    ~device_buffer() { reset(); }
-    [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
-    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-
-   private:
-    void reset() noexcept {
-      if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFree(data_));
-      data_ = nullptr;
-      bytes_ = 0;
-    }
-    void* data_ = nullptr;
-    std::size_t bytes_ = 0;
-  };
-
+  /// Device memory (cudaMalloc): the column lists, staging and write-back buffers.
+  using device_buffer = detail::cuda_device_buffer;
   /// Mapped pinned host memory kernels write into directly (the per-step flags): data() for the
   /// host, device_data() for kernels.
-  class host_buffer {
-   public:
-    host_buffer() = default;
-    explicit host_buffer(std::size_t bytes) : bytes_(bytes) {
-      if (bytes_ == 0) return;
-      ZENFLOW_CUDA_TRY(cudaHostAlloc(&data_, bytes_, cudaHostAllocMapped));
-      try {
-        ZENFLOW_CUDA_TRY(cudaHostGetDevicePointer(&device_data_, data_, 0));
-      } catch (...) {
-        reset();
-        throw;
-      }
-    }
-    host_buffer(host_buffer&& o) noexcept
-        : data_(std::exchange(o.data_, nullptr)),
-          device_data_(std::exchange(o.device_data_, nullptr)),
-          bytes_(std::exchange(o.bytes_, 0)) {}
-    host_buffer& operator=(host_buffer&& o) noexcept {
-      if (this != &o) {
-        reset();
-        data_ = std::exchange(o.data_, nullptr);
-        device_data_ = std::exchange(o.device_data_, nullptr);
-        bytes_ = std::exchange(o.bytes_, 0);
-      }
-      return *this;
-    }
-    ~host_buffer() { reset(); }
-    [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
-    [[nodiscard]] std::byte* device_data() const noexcept { return static_cast<std::byte*>(device_data_); }
-    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-
-   private:
-    void reset() noexcept {
-      if (data_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaFreeHost(data_));
-      data_ = device_data_ = nullptr;
-      bytes_ = 0;
-    }
-    void* data_ = nullptr;
-    void* device_data_ = nullptr;
-    std::size_t bytes_ = 0;
-  };
-
+  using host_buffer = detail::cuda_mapped_host_buffer;
   /// An event created on first use (timing disabled; waiters sleep, like the queues' consumers).
-  class event_type {
+  class event_type : public detail::cuda_event {
    public:
-    event_type() = default;
-    event_type(const event_type&) = delete;
-    event_type& operator=(const event_type&) = delete;
-    ~event_type() {
-      if (event_ != nullptr) ZENFLOW_CUDA_ASSERT(cudaEventDestroy(event_));
-    }
-    cudaEvent_t get() {
-      if (event_ == nullptr)
-        ZENFLOW_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventBlockingSync));
-      return event_;
-    }
-    [[nodiscard]] bool recorded() const noexcept { return event_ != nullptr; }
-
-   private:
-    cudaEvent_t event_ = nullptr;
+    event_type() noexcept : cuda_event(cudaEventDisableTiming | cudaEventBlockingSync) {}
   };
-
   /// A non-blocking stream owned by the coordinator.
-  class owned_stream {
-   public:
-    owned_stream() { ZENFLOW_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-    owned_stream(const owned_stream&) = delete;
-    owned_stream& operator=(const owned_stream&) = delete;
-    ~owned_stream() { ZENFLOW_CUDA_ASSERT(cudaStreamDestroy(stream_)); }
-    [[nodiscard]] stream_type get() noexcept { return stream_; }
-
-   private:
-    cudaStream_t stream_ = nullptr;
-  };
+  using owned_stream = detail::cuda_stream;
 
   /// The calling thread's current device; bind_device makes it a worker thread's current device.
   static int current_device() {
@@ -174,13 +80,9 @@ struct cuda_backend {
   /// The stream argument the transfer queues take.
   static cudaStream_t queue_stream(stream_type stream) noexcept { return stream; }
 
-  static void record(event_type& event, stream_type stream) { ZENFLOW_CUDA_TRY(cudaEventRecord(event.get(), stream)); }
-  static void wait(stream_type stream, event_type& event) {
-    ZENFLOW_CUDA_TRY(cudaStreamWaitEvent(stream, event.get(), 0));
-  }
-  static void synchronize(event_type& event) {
-    if (event.recorded()) ZENFLOW_CUDA_TRY(cudaEventSynchronize(event.get()));
-  }
+  static void record(event_type& event, stream_type stream) { event.record(stream); }
+  static void wait(stream_type stream, event_type& event) { event.wait(stream); }
+  static void synchronize(event_type& event) { event.synchronize(); }
   static void synchronize(stream_type stream) { ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream)); }
 
   static void copy_async(void* dst, const void* src, std::size_t bytes, stream_type stream) {

@@ -61,7 +61,7 @@ inline void cuda_gradient_stats(std::span<const const_matrix_view> grads, std::s
     const std::size_t end = b + static_cast<std::size_t>(batch.count);
     const long long grid = (end < tensors.size() ? first[end] : chunks) - first[b];
     st::stats_partials_kernel<<<static_cast<unsigned>(grid), st::stats_threads, 0, stream>>>(batch, partial_sum,
-                                                                                            partial_bad);
+                                                                                             partial_bad);
     ZENFLOW_CUDA_TRY(cudaGetLastError());
   }
   st::stats_final_kernel<<<1, st::stats_final_threads, 0, stream>>>(partial_sum, partial_bad, chunks, out);
