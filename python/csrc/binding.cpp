@@ -356,10 +356,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "features",
       [] {
-        py::dict d;  // the coordinator takes every registered parameter's gradient in every step
+        py::dict d;  // as coordinator_handle::supported()
         d["set_adam_options"] = true;
         d["per_parameter_adam"] = true;
-        d["skips_missing_gradients"] = false;
+        d["skips_missing_gradients"] = true;
         return d;
       },
       "What this build's coordinator supports beyond the base schedule");

@@ -64,8 +64,8 @@ class coordinator_handle final : public handle {
       : coordinator_(options, config) {}
 
   [[nodiscard]] features supported() const noexcept override {
-    // The coordinator takes every registered parameter's gradient in every step.
-    return {true, true, false};
+    // step() skips a parameter without a gradient (missing_gradients::skip), as torch's AdamW.
+    return {true, true, true};
   }
   [[nodiscard]] const char* backend() const noexcept override { return host ? "host" : "cuda"; }
 
@@ -88,7 +88,9 @@ class coordinator_handle final : public handle {
     coordinator_.submit_gradient(i, grad, to_stream(stream));
   }
   zenflow::step_metrics step(void* stream) override {
-    zenflow::step_metrics m = coordinator_.step(to_stream(stream));
+    // A parameter whose .grad is None this step is skipped, as torch.optim.AdamW skips it (the
+    // Python layer checked the gradients that are there).
+    zenflow::step_metrics m = coordinator_.step(to_stream(stream), zenflow::missing_gradients::skip);
     if constexpr (host) stream_.synchronize();
     return m;
   }

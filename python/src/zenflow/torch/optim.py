@@ -159,7 +159,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._pushed = None
         ref = weakref.ref(self)
         for i, p in enumerate(self._params):
-            self._hooks.append(p.register_post_accumulate_grad_hook(_hook(ref, i)))
+            # A frozen parameter (requires_grad False: skipped while it has no gradient) cannot
+            # take a hook; should it get a gradient later, step() hands it over.
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(_hook(ref, i)))
         _open.add(self)
 
     @classmethod
@@ -187,7 +190,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._backward_count.extend([0] * len(g["params"]))
             ref = weakref.ref(self)
             for i in range(start, len(self._params)):
-                self._hooks.append(self._params[i].register_post_accumulate_grad_hook(_hook(ref, i)))
+                if self._params[i].requires_grad:
+                    self._hooks.append(self._params[i].register_post_accumulate_grad_hook(_hook(ref, i)))
 
     def zero_grad(self, set_to_none=True):
         self._backward_count = [0] * len(self._params)
