@@ -104,7 +104,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::vector<char> file(reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size);
   const auto& config = matching(file);
-  checkpoint_model m(config);
+  checkpoint_model m(config.options);
   const auto weights = m.snapshot();
   const auto cpu = m.cpu_state();
   bool loaded = try_load(m, file, weights, cpu);
