@@ -183,6 +183,13 @@ TEST_CASE("the default still rejects a step with a missing gradient; skip accept
   h.submit(2);
   CHECK_NOTHROW(h.coordinator.step(&h.stream, missing_gradients::skip));
   CHECK(h.coordinator.step_count() == 1);
+  // A step without any gradient is still a training step, and changes no parameter.
+  h.stream.synchronize();
+  const auto before = h.model.snapshot();
+  CHECK_NOTHROW(h.coordinator.step(&h.stream, missing_gradients::skip));
+  CHECK(h.coordinator.step_count() == 2);
+  h.stream.synchronize();
+  CHECK(h.model.snapshot() == before);
 }
 
 TEST_CASE("a frozen layer stays bitwise as registered and gets no optimizer state, in every mode") {
