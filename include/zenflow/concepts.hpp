@@ -173,6 +173,8 @@ concept migratable_device_optimizer = device_optimizer<D> && std::constructible_
   cd.export_state(i, out);
   d.import_state(i, in);
   d.set_step_count(n);
+  { cd.step_count(i) } -> std::convertible_to<std::int64_t>;
+  d.set_step_count(i, n);
 };
 template <class B>
 concept backend_device_optimizer = migratable_device_optimizer<typename B::device_optimizer_type>;
@@ -258,7 +260,9 @@ concept backend_step_operations =
 ///       column scores, host memory).
 ///    R3 `B::device_optimizer_type` — a device_optimizer constructible from adam_options, with
 ///       `export_state(i, out)` and `import_state(i, in)` (packed master/m/v, host spans) and
-///       `set_step_count(n)` (checkpoints).
+///       `set_step_count(n)` (checkpoints), and per parameter `step_count(i)` /
+///       `set_step_count(i, n)` (a parameter's bias-correction count, which stops while it gets
+///       no gradient; checkpoints).
 ///    R4 `B::queue_type` — a transfer_queue constructible from (direction, slot_bytes, slot_count);
 ///       `B::queue_stream(stream)` — the stream argument the queue's submissions take;
 ///       `pipelined_copy_to_device(queue, dst, src, bytes, queue_stream(stream))` (found by ADL)

@@ -170,6 +170,16 @@ struct backend_device_optimizer : model_device_optimizer {
   void export_state(std::size_t, std::span<float>) const {}
   void import_state(std::size_t, std::span<const float>) {}
   void set_step_count(std::int64_t) {}
+  using model_device_optimizer::step_count;
+  std::int64_t step_count(std::size_t) const { return 0; }
+  void set_step_count(std::size_t, std::int64_t) {}
+};
+// Counts its steps only as a whole: the coordinator could not skip one parameter's step.
+struct device_optimizer_without_parameter_counts : model_device_optimizer {
+  explicit device_optimizer_without_parameter_counts(const zenflow::adam_options&) {}
+  void export_state(std::size_t, std::span<float>) const {}
+  void import_state(std::size_t, std::span<const float>) {}
+  void set_step_count(std::int64_t) {}
 };
 struct backend_queue : model_queue {
   backend_queue(zenflow::transfer_direction, std::size_t, std::size_t) {}
@@ -317,6 +327,9 @@ static_assert(zenflow::host_optimizer<zenflow::cpu_adam>);
 static_assert(zenflow::device_optimizer<model_device_optimizer>);
 static_assert(!zenflow::device_optimizer<model_host_optimizer>);  // lacks parameter_count
 static_assert(!zenflow::device_optimizer<device_optimizer_without_selection>);
+static_assert(zenflow::detail::migratable_device_optimizer<backend_device_optimizer>);
+static_assert(!zenflow::detail::migratable_device_optimizer<device_optimizer_without_parameter_counts>);
+static_assert(zenflow::detail::migratable_device_optimizer<zenflow::host_sparse_adam>);
 static_assert(zenflow::offload_coordinator<model_coordinator>);
 static_assert(!zenflow::offload_coordinator<coordinator_without_submit>);
 
