@@ -1,0 +1,53 @@
+"""Smoke test of bench/torch/bench_transformer_step.py: the tiny preset on the CPU, every
+ZenFlowAdamW mode and torch.optim.AdamW for a few steps; checks the result's fields."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "torch" / "bench_transformer_step.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_transformer_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def finite(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def test_tiny_cpu_preset(tmp_path):
+    bench = load_bench()
+    out_path = tmp_path / "bench.json"
+    out = bench.run(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1",
+                     "--steps", "3", "--update-interval", "2", "--cpu-threads", "1", "--quiet",
+                     "--modes", "torch_adamw,zero_offload,zenflow_async,zenflow_sync,deepspeed_zenflow",
+                     "--out", str(out_path)])
+    assert json.loads(out_path.read_text())["results"].keys() == out["results"].keys()
+    results = out["results"]
+    assert set(results) == {"torch_adamw", "zero_offload", "zenflow_async", "zenflow_sync"}
+    assert "deepspeed_zenflow" in out["skipped"]  # never run on the CPU
+    for name, r in results.items():
+        for key in ("step_ms_median", "step_ms_mean", "step_ms_min", "step_ms_max", "wall_ms_per_step",
+                    "ratio_to_dense", "loss_last"):
+            assert finite(r[key]), (name, key, r[key])
+        assert r["step_ms_mean"] > 0
+        assert r["peak_gpu_memory_bytes"] is None  # CPU run
+    assert results["torch_adamw"]["ratio_to_dense"] == 1.0
+    for name in ("zero_offload", "zenflow_async", "zenflow_sync"):
+        r = results[name]
+        for key in ("stall_ms_per_step", "cpu_update_ms_per_step", "bytes_d2h_per_step", "bytes_h2d_per_step",
+                    "pcie_bytes_per_step"):
+            assert finite(r[key]) and r[key] >= 0, (name, key, r[key])
+        assert r["bytes_d2h_per_step"] > 0  # the offloaded columns' gradients
+    for b in out["bars"].values():
+        assert b["verdict"] == "not judged on CPU"
+        assert finite(b["value"]) or b["value"] is None
