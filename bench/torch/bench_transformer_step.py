@@ -277,6 +277,10 @@ def run(argv=None):
     cuda = device.type == "cuda"
     import transformers
     import zenflow.torch as zf
+    offload = [m for m in args.modes if m in ZENFLOW_MODES]
+    if cuda and offload and not zf.cuda_available():
+        raise SystemExit(f"--modes {','.join(offload)} on cuda need zenflow.torch's CUDA backend: "
+                         f"{zf.cuda_status()} (see python/README.md, Build)")
     env = {"torch": torch.__version__, "transformers": transformers.__version__,
            "zenflow_cuda": zf.cuda_status(), "device": args.device,
            "gpu": torch.cuda.get_device_name(device) if cuda else None,
