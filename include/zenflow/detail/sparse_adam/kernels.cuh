@@ -205,10 +205,11 @@ __device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, float& 
 /// the block's other warps already load their first tile (loads have no effect; nothing is written
 /// before the decision), so the decision's latency hides behind those loads. The decision is the
 /// same in every block. Each parameter's constants come from its own step counter (torch's
-/// per-parameter `step`), computed in double by one thread when the block reaches a tile of
-/// another parameter; a parameter without a gradient is skipped. The last block to finish advances
-/// the counters (the optimizer's, and those of the parameters with a gradient), after every block
-/// has read them.
+/// per-parameter `step`), computed in double by one thread when the block reaches a parameter at
+/// another step than the last one (usually once per block: parameters step together); then only
+/// the parameter's lr and weight decay are set. A parameter without a gradient is skipped. The
+/// last block to finish advances the counters (the optimizer's, and those of the parameters with
+/// a gradient), after every block has read them.
 static __global__ void __launch_bounds__(kThreads)
     sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
                             step_control ctl) {
@@ -219,8 +220,10 @@ static __global__ void __launch_bounds__(kThreads)
   __shared__ int last;
   if (threadIdx.x == 0) decide_step(ctl, scale, apply);  // before its own loads: fewer live registers
   adam_step_constants c{};
-  bool decided = false;  // uniform over the block: the tiles of a block depend on blockIdx only
-  int current = -1;      // the parameter whose constants c holds
+  double c_bc1 = 0.0;       // the bias correction c was made with
+  std::int64_t c_step = 0;  // the step c was made for (0: none yet)
+  bool decided = false;     // uniform over the block: the tiles of a block depend on blockIdx only
+  int current = -1;         // the parameter whose hyper-parameters c holds
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int p = find_param(params, count, t);
     const grad_desc g = grads[p];
@@ -234,16 +237,20 @@ static __global__ void __launch_bounds__(kThreads)
       if (apply == 0) return;  // uniform over the grid: nothing is written, the counters stay
       decided = true;
     }
-    if (p != current) {  // uniform over the block
-      __syncthreads();   // every thread has copied the previous parameter's constants
-      if (threadIdx.x == 0) {
-        const std::int64_t step = *d.step + 1;
-        constants = adam_step_constants_unchecked(ctl.options, step, scale);
-        bc1 = adam_bias_correction1(ctl.options, step);
+    if (p != current) {                       // uniform over the block
+      const std::int64_t step = *d.step + 1;  // one counter, read by every thread: uniform too
+      if (step != c_step) {                   // parameters at the same step share the constants
+        __syncthreads();                      // every thread has copied the previous constants
+        if (threadIdx.x == 0) {
+          constants = adam_step_constants_unchecked(ctl.options, step, scale);
+          bc1 = adam_bias_correction1(ctl.options, step);
+        }
+        __syncthreads();
+        c = constants;
+        c_bc1 = bc1;
+        c_step = step;
       }
-      __syncthreads();
-      c = constants;
-      set_lr_and_weight_decay(c, ctl.options.adamw_mode, d.lr, d.weight_decay, bc1);  // the parameter's group
+      set_lr_and_weight_decay(c, ctl.options.adamw_mode, d.lr, d.weight_decay, c_bc1);  // the parameter's group
       current = p;
     }
     update_tile_any(d, first, x, c);
