@@ -16,9 +16,9 @@
 // component types and the "device" operations: host_backend ships here (a host_stream plays the
 // GPU stream), cuda_backend with coordinator.cuh. This header declares; the definitions live in
 // detail/coordinator/: the schedule (coordinator_impl.hpp), state migration on reselection
-// (migration.hpp), the offload and update workers (offload_worker.hpp, update_worker.hpp; the work
-// they are handed in jobs.hpp, what they share with the trainer thread in shared_state.hpp), the
-// per-step flags (step_flags.hpp) and checkpoints (checkpoint_io.hpp).
+// (migration.hpp), the offload and update workers (offload_worker.hpp, update_worker.hpp, both on
+// worker_thread.hpp; the work they are handed in jobs.hpp, what they share with the trainer thread
+// in shared_state.hpp), the per-step flags (step_flags.hpp) and checkpoints (checkpoint_io.hpp).
 #pragma once
 
 #include <array>

@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
-#include <thread>
 
 #include "zenflow/detail/coordinator/jobs.hpp"
 #include "zenflow/detail/coordinator/shared_state.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
+#include "zenflow/detail/coordinator/worker_thread.hpp"
 #include "zenflow/detail/cpu_adam/isa.hpp"
 #include "zenflow/detail/cpu_adam/kernels.hpp"
 #include "zenflow/detail/transfer_queue/basic_queue.hpp"
@@ -20,43 +20,27 @@
 
 namespace zenflow::detail {
 
-/// Owns the device_to_host queue, its copy stream, the job list and the thread. The coordinator
-/// starts it once, pushes jobs under the shared mutex, and requests the stop (shared_state) before
-/// it joins or destroys it.
+/// The device_to_host side: the queue, its copy stream, the job list and the thread are
+/// worker_thread's. The coordinator starts it once, pushes jobs under the shared mutex, and
+/// requests the stop (shared_state) before it joins or destroys it.
 template <class Backend>
-class offload_worker {
- public:
-  using job = offload_job<Backend>;
-  using stream_type = typename Backend::stream_type;
+class offload_worker : public worker_thread<Backend, offload_job<Backend>> {
+  using base = worker_thread<Backend, offload_job<Backend>>;
+  using base::jobs_;
+  using base::queue_;
+  using base::state_;
+  using base::stream_;
 
-  /// The queue has `slots` slots of `slot_bytes` bytes (validated by the coordinator).
+ public:
+  using typename base::job;
+
   offload_worker(shared_state& state, std::size_t slot_bytes, std::size_t slots)
-      : state_(state), queue_(transfer_direction::device_to_host, slot_bytes, slots) {}
-  offload_worker(const offload_worker&) = delete;
-  offload_worker& operator=(const offload_worker&) = delete;
-  ~offload_worker() { join(); }
+      : base(state, transfer_direction::device_to_host, slot_bytes, slots) {}
+  ~offload_worker() { this->join(); }  // the thread runs this class's loop
 
   /// Starts the thread with `device` as its current device.
   void start(int device) {
-    thread_ = std::thread([this, device] {
-      Backend::bind_device(device);
-      state_.run_worker([this] { loop(); });
-    });
-  }
-  /// Waits for the thread (after shared_state::request_stop or a failure).
-  void join() noexcept {
-    if (thread_.joinable()) thread_.join();
-  }
-  /// Appends a job; the caller holds the shared mutex and notifies the condition variable after.
-  void push(const state_lock&, const job& j) { jobs_.push_back(j); }
-  /// The stream of the copies (also usable by the coordinator while the thread is not running).
-  [[nodiscard]] stream_type stream() noexcept { return stream_.get(); }
-  /// Waits for every copy submitted to the queue (shutdown). Never throws.
-  void drain() noexcept {
-    try {
-      queue_.drain();
-    } catch (...) {
-    }
+    this->start_thread(device, [this] { loop(); });
   }
 
  private:
@@ -68,12 +52,6 @@ class offload_worker {
 
   void loop();
   void consume_one(std::deque<in_flight>& flight);
-
-  shared_state& state_;
-  typename Backend::queue_type queue_;
-  typename Backend::owned_stream stream_;
-  std::deque<job> jobs_;  // guarded by state_.mutex
-  std::thread thread_;
 };
 
 template <class Backend>

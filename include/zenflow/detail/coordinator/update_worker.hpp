@@ -11,7 +11,6 @@
 #include <deque>
 #include <mutex>
 #include <span>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,52 +18,36 @@
 #include "zenflow/cpu_adam.hpp"
 #include "zenflow/detail/coordinator/jobs.hpp"
 #include "zenflow/detail/coordinator/shared_state.hpp"
+#include "zenflow/detail/coordinator/worker_thread.hpp"
 #include "zenflow/detail/transfer_queue/basic_queue.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/types.hpp"
 
 namespace zenflow::detail {
 
-/// Owns the host_to_device queue, its copy stream, the job list, the thread and the trace of the
-/// CPU updates. The coordinator starts it once, pushes jobs under the shared mutex, and requests
-/// the stop (shared_state) before it joins or destroys it. The items of a job stay valid until the
-/// job is done: the coordinator changes no parameter's CPU columns or buffers while a CPU update
-/// is launched and not written back.
+/// The host_to_device side and the trace of the CPU updates: the queue, its stream, the job list
+/// and the thread are worker_thread's. The coordinator starts it once, pushes jobs under the
+/// shared mutex (setting launched_interval), and requests the stop (shared_state) before it joins
+/// or destroys it. The items of a job stay valid until the job is done: the coordinator changes no
+/// parameter's CPU columns or buffers while a CPU update is launched and not written back.
 template <class Backend, class HostOptimizer>
-class update_worker {
- public:
-  using job = update_job<Backend>;
-  using stream_type = typename Backend::stream_type;
+class update_worker : public worker_thread<Backend, update_job<Backend>> {
+  using base = worker_thread<Backend, update_job<Backend>>;
+  using base::jobs_;
+  using base::queue_;
+  using base::state_;
+  using base::stream_;
 
-  /// The queue has `slots` slots of `slot_bytes` bytes (validated by the coordinator).
+ public:
+  using typename base::job;
+
   update_worker(shared_state& state, HostOptimizer& optimizer, std::size_t slot_bytes, std::size_t slots)
-      : state_(state), optimizer_(optimizer), queue_(transfer_direction::host_to_device, slot_bytes, slots) {}
-  update_worker(const update_worker&) = delete;
-  update_worker& operator=(const update_worker&) = delete;
-  ~update_worker() { join(); }
+      : base(state, transfer_direction::host_to_device, slot_bytes, slots), optimizer_(optimizer) {}
+  ~update_worker() { this->join(); }  // the thread runs this class's loop
 
   /// Starts the thread with `device` as its current device.
   void start(int device) {
-    thread_ = std::thread([this, device] {
-      Backend::bind_device(device);
-      state_.run_worker([this] { loop(); });
-    });
-  }
-  /// Waits for the thread (after shared_state::request_stop or a failure).
-  void join() noexcept {
-    if (thread_.joinable()) thread_.join();
-  }
-  /// Appends a job; the caller holds the shared mutex, sets launched_interval and notifies the
-  /// condition variable after.
-  void push(const state_lock&, job j) { jobs_.push_back(std::move(j)); }
-  /// The stream of the uploads.
-  [[nodiscard]] stream_type stream() noexcept { return stream_.get(); }
-  /// Waits for every copy submitted to the queue (shutdown). Never throws.
-  void drain() noexcept {
-    try {
-      queue_.drain();
-    } catch (...) {
-    }
+    this->start_thread(device, [this] { loop(); });
   }
 
   /// The staleness oracle's records (coordinator_config::record_trace), guarded by the shared
@@ -86,13 +69,8 @@ class update_worker {
   void loop();
   void run(job& j);
 
-  shared_state& state_;
   HostOptimizer& optimizer_;
-  typename Backend::queue_type queue_;
-  typename Backend::owned_stream stream_;
-  std::deque<job> jobs_;              // guarded by state_.mutex
   std::vector<update_record> trace_;  // guarded by state_.mutex
-  std::thread thread_;
 };
 
 template <class Backend, class HostOptimizer>
