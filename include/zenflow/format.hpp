@@ -34,32 +34,12 @@
 
 namespace zenflow::detail::format {
 
-/// "auto", "step", "epoch" (DeepSpeed's spelling, as in the option validation messages).
 constexpr std::string_view name(selection_strategy s) noexcept {
-  switch (s) {
-    case selection_strategy::automatic:
-      return "auto";
-    case selection_strategy::step:
-      return "step";
-    case selection_strategy::epoch:
-      return "epoch";
-  }
-  return "unknown";
+  return selection_strategy_name(s);
 }
-
-/// "zenflow", "zero_offload", "dense".
 constexpr std::string_view name(offload_mode m) noexcept {
-  switch (m) {
-    case offload_mode::zenflow:
-      return "zenflow";
-    case offload_mode::zero_offload:
-      return "zero_offload";
-    case offload_mode::dense:
-      return "dense";
-  }
-  return "unknown";
+  return offload_mode_name(m);
 }
-
 constexpr std::string_view name(dtype t) noexcept {
   return dtype_name(t);
 }

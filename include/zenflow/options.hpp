@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "zenflow/error.hpp"
 
@@ -32,6 +33,32 @@ enum class offload_mode : std::uint8_t {
   zero_offload,
   dense,  ///< no offload: every column on the GPU (the reference); topk_ratio and the intervals are not used
 };
+
+/// "auto", "step", "epoch" (DeepSpeed's spelling; "unknown" for any other value).
+constexpr std::string_view selection_strategy_name(selection_strategy s) noexcept {
+  switch (s) {
+    case selection_strategy::automatic:
+      return "auto";
+    case selection_strategy::step:
+      return "step";
+    case selection_strategy::epoch:
+      return "epoch";
+  }
+  return "unknown";
+}
+
+/// "zenflow", "zero_offload", "dense" ("unknown" for any other value).
+constexpr std::string_view offload_mode_name(offload_mode m) noexcept {
+  switch (m) {
+    case offload_mode::zenflow:
+      return "zenflow";
+    case offload_mode::zero_offload:
+      return "zero_offload";
+    case offload_mode::dense:
+      return "dense";
+  }
+  return "unknown";
+}
 
 /// A setting that is either "auto" or a fixed positive count.
 struct interval_option {

@@ -13,8 +13,10 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -86,29 +88,30 @@ zenflow::adam_options to_adam(const py::dict& d) {
   return a;
 }
 
+// The value of d[key] among `values`, by the library's name of each ("must be a, b or c, got x").
+template <class Enum>
+Enum from_name(const py::dict& d, const char* key, std::initializer_list<Enum> values,
+               std::string_view (*name_of)(Enum) noexcept) {
+  const auto text = get<std::string>(d, key);
+  std::string expected;
+  for (std::size_t i = 0; const Enum v : values) {
+    if (name_of(v) == text) return v;
+    if (i++ > 0) expected += i == values.size() ? " or " : ", ";
+    expected += name_of(v);
+  }
+  throw zenflow::error(key, "must be " + expected + ", got " + text);
+}
+
 zenflow::zenflow_options to_options(const py::dict& d) {
   zenflow::zenflow_options o;
-  const auto mode = get<std::string>(d, "mode");
-  if (mode == "zenflow") {
-    o.mode = zenflow::offload_mode::zenflow;
-  } else if (mode == "zero_offload") {
-    o.mode = zenflow::offload_mode::zero_offload;
-  } else if (mode == "dense") {
-    o.mode = zenflow::offload_mode::dense;
-  } else {
-    throw zenflow::error("mode", "must be zenflow, zero_offload or dense, got " + mode);
-  }
+  o.mode = from_name(
+      d, "mode", {zenflow::offload_mode::zenflow, zenflow::offload_mode::zero_offload, zenflow::offload_mode::dense},
+      zenflow::offload_mode_name);
   o.topk_ratio = get<float>(d, "topk_ratio");
-  const auto strategy = get<std::string>(d, "select_strategy");
-  if (strategy == "auto") {
-    o.select_strategy = zenflow::selection_strategy::automatic;
-  } else if (strategy == "step") {
-    o.select_strategy = zenflow::selection_strategy::step;
-  } else if (strategy == "epoch") {
-    o.select_strategy = zenflow::selection_strategy::epoch;
-  } else {
-    throw zenflow::error("select_strategy", "must be auto, step or epoch, got " + strategy);
-  }
+  o.select_strategy = from_name(
+      d, "select_strategy",
+      {zenflow::selection_strategy::automatic, zenflow::selection_strategy::step, zenflow::selection_strategy::epoch},
+      zenflow::selection_strategy_name);
   o.select_interval = to_interval(d, "select_interval");
   o.update_interval = to_interval(d, "update_interval");
   o.full_warm_up_rounds = get<std::int64_t>(d, "full_warm_up_rounds");
