@@ -18,7 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "../support/error_text.hpp"
 #include "mpi_doctest.hpp"
+#include "rank_patterns.hpp"
 
 using namespace std::chrono_literals;
 using zenflow::bfloat16;
@@ -26,6 +28,13 @@ using zenflow::float16;
 using zenflow::host_stream;
 using zenflow::mpi_communicator;
 using zenflow::reduce_op;
+using zenflow_test::contains;
+using zenflow_test::error_of;
+using zenflow_test::make;
+using zenflow_test::pattern;
+using zenflow_test::patterned;
+using zenflow_test::reduced;
+using zenflow_test::value;
 using zenflow_test::world_rank;
 using zenflow_test::world_size;
 
@@ -36,42 +45,6 @@ zenflow::mpi_communicator_options test_options() {
   zenflow::mpi_communicator_options o;
   o.timeout = 20s;
   return o;
-}
-
-template <class T>
-T make(double x) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
-    return zenflow::from_float<T>(static_cast<float>(x));
-  else
-    return static_cast<T>(x);
-}
-template <class T>
-double value(T x) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
-    return static_cast<double>(zenflow::to_float(x));
-  else
-    return static_cast<double>(x);
-}
-
-// Small integers, distinct per rank and element: exact in every element type, and so are their
-// sums over 3 ranks (|x| <= 30).
-double pattern(int rank, std::size_t i) {
-  return static_cast<double>((rank + 1) * 3) + static_cast<double>(i % 11) - 5.0 + (rank == 1 ? -7.0 : 0.0);
-}
-double reduced(reduce_op op, std::size_t i) {
-  double acc = pattern(0, i);
-  for (int r = 1; r < world_size(); ++r) {
-    const double x = pattern(r, i);
-    acc = op == reduce_op::sum ? acc + x : op == reduce_op::max ? std::max(acc, x) : std::min(acc, x);
-  }
-  return acc;
-}
-
-template <class T>
-std::vector<T> patterned(int rank, std::size_t n, std::size_t first = 0) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = make<T>(pattern(rank, first + i));
-  return v;
 }
 
 template <class T>
@@ -88,21 +61,6 @@ std::vector<std::vector<std::byte>> gather_bytes(const std::vector<T>& local) {
   std::vector<std::vector<std::byte>> out;
   for (int r = 0; r < world_size(); ++r) out.emplace_back(all.begin() + r * bytes, all.begin() + (r + 1) * bytes);
   return out;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// Runs `f`, which must throw zenflow::error; returns its message ("" if it did not throw).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zenflow::error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

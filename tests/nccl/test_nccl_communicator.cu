@@ -12,12 +12,16 @@
 #include <vector>
 
 #include "../support/cuda_test_utils.cuh"
+#include "../support/error_text.hpp"
 
 using namespace std::chrono_literals;
 using zenflow::bfloat16;
 using zenflow::float16;
 using zenflow::nccl_communicator;
 using zenflow::reduce_op;
+using zenflow_test::contains;
+using zenflow_test::device_vector;
+using zenflow_test::error_of;
 
 namespace {
 
@@ -39,37 +43,6 @@ std::vector<T> pattern(std::size_t n, double offset) {
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-// A device copy of `values`.
-template <class T>
-struct device_vector {
-  explicit device_vector(const std::vector<T>& values) : n(values.size()), buffer(values.size() * sizeof(T)) {
-    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.data(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> out(n);
-    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.data(), n * sizeof(T), cudaMemcpyDeviceToHost));
-    return out;
-  }
-  std::span<T> span() { return {buffer.data<T>(), n}; }
-  std::span<const T> cspan() const { return {buffer.data<T>(), n}; }
-  std::size_t n;
-  zenflow_test::device_buffer buffer;
-};
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zenflow::error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

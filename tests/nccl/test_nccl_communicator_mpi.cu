@@ -17,13 +17,23 @@
 #include <vector>
 
 #include "../support/cuda_test_utils.cuh"
+#include "../support/error_text.hpp"
 #include "mpi_doctest.hpp"
+#include "rank_patterns.hpp"
 
 using namespace std::chrono_literals;
 using zenflow::bfloat16;
 using zenflow::float16;
 using zenflow::nccl_communicator;
 using zenflow::reduce_op;
+using zenflow_test::contains;
+using zenflow_test::device_vector;
+using zenflow_test::error_of;
+using zenflow_test::make;
+using zenflow_test::pattern;
+using zenflow_test::patterned;
+using zenflow_test::reduced;
+using zenflow_test::value;
 using zenflow_test::world_rank;
 using zenflow_test::world_size;
 
@@ -36,69 +46,6 @@ nccl_communicator make_communicator(std::chrono::milliseconds timeout = 60s) {
   zenflow::nccl_communicator_options options;
   options.timeout = timeout;
   return nccl_communicator(zenflow::shared_nccl_unique_id(host), host.rank(), host.size(), options);
-}
-
-template <class T>
-T make(double x) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
-    return zenflow::from_float<T>(static_cast<float>(x));
-  else
-    return static_cast<T>(x);
-}
-template <class T>
-double value(T x) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
-    return static_cast<double>(zenflow::to_float(x));
-  else
-    return static_cast<double>(x);
-}
-// Small integers, distinct per rank: exact in every element type, and so are their sums.
-double pattern(int rank, std::size_t i) {
-  return static_cast<double>((rank + 1) * 3) + static_cast<double>(i % 11) - 5.0 + (rank == 1 ? -7.0 : 0.0);
-}
-double reduced(reduce_op op, std::size_t i) {
-  double acc = pattern(0, i);
-  for (int r = 1; r < world_size(); ++r) {
-    const double x = pattern(r, i);
-    acc = op == reduce_op::sum ? acc + x : op == reduce_op::max ? std::max(acc, x) : std::min(acc, x);
-  }
-  return acc;
-}
-template <class T>
-std::vector<T> patterned(int rank, std::size_t n) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = make<T>(pattern(rank, i));
-  return v;
-}
-
-template <class T>
-struct device_vector {
-  explicit device_vector(const std::vector<T>& values) : n(values.size()), buffer(values.size() * sizeof(T)) {
-    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.data(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> out(n);
-    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.data(), n * sizeof(T), cudaMemcpyDeviceToHost));
-    return out;
-  }
-  std::span<T> span() { return {buffer.data<T>(), n}; }
-  std::span<const T> cspan() const { return {buffer.data<T>(), n}; }
-  std::size_t n;
-  zenflow_test::device_buffer buffer;
-};
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zenflow::error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Waits (at most `limit`) until check() throws; returns its message ("" if it never did).

@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <cstddef>
+#include <span>
+#include <vector>
 
 namespace zenflow_test {
 
@@ -20,6 +22,23 @@ using device_buffer = zenflow::detail::cuda_device_buffer;
 using cuda_stream = zenflow::detail::cuda_stream;
 /// Owning event, created with its flags on first use (cudaEventDefault: a timing event).
 using cuda_event = zenflow::detail::cuda_event;
+
+/// A device copy of a host vector: span()/cspan() for the device, download() back to the host.
+template <class T>
+struct device_vector {
+  explicit device_vector(const std::vector<T>& values) : n(values.size()), buffer(values.size() * sizeof(T)) {
+    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.data(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> out(n);
+    ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.data(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  std::span<T> span() { return {buffer.data<T>(), n}; }
+  std::span<const T> cspan() const { return {buffer.data<T>(), n}; }
+  std::size_t n;
+  device_buffer buffer;
+};
 
 /// `count` values of T in mapped pinned host memory (cudaHostAllocMapped), zero-initialized:
 /// host() for the CPU, device() for kernels and the library's device-pointer arguments.

@@ -13,9 +13,14 @@
 #include <string_view>
 #include <vector>
 
+#include "../support/error_text.hpp"
+
 using zenflow::bfloat16;
 using zenflow::float16;
 using zenflow::reduce_op;
+
+using zenflow_test::contains;
+using zenflow_test::error_of;
 
 namespace {
 
@@ -125,20 +130,6 @@ static_assert(zenflow::communicable<float> && zenflow::communicable<double> && z
               zenflow::communicable<std::int64_t> && zenflow::communicable<bfloat16> && zenflow::communicable<float16>);
 static_assert(!zenflow::communicable<char> && !zenflow::communicable<std::uint64_t> &&
               !zenflow::communicable<long double> && !zenflow::communicable<const float>);
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zenflow::error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
