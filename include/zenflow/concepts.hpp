@@ -303,4 +303,35 @@ concept coordinator_backend =
     detail::backend_queue<B> && detail::backend_buffers<B> && detail::backend_streams_and_events<B> &&
     detail::backend_devices_and_copies<B> && detail::backend_step_operations<B>;
 
+namespace detail {
+/// A score communicator for checking D1 (the selector of a data-parallel coordinator reduces its
+/// scores through one; see importance_selector.hpp).
+struct any_score_communicator {
+  void all_reduce_sum(std::span<float>) const {}
+  template <class Stream>
+  void all_reduce_sum(std::span<float>, Stream) const {}
+  [[nodiscard]] int world_size() const { return 1; }
+};
+}  // namespace detail
+
+/// 8. data_parallel_backend: a coordinator_backend that can also run the data-parallel schedule
+///    (basic_coordinator with a communicator; docs/DATA_PARALLEL.md).
+///    D1 `B::selector_with<C>` — the backend's selector reducing its column scores through the
+///       score communicator C before top-k (every rank selects the same columns).
+///    D2 `partial_statistics(matrices, vectors, out, scratch, stream)` — this rank's share of the
+///       step's statistics: out[0] = sum of squares, out[1] = non-finite count, two doubles in
+///       device memory (then summed over the ranks by an all_reduce).
+///    D3 `mean_step_flags(stats, ranks, max_norm, flags, flags_host, stream)` — the step's
+///       step_flags (make_mean_step_flags) from the summed statistics, written as R9 writes them.
+template <class B>
+concept data_parallel_backend = coordinator_backend<B> &&
+    requires(typename B::template selector_with<detail::any_score_communicator>& selector,
+             std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors, double* out,
+             const double* stats, int ranks, float max_norm, step_flags* flags, std::byte* scratch,
+             typename B::stream_type stream) {
+  B::partial_statistics(matrices, vectors, out, scratch, stream);
+  B::mean_step_flags(stats, ranks, max_norm, flags, flags, stream);
+  B::select(selector, matrices, stream);
+};
+
 }  // namespace zenflow

@@ -39,6 +39,21 @@ static __global__ void make_step_flags_kernel(const gradient_stats_device* stats
   *flags_host = f;
   __threadfence_system();  // visible to the host once an event after this kernel completed
 }
+/// One thread copies this rank's statistics into two doubles (the all-reduced form).
+static __global__ void partial_statistics_kernel(const gradient_stats_device* stats, double* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  out[0] = stats->sum_of_squares;
+  out[1] = static_cast<double>(stats->nonfinite_count);
+}
+/// One thread turns the statistics summed over the ranks into the flags (make_mean_step_flags).
+static __global__ void make_mean_step_flags_kernel(const double* stats, int ranks, float max_norm, step_flags* flags,
+                                                   step_flags* flags_host) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const step_flags f = make_mean_step_flags(stats[0], stats[1], ranks, max_norm);
+  *flags = f;
+  *flags_host = f;
+  __threadfence_system();
+}
 }  // namespace detail
 
 /// The CUDA execution backend of basic_coordinator (models coordinator_backend).
@@ -117,7 +132,29 @@ struct cuda_backend {
                       const std::int32_t* columns_dev, matrix_view param, stream_type stream) {
     cuda_scatter_columns(src, src_type, std::span<const std::int32_t>(columns_dev, columns.size()), param, stream);
   }
-  static void select(selector_type& selector, std::span<const const_matrix_view> grads, stream_type stream) {
+  // --- data parallel (data_parallel_backend) ---
+
+  /// The selector reducing its scores (device memory, on the stream) through ScoreCommunicator.
+  template <class ScoreCommunicator>
+  using selector_with = cuda_importance_selector<ScoreCommunicator>;
+
+  /// This rank's share of the statistics into out[0..1] (device memory), via `scratch`.
+  static void partial_statistics(std::span<const const_matrix_view> matrices,
+                                 std::span<const const_vector_view> vectors, double* out, std::byte* scratch,
+                                 stream_type stream) {
+    auto* stats = reinterpret_cast<gradient_stats_device*>(scratch);
+    cuda_gradient_stats(matrices, vectors, stats, stream);
+    detail::partial_statistics_kernel<<<1, 1, 0, stream>>>(stats, out);
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+  }
+  static void mean_step_flags(const double* stats, int ranks, float max_norm, step_flags* flags, step_flags* flags_host,
+                              stream_type stream) {
+    detail::make_mean_step_flags_kernel<<<1, 1, 0, stream>>>(stats, ranks, max_norm, flags, flags_host);
+    ZENFLOW_CUDA_TRY(cudaGetLastError());
+  }
+
+  template <class Selector>
+  static void select(Selector& selector, std::span<const const_matrix_view> grads, stream_type stream) {
     selector.select(grads, stream);
   }
   /// Parameter `index`'s hyper-parameters for the launches after this call (they are read when a
@@ -147,5 +184,6 @@ struct cuda_backend {
 };
 
 static_assert(coordinator_backend<cuda_backend>);
+static_assert(data_parallel_backend<cuda_backend>);
 
 }  // namespace zenflow

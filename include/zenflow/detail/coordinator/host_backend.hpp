@@ -116,8 +116,33 @@ struct host_backend {
     stream->enqueue([=] { scatter_columns(src, src_type, columns, param); });
   }
 
+  // --- data parallel (data_parallel_backend) ---
+
+  /// The selector reducing its scores through ScoreCommunicator.
+  template <class ScoreCommunicator>
+  using selector_with = host_importance_selector<ScoreCommunicator>;
+
+  /// This rank's share of the statistics: out[0] = sum of squares, out[1] = non-finite count.
+  static void partial_statistics(std::span<const const_matrix_view> matrices,
+                                 std::span<const const_vector_view> vectors, double* out, std::byte* /*scratch*/,
+                                 stream_type stream) {
+    std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
+    std::vector<const_vector_view> v(vectors.begin(), vectors.end());
+    stream->enqueue([m = std::move(m), v = std::move(v), out] {
+      const gradient_stats stats = host_gradient_stats(m, v);
+      out[0] = stats.sum_of_squares;
+      out[1] = static_cast<double>(stats.nonfinite_count);
+    });
+  }
+  /// The flags from the statistics summed over `ranks` ranks (make_mean_step_flags).
+  static void mean_step_flags(const double* stats, int ranks, float max_norm, step_flags* flags, step_flags* flags_host,
+                              stream_type stream) {
+    stream->enqueue([=] { *flags = *flags_host = make_mean_step_flags(stats[0], stats[1], ranks, max_norm); });
+  }
+
   /// Scores and selects from the step's gradients. Synchronizes with `stream` first.
-  static void select(selector_type& selector, std::span<const const_matrix_view> grads, stream_type stream) {
+  template <class Selector>
+  static void select(Selector& selector, std::span<const const_matrix_view> grads, stream_type stream) {
     stream->synchronize();
     selector.select(grads);
   }

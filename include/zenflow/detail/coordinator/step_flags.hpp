@@ -38,4 +38,17 @@ ZENFLOW_HOST_DEVICE inline step_flags make_step_flags(double sum_of_squares, boo
   return f;
 }
 
+/// The flags of a data-parallel step over `ranks` ranks, from statistics of the gradients summed
+/// over the ranks (sum_of_squares and nonfinite_count themselves summed over the ranks' shares).
+/// The step's gradient is the mean, sum / ranks: its norm is the sum's norm / ranks, so the clip
+/// decision is make_step_flags' on sum_of_squares / ranks^2, and `scale` is that clip factor
+/// divided by `ranks` (what turns a summed gradient into the clipped mean). Host and device code.
+ZENFLOW_HOST_DEVICE inline step_flags make_mean_step_flags(double sum_of_squares, double nonfinite_count, int ranks,
+                                                           float max_norm) noexcept {
+  const double n = static_cast<double>(ranks);
+  step_flags f = make_step_flags(sum_of_squares / (n * n), nonfinite_count > 0.0, max_norm);
+  f.scale = static_cast<float>(static_cast<double>(f.scale) / n);
+  return f;
+}
+
 }  // namespace zenflow
