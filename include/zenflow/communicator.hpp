@@ -136,6 +136,16 @@ concept communicator = requires(C& c, const C& cc, std::string_view reason) {
 &&communicates<C, float>&& communicates<C, double>&& communicates<C, std::int32_t>&& communicates<C, std::int64_t>&&
     communicates<C, bfloat16>&& communicates<C, float16>;
 
+/// The communicator argument of a coordinator that runs in one process (basic_coordinator's
+/// default): no collectives at all, not even copies.
+struct single_process {};
+
+/// The communicator a coordinator over backend B runs its data-parallel schedule with: a
+/// `communicator` on B's streams, or `single_process`.
+template <class C, class B>
+concept coordinator_communicator = std::same_as<C, single_process> ||
+    (communicator<C>&& std::same_as<typename C::stream_type, typename B::stream_type>);
+
 /// The one-rank communicator on host streams: size() == 1, every collective is a copy (or
 /// nothing, in place) enqueued on the stream. What a single process runs the data-parallel
 /// schedule with; also the reference model of the concept.

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "zenflow/communicator.hpp"
 #include "zenflow/concepts.hpp"
 #include "zenflow/cpu_adam.hpp"
 #include "zenflow/detail/coordinator/host_backend.hpp"
@@ -106,21 +107,100 @@ template <class Backend, class HostOptimizer>
 class update_worker;
 }  // namespace detail
 
+/// A contiguous range [first, last) of a parameter's columns.
+struct column_range {
+  index_t first = 0;
+  index_t last = 0;
+  [[nodiscard]] index_t size() const noexcept { return last - first; }
+  friend bool operator==(const column_range&, const column_range&) = default;
+};
+
+namespace detail {
+/// Rank r's columns of a parameter with `cols` columns over `ranks` ranks: consecutive, balanced
+/// to one column (every column of a parameter has the same bytes of CPU state).
+inline column_range owned_range(index_t cols, int r, int ranks) noexcept {
+  return {cols * r / ranks, cols * (r + 1) / ranks};
+}
+
+/// The score communicator of a data-parallel coordinator's selector: the column scores are summed
+/// over the ranks through the coordinator's communicator before top-k.
+template <class Communicator>
+class score_reducer {
+ public:
+  score_reducer() = default;
+  explicit score_reducer(Communicator* comm) : comm_(comm) {
+    if constexpr (std::same_as<typename Communicator::stream_type, host_stream*>)
+      stream_ = std::make_shared<host_stream>();
+  }
+  /// The host selector's synchronous form (scores in host memory).
+  void all_reduce_sum(std::span<float> values) const {
+    if constexpr (std::same_as<typename Communicator::stream_type, host_stream*>) {
+      comm_->all_reduce(std::span<const float>(values), values, reduce_op::sum, stream_.get());
+      stream_->synchronize();
+      comm_->check();
+    } else {
+      throw error("score_reducer", "this communicator reduces scores on a device stream only");
+    }
+  }
+  /// The device selector's stream-ordered form.
+  template <class Stream>
+  void all_reduce_sum(std::span<float> values, Stream stream) const {
+    comm_->all_reduce(std::span<const float>(values), values, reduce_op::sum, stream);
+  }
+  [[nodiscard]] int world_size() const { return comm_ == nullptr ? 1 : comm_->size(); }
+
+ private:
+  Communicator* comm_ = nullptr;
+  std::shared_ptr<host_stream> stream_;
+};
+
+template <class Backend, class Communicator>
+struct coordinator_selector {
+  using type = typename Backend::template selector_with<score_reducer<Communicator>>;
+};
+template <class Backend>
+struct coordinator_selector<Backend, single_process> {
+  using type = typename Backend::selector_type;
+};
+}  // namespace detail
+
 /// The schedule over an execution backend (host_backend, cuda_backend) and a CPU optimizer. The
 /// CPU optimizer is a template parameter so that a trainer (or a test) can plug in its own: the
 /// host_optimizer concept lists exactly what the coordinator calls on it.
-template <coordinator_backend Backend, host_optimizer HostOptimizer = cpu_adam>
+///
+/// Data parallel (docs/DATA_PARALLEL.md): with a `communicator` as the third argument (an
+/// mpi_communicator for the host backend, an nccl_communicator for the CUDA backend) the
+/// coordinator is one rank of a data-parallel group. Every rank registers the same parameters with
+/// the same initial values and options, hands over its own micro-batch's gradients and calls
+/// step() as in one process; the step applies the mean gradient over the ranks. The columns of
+/// every 2-D parameter are cut into one contiguous range per rank (owned_columns(i)); a rank's
+/// CPU optimizer holds and updates the state of its range only. Per step, on the trainer's stream:
+/// the selected columns' and the 1-D parameters' gradients are all-reduced (every rank applies the
+/// same GPU update), the CPU columns' gradients are reduce-scattered to their owners, the
+/// statistics (clip norm, non-finite count) are all-reduced, and a CPU update's result is
+/// all-gathered as it is written back; at a selection the column scores are all-reduced before
+/// top-k and the entering columns' state is all-gathered from its owners.
+template <coordinator_backend Backend, host_optimizer HostOptimizer = cpu_adam,
+          coordinator_communicator<Backend> Communicator = single_process>
 class basic_coordinator {
  public:
   using backend_type = Backend;
+  using communicator_type = Communicator;
   using stream_type = typename Backend::stream_type;
-  using selector_type = typename Backend::selector_type;
+  using selector_type = typename detail::coordinator_selector<Backend, Communicator>::type;
   using device_optimizer_type = typename Backend::device_optimizer_type;
   using queue_type = typename Backend::queue_type;
 
   /// Validates the options and the config (throws naming the field); starts the worker threads.
   /// Does not synchronize.
-  explicit basic_coordinator(const zenflow_options& options, const coordinator_config& config = {});
+  explicit basic_coordinator(const zenflow_options& options,
+                             const coordinator_config& config = {}) requires std::same_as<Communicator, single_process>;
+  /// One rank of a data-parallel group: `comm` (kept by the caller, outliving the coordinator)
+  /// carries every collective. Collective calls are made by the trainer thread only, in the same
+  /// order on every rank. Does not communicate (the first step() checks that the ranks agree on
+  /// the options and parameters).
+  basic_coordinator(Communicator& comm, const zenflow_options& options,
+                    const coordinator_config& config = {}) requires(!std::same_as<Communicator, single_process>);
 
   basic_coordinator(const basic_coordinator&) = delete;
   basic_coordinator& operator=(const basic_coordinator&) = delete;
@@ -130,6 +210,12 @@ class basic_coordinator {
   ~basic_coordinator();
 
   [[nodiscard]] const zenflow_options& options() const noexcept;
+  /// This rank and the number of ranks (0 and 1 in one process).
+  [[nodiscard]] int rank() const noexcept;
+  [[nodiscard]] int ranks() const noexcept;
+  /// The columns of 2-D parameter i whose CPU state this rank holds (all of them in one process):
+  /// host_optimizer()'s tensor of parameter i holds these columns, in order. Empty for a 1-D one.
+  [[nodiscard]] column_range owned_columns(std::size_t i) const;
   [[nodiscard]] std::int64_t step_count() const noexcept;
   /// The last step's metrics (also after a failure).
   [[nodiscard]] const step_metrics& metrics() const noexcept;
@@ -191,6 +277,11 @@ class basic_coordinator {
   /// the coordinator as if the step had not begun: the gradients handed over so far are dropped
   /// and may be submitted again. After an error on a worker (or a failed backend operation) the
   /// coordinator is failed: every later call but metrics() and destruction rethrows that error.
+  ///
+  /// Data parallel: every rank must give the same parameters gradients (a parameter missing on
+  /// some ranks only is rejected on every rank, which all drop the step's gradients). The step
+  /// overwrites the selected columns of each 2-D gradient with their sum over the ranks (the
+  /// trainer's gradients are not needed after step(), as with DDP's in-place averaging).
   ///
   /// A parameter without a gradient in the step: rejected by default (step() throws naming it and
   /// drops the step's gradients). With missing_gradients::skip it is skipped, as torch.optim.AdamW
@@ -261,6 +352,14 @@ class basic_coordinator {
     const_vector_view grad_vector{};
     bool has_grad = false;
     bool offloaded = false;  // this step's CPU columns are already handed to the offload worker
+    // Data parallel (one process: the whole parameter, one piece).
+    column_range owned{};                   // the columns whose CPU state this rank holds
+    std::vector<std::int32_t> owned_local;  // the owned CPU columns, as columns of the CPU tensor
+    std::vector<std::size_t> pieces;        // ranks + 1 bounds: complement[pieces[r], pieces[r+1]) is rank r's
+    std::size_t block = 0;                  // elements of the largest piece: the collectives' block
+    device_buffer selection_dev;            // device copy of selection (int32)
+    device_buffer selected_stage;           // the selected columns' compact gradient (all-reduced)
+    device_buffer vector_stage;             // a 1-D parameter's all-reduced gradient
   };
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
@@ -271,6 +370,9 @@ class basic_coordinator {
   };
 
   // Construction (coordinator_impl.hpp).
+  struct private_tag {};
+  basic_coordinator(private_tag, Communicator* comm, const zenflow_options& options, const coordinator_config& config);
+  static selector_type make_selector(const zenflow_options& options, Communicator* comm);
   static zenflow_options validated(const zenflow_options& options);
   static coordinator_config validated(const coordinator_config& config);
   static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config);
@@ -310,12 +412,29 @@ class basic_coordinator {
   void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
   void setup_buffers(parameter& p, stream_type stream);
 
+  // Data parallel (data_parallel.hpp).
+  static constexpr bool data_parallel = !std::same_as<Communicator, single_process>;
+  [[nodiscard]] std::size_t owned_piece_elements(const parameter& p) const noexcept;
+  void agree_on_registration(stream_type stream);
+  void agree_on_gradients(missing_gradients missing, stream_type stream);
+  void reduce_gradients(stream_type stream);
+  void reduced_statistics(step_flags* flags_dev, step_flags* flags_host_dev, stream_type stream);
+  void offload_owned(parameter& p, stream_type stream);
+  [[nodiscard]] bool any_nonfinite_gradient(stream_type stream);
+  template <class T>
+  std::vector<T> all_reduce_to_host(std::span<const T> values, reduce_op op, stream_type stream);
+  void fail_peers(const std::exception_ptr& e) noexcept;
+
   // Checkpoints (checkpoint_io.hpp).
   void copy_all_columns(const parameter& p, std::span<std::byte> values, transfer_direction direction,
                         stream_type stream);
 
   zenflow_options options_;
   coordinator_config config_;
+  Communicator* comm_ = nullptr;  // data parallel: the caller's communicator
+  int rank_ = 0;
+  int ranks_ = 1;
+  device_buffer reduce_scratch_;         // data parallel: the statistics' and agreement collectives' buffer
   mutable detail::shared_state shared_;  // with the workers: progress counters, first error, stop request
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;
@@ -348,6 +467,9 @@ class basic_coordinator {
 
 /// The host instantiation: the full asynchronous schedule with a host_stream as the GPU stream.
 using host_coordinator = basic_coordinator<host_backend>;
+/// One rank of a data-parallel host coordinator (e.g. over an mpi_communicator).
+template <class Communicator>
+using data_parallel_host_coordinator = basic_coordinator<host_backend, cpu_adam, Communicator>;
 
 }  // namespace zenflow
 

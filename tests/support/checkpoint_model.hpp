@@ -206,7 +206,7 @@ inline void reseal_checkpoint(std::vector<char>& bytes) {
 
 /// A checkpoint's payload as named fields, in file order, that a test can change and write back
 /// (with a matching header). Scalars keep their raw bytes; arrays their elements' raw bytes.
-/// Names: "step", "started", "interval", "first_step", "steps", "target", "pending", "overlap",
+/// Names: "rank", "ranks", "step", "started", "interval", "first_step", "steps", "target", "pending", "overlap",
 /// "host_steps", "device_steps", "current_count", "pending_count", "parameters", then per
 /// parameter "<name>.<field>" with the fields of checkpoint_io.hpp (host_steps, device_steps,
 /// current_count, pending_count, cpu_p, cpu_m, cpu_v, selection, compact, accumulator, pending,
@@ -238,6 +238,8 @@ class checkpoint_document {
       return fields_.back().bytes;
     };
     scalar("options", 40);
+    scalar("rank", 4);
+    scalar("ranks", 4);
     for (const char* name :
          {"step", "started", "interval", "first_step", "steps", "target", "pending", "overlap", "selection_due",
           "host_steps", "device_steps", "current_count", "pending_count", "parameters"})

@@ -212,6 +212,14 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
        [](auto& d) { d.template set<std::int64_t>("interval", 2); }, "pending interval"},
       {"pending", "an update interval target above update_interval",
        [](auto& d) { d.template set<std::int64_t>("target", 4); }, "target"},
+      {"pending", "written by rank 1 of 2 data-parallel ranks",
+       [](auto& d) {
+         d.template set<std::int32_t>("rank", 1);
+         d.template set<std::int32_t>("ranks", 2);
+       },
+       "rank 1 of 2"},
+      {"pending", "written by 2 data-parallel ranks", [](auto& d) { d.template set<std::int32_t>("ranks", 2); },
+       "same number of ranks"},
       {"pending", "a flag holding 2", [](auto& d) { d["started"].bytes[0] = 2; }, "flag"},
       {"pending", "update_interval's auto flag holding 2", [](auto& d) { d["options"].bytes[14] = 2; }, "flag"},
       {"pending", "a NaN selection overlap",

@@ -1,20 +1,23 @@
-// The coordinator's checkpoints: the file format (version 3), its reader and writer, and
+// The coordinator's checkpoints: the file format (version 4), its reader and writer, and
 // basic_coordinator::save_checkpoint / load_checkpoint.
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"
-//   8       4     format version (uint32, little endian) = 3
+//   8       4     format version (uint32, little endian) = 4
 //   12      4     reserved (0)
 //   16      8     payload size in bytes (uint64)
 //   24      8     FNV-1a 64-bit hash of the payload
 //   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
 //                 order written by basic_coordinator::save_checkpoint (below):
-//                 options fingerprint, step and interval position, optimizer step counts, then
+//                 options fingerprint, rank and number of ranks (data parallel: each rank writes
+//                 its own file), step and interval position, optimizer step counts, then
 //                 per parameter its name, shape, dtypes, its own step counts (CPU and GPU: the
 //                 steps that had its gradient) and accumulated-step counts (current and pending
-//                 interval), CPU fp32 master/m/v, selection, GPU compact state, accumulator,
-//                 pending write-back and the model's parameter bytes.
-// Version 3 added the per-parameter counts (missing_gradients::skip); version 2 is not read.
+//                 interval), CPU fp32 master/m/v of this rank's columns, selection, GPU compact
+//                 state, accumulator and pending write-back of this rank's CPU columns, and the
+//                 model's parameter bytes.
+// Version 4 added the rank and the number of ranks (data parallel); version 3 added the
+// per-parameter counts (missing_gradients::skip). Older versions are not read.
 // Scalars are arithmetic or enum types only (no structs: no padding bytes reach the file); a bool
 // is one byte, 0 or 1 (any other value is rejected, never loaded as a bool).
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
@@ -45,7 +48,7 @@
 namespace zenflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
-inline constexpr std::uint32_t checkpoint_version = 3;
+inline constexpr std::uint32_t checkpoint_version = 4;
 inline constexpr std::size_t checkpoint_header_bytes = 32;
 
 /// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).
@@ -240,9 +243,11 @@ class synchronize_on_unwind {
 
 namespace zenflow {
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::copy_all_columns(const parameter& p, std::span<std::byte> values,
-                                                                 transfer_direction direction, stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::copy_all_columns(const parameter& p,
+                                                                               std::span<std::byte> values,
+                                                                               transfer_direction direction,
+                                                                               stream_type stream) {
   std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
   std::iota(all.begin(), all.end(), 0);
   // Every buffer a copy below uses is allocated first and lives until the stream is idle.
@@ -263,8 +268,9 @@ void basic_coordinator<Backend, HostOptimizer>::copy_all_columns(const parameter
   Backend::synchronize(stream);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::string& path, stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(const std::string& path,
+                                                                              stream_type stream) {
   rethrow_worker_error();
   for (const auto& p : params_)
     expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
@@ -279,6 +285,8 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
   Backend::synchronize(stream);
   detail::checkpoint_writer w;
   detail::put_options(w, options_);
+  w.put<std::int32_t>(rank_);
+  w.put<std::int32_t>(ranks_);
   w.put(step_);
   w.put(started_);
   w.put(interval_.index);
@@ -339,10 +347,12 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
     w.put_array<float>(p.accumulator[interval_.index % 2]);
     std::vector<std::byte> pending;
     if (pending_interval_) {
-      const device_buffer& staged = p.writeback_dev[*pending_interval_ % 2];
-      pending.resize(staged.bytes());
+      // This rank's block of the write-back staging (the whole of it in one process).
+      const std::size_t esize = dtype_size(p.matrix.type);
+      const std::byte* staged = p.writeback_dev[*pending_interval_ % 2].data() + rank_ * p.block * esize;
+      pending.resize(owned_piece_elements(p) * esize);
       detail::synchronize_on_unwind<Backend> guard(stream);
-      Backend::copy_async(pending.data(), staged.data(), pending.size(), stream);
+      Backend::copy_async(pending.data(), staged, pending.size(), stream);
       Backend::synchronize(stream);
     }
     std::vector<std::byte> values(static_cast<std::size_t>(p.matrix.rows * p.matrix.cols) * dtype_size(p.matrix.type));
@@ -353,8 +363,9 @@ void basic_coordinator<Backend, HostOptimizer>::save_checkpoint(const std::strin
   w.write(path);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::string& path, stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(const std::string& path,
+                                                                              stream_type stream) {
   rethrow_worker_error();
   expects(!started_ && step_ == 0, "load_checkpoint",
           "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
@@ -362,6 +373,12 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
   // follows the validation cannot fail on the file's content (only on a backend error).
   detail::checkpoint_reader r(path);
   detail::check_options(r, options_);
+  {
+    const auto rank = r.get<std::int32_t>(), ranks = r.get<std::int32_t>();
+    expects(rank == rank_ && ranks == ranks_, "checkpoint", "was written by rank ", rank, " of ", ranks,
+            " data-parallel ranks; this coordinator is rank ", rank_, " of ", ranks_,
+            " (resume with the same number of ranks, each rank from its own file)");
+  }
   struct saved_parameter {
     std::vector<float> cpu_p, cpu_m, cpu_v, compact, accumulator, vector_state;
     std::vector<std::int32_t> selection;
@@ -455,6 +472,7 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     s.current_count = r.get<std::int64_t>();
     s.pending_count = r.get<std::int64_t>();
     const std::size_t n = static_cast<std::size_t>(rows * cols);
+    const std::size_t owned_n = static_cast<std::size_t>(rows * p.owned.size());
     s.cpu_p = r.get_array<float>();
     s.cpu_m = r.get_array<float>();
     s.cpu_v = r.get_array<float>();
@@ -477,6 +495,11 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     (k == 0 ? unselected : selected) += 1;
     if (k == 0 && s.device_steps != 0) ++unselected_with_gpu_steps;
     const std::size_t cpu_cols = static_cast<std::size_t>(cols) - k;
+    // This rank's CPU columns: its range minus the selected columns in it.
+    const auto selected_owned =
+        static_cast<std::size_t>(std::count_if(s.selection.begin(), s.selection.end(),
+                                               [&](std::int32_t c) { return c >= p.owned.first && c < p.owned.last; }));
+    const std::size_t owned_cpu_cols = static_cast<std::size_t>(p.owned.size()) - selected_owned;
     // Its own counts never exceed the optimizers' and intervals' (it may have missed steps); a GPU
     // count exists with GPU columns, accumulated steps with CPU columns (and a pending interval).
     expects(s.host_steps >= 0 && s.host_steps <= host_steps && s.device_steps >= 0 && s.device_steps <= device_steps,
@@ -488,9 +511,9 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
             s.pending_count, " inconsistent with the interval's ", current_count, " and ", pending_count);
     cpu_columns += cpu_cols;
     // The accumulator and staging buffers exist from the first step on.
-    expects(s.cpu_p.size() == n && s.cpu_m.size() == n && s.cpu_v.size() == n && s.compact.size() == 3 * k * rows &&
-                s.accumulator.size() == (started ? cpu_cols * rows : 0) &&
-                s.pending.size() == (pending < 0 ? 0 : cpu_cols * rows * dtype_size(type)) &&
+    expects(s.cpu_p.size() == owned_n && s.cpu_m.size() == owned_n && s.cpu_v.size() == owned_n &&
+                s.compact.size() == 3 * k * rows && s.accumulator.size() == (started ? owned_cpu_cols * rows : 0) &&
+                s.pending.size() == (pending < 0 ? 0 : owned_cpu_cols * rows * dtype_size(type)) &&
                 s.values.size() == n * dtype_size(type),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
     // Nothing accumulated without a counted step.
@@ -564,7 +587,8 @@ void basic_coordinator<Backend, HostOptimizer>::load_checkpoint(const std::strin
     p.cpu_steps = s.host_steps;
     if (pending >= 0) {
       detail::synchronize_on_unwind<Backend> guard(stream);
-      Backend::copy_async(p.writeback_dev[pending % 2].data(), s.pending.data(), s.pending.size(), stream);
+      Backend::copy_async(p.writeback_dev[pending % 2].data() + rank_ * p.block * dtype_size(p.matrix.type),
+                          s.pending.data(), s.pending.size(), stream);
       Backend::synchronize(stream);
     }
     copy_all_columns(p, s.values, transfer_direction::host_to_device, stream);

@@ -17,6 +17,7 @@
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/detail/coordinator/data_parallel.hpp"
 #include "zenflow/detail/coordinator/jobs.hpp"
 #include "zenflow/detail/coordinator/migration.hpp"
 #include "zenflow/detail/coordinator/offload_worker.hpp"
@@ -36,17 +37,47 @@ inline std::ostream& operator<<(std::ostream& os, const step_metrics& m) {
 
 // --- construction and shutdown -------------------------------------------------------------------
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-basic_coordinator<Backend, HostOptimizer>::basic_coordinator(const zenflow_options& options,
-                                                             const coordinator_config& config)
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(
+    const zenflow_options& options,
+    const coordinator_config& config) requires std::same_as<Communicator, single_process>
+    : basic_coordinator(private_tag{}, nullptr, options, config) {}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(
+    Communicator& comm, const zenflow_options& options,
+    const coordinator_config& config) requires(!std::same_as<Communicator, single_process>)
+    : basic_coordinator(private_tag{}, &comm, options, config) {}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::make_selector(const zenflow_options& options,
+                                                                            Communicator* comm) -> selector_type {
+  if constexpr (data_parallel)
+    return selector_type(options.topk_ratio, score_norm::l1, detail::score_reducer<Communicator>(comm));
+  else
+    return selector_type(options.topk_ratio);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(private_tag, Communicator* comm,
+                                                                           const zenflow_options& options,
+                                                                           const coordinator_config& config)
     : options_(validated(options)),
       config_(validated(config)),
+      comm_(comm),
       host_opt_(make_host_optimizer(options.adam, config)),
       device_opt_(options.adam),
-      selector_(options.topk_ratio),
+      selector_(make_selector(options, comm)),
       policy_(options),
       offload_(shared_, config.d2h_slot_bytes, config.d2h_slots),
       update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots) {
+  if constexpr (data_parallel) {
+    rank_ = comm_->rank();
+    ranks_ = comm_->size();
+    expects(ranks_ >= 1 && rank_ >= 0 && rank_ < ranks_, "comm", "reports rank ", rank_, " of ", ranks_);
+    comm_->check();
+    reduce_scratch_ = device_buffer(2 * sizeof(double));
+  }
   statistics_scratch_ = device_buffer(Backend::statistics_scratch_bytes);
   unit_flags_dev_ = device_buffer(sizeof(step_flags));
   const step_flags unit{};
@@ -67,8 +98,8 @@ basic_coordinator<Backend, HostOptimizer>::basic_coordinator(const zenflow_optio
   }
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-basic_coordinator<Backend, HostOptimizer>::~basic_coordinator() {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+basic_coordinator<Backend, HostOptimizer, Communicator>::~basic_coordinator() {
   stop_workers();
   // Copies still in flight (a worker that died with chunks submitted) read or write the
   // parameters' staging buffers, which are destroyed before the queues: wait for them first.
@@ -90,8 +121,8 @@ basic_coordinator<Backend, HostOptimizer>::~basic_coordinator() {
   }
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-zenflow_options basic_coordinator<Backend, HostOptimizer>::validated(const zenflow_options& options) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+zenflow_options basic_coordinator<Backend, HostOptimizer, Communicator>::validated(const zenflow_options& options) {
   options.validate();
   return options;
 }
@@ -109,16 +140,17 @@ inline void check_queue_config(std::size_t slot_bytes, std::size_t slots, const 
 }
 }  // namespace detail
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-coordinator_config basic_coordinator<Backend, HostOptimizer>::validated(const coordinator_config& config) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+coordinator_config basic_coordinator<Backend, HostOptimizer, Communicator>::validated(
+    const coordinator_config& config) {
   detail::check_queue_config(config.d2h_slot_bytes, config.d2h_slots, "d2h_slot_bytes", "d2h_slots");
   detail::check_queue_config(config.h2d_slot_bytes, config.h2d_slots, "h2d_slot_bytes", "h2d_slots");
   return config;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-HostOptimizer basic_coordinator<Backend, HostOptimizer>::make_host_optimizer(const adam_options& adam,
-                                                                             const coordinator_config& config) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+HostOptimizer basic_coordinator<Backend, HostOptimizer, Communicator>::make_host_optimizer(
+    const adam_options& adam, const coordinator_config& config) {
   try {
     return HostOptimizer(adam, cpu_adam_config{config.cpu_threads, config.pin_threads});
   } catch (const error& e) {
@@ -128,8 +160,8 @@ HostOptimizer basic_coordinator<Backend, HostOptimizer>::make_host_optimizer(con
   }
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::stop_workers() noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::stop_workers() noexcept {
   shared_.request_stop();
   offload_.join();
   update_.join();
@@ -137,93 +169,98 @@ void basic_coordinator<Backend, HostOptimizer>::stop_workers() noexcept {
 
 // --- accessors -----------------------------------------------------------------------------------
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const zenflow_options& basic_coordinator<Backend, HostOptimizer>::options() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const zenflow_options& basic_coordinator<Backend, HostOptimizer, Communicator>::options() const noexcept {
   return options_;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::int64_t basic_coordinator<Backend, HostOptimizer>::step_count() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::step_count() const noexcept {
   return step_;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const step_metrics& basic_coordinator<Backend, HostOptimizer>::metrics() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::metrics() const noexcept {
   return metrics_;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::vector<update_record> basic_coordinator<Backend, HostOptimizer>::trace() const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::vector<update_record> basic_coordinator<Backend, HostOptimizer, Communicator>::trace() const {
   detail::state_lock lock(shared_.mutex);
   return update_.trace(lock);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const HostOptimizer& basic_coordinator<Backend, HostOptimizer>::host_optimizer() const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const HostOptimizer& basic_coordinator<Backend, HostOptimizer, Communicator>::host_optimizer() const {
   std::unique_lock lock(shared_.mutex);
   shared_.cv.wait(lock, [&] { return shared_.updated_interval >= shared_.launched_interval || shared_.failed; });
   if (shared_.error) std::rethrow_exception(shared_.error);
   return host_opt_;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-auto basic_coordinator<Backend, HostOptimizer>::device_optimizer() const noexcept -> const device_optimizer_type& {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::device_optimizer() const noexcept
+    -> const device_optimizer_type& {
   return device_opt_;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::int64_t basic_coordinator<Backend, HostOptimizer>::cpu_step_count(std::size_t i) const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::cpu_step_count(std::size_t i) const {
   const parameter& p = at(i);
   (void)host_optimizer();  // waits for the CPU updates launched so far (they count)
   return p.cpu_steps;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::int64_t basic_coordinator<Backend, HostOptimizer>::gpu_step_count(std::size_t i) const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::gpu_step_count(std::size_t i) const {
   const parameter& p = at(i);
   return p.device_index == npos ? 0 : device_opt_.step_count(p.device_index);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::size_t basic_coordinator<Backend, HostOptimizer>::parameter_count() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::parameter_count() const noexcept {
   return params_.size();
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const std::string& basic_coordinator<Backend, HostOptimizer>::name(std::size_t i) const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const std::string& basic_coordinator<Backend, HostOptimizer, Communicator>::name(std::size_t i) const {
   return at(i).name;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const adam_options& basic_coordinator<Backend, HostOptimizer>::adam_options_of(std::size_t i) const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const adam_options& basic_coordinator<Backend, HostOptimizer, Communicator>::adam_options_of(std::size_t i) const {
   return at(i).adam;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::span<const std::int32_t> basic_coordinator<Backend, HostOptimizer>::gpu_columns(std::size_t i) const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::span<const std::int32_t> basic_coordinator<Backend, HostOptimizer, Communicator>::gpu_columns(
+    std::size_t i) const {
   return at(i).selection;
 }
 
 // --- hyper-parameters and registration -----------------------------------------------------------
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::set_adam_options(const adam_options& adam) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::set_adam_options(const adam_options& adam) {
   rethrow_worker_error();
   check_adam(adam);
   for (auto& p : params_) p.adam = adam;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::set_adam_options(std::size_t i, const adam_options& adam) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::set_adam_options(std::size_t i,
+                                                                               const adam_options& adam) {
   rethrow_worker_error();
   auto& p = at(i);
   check_adam(adam);
   p.adam = adam;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::size_t basic_coordinator<Backend, HostOptimizer>::register_parameter(std::string name, matrix_view param,
-                                                                          const_matrix_view initial, dtype grad_type) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_parameter(std::string name,
+                                                                                        matrix_view param,
+                                                                                        const_matrix_view initial,
+                                                                                        dtype grad_type) {
   param.validate("param", Backend::device_space);
   initial.validate("initial", memory_space::host);
   expects(!param.empty(), "param", "must not be empty");
@@ -233,28 +270,33 @@ std::size_t basic_coordinator<Backend, HostOptimizer>::register_parameter(std::s
           std::string(dtype_name(param.type)), "), got ", std::string(dtype_name(initial.type)));
   expects(is_valid(grad_type), "grad_type", "unknown dtype");
   expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
-  // Column-contiguous fp32 master for the CPU optimizer.
-  std::vector<float> master(static_cast<std::size_t>(param.rows * param.cols));
+  expects(param.cols >= ranks_, "param", "has ", param.cols, " columns, fewer than the ", ranks_,
+          " data-parallel ranks that each own a range of them");
+  // Column-contiguous fp32 master of this rank's columns for the CPU optimizer.
+  const column_range owned = detail::owned_range(param.cols, rank_, ranks_);
+  std::vector<float> master(static_cast<std::size_t>(param.rows * owned.size()));
   dispatch_dtype(initial.type, [&](auto tag) {
     using T = decltype(tag);
     const T* src = static_cast<const T*>(initial.data);
-    for (index_t c = 0; c < param.cols; ++c)
-      for (index_t r = 0; r < param.rows; ++r) master[c * param.rows + r] = to_float(src[initial.offset(r, c)]);
+    for (index_t c = owned.first; c < owned.last; ++c)
+      for (index_t r = 0; r < param.rows; ++r)
+        master[(c - owned.first) * param.rows + r] = to_float(src[initial.offset(r, c)]);
   });
   parameter p;
   p.name = std::move(name);
   p.adam = options_.adam;
   p.matrix = param;
   p.grad_type = grad_type;
-  p.cpu_tensor = host_opt_.add_tensor(master, param.rows, param.cols);
+  p.owned = owned;
+  p.cpu_tensor = host_opt_.add_tensor(master, param.rows, owned.size());
   p.selector_index = selector_.add_parameter(param.rows, param.cols);
   params_.push_back(std::move(p));
   return params_.size() - 1;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::size_t basic_coordinator<Backend, HostOptimizer>::register_parameter(std::string name, vector_view param,
-                                                                          std::span<const float> initial) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_parameter(
+    std::string name, vector_view param, std::span<const float> initial) {
   param.validate("param", Backend::device_space);
   expects(!param.empty() && param.contiguous(), "param", "must be a non-empty contiguous vector");
   expects(static_cast<index_t>(initial.size()) == param.size, "initial", "has ", initial.size(), " values, param has ",
@@ -272,9 +314,9 @@ std::size_t basic_coordinator<Backend, HostOptimizer>::register_parameter(std::s
 
 // --- gradients -----------------------------------------------------------------------------------
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::submit_gradient(std::size_t i, const_matrix_view grad,
-                                                                stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(std::size_t i, const_matrix_view grad,
+                                                                              stream_type stream) {
   rethrow_worker_error();
   auto& p = at(i);
   expects(!p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 1-D: pass a vector view");
@@ -289,15 +331,16 @@ void basic_coordinator<Backend, HostOptimizer>::submit_gradient(std::size_t i, c
   // Without clipping, nothing about this gradient's CPU columns waits for the rest of backward:
   // gather them now and let the copy overlap backward (not at a selection boundary, which may
   // change the columns).
-  if (started_ && options_.max_grad_norm == 0.0f && !p.complement.empty() && !selection_boundary()) {
+  // Data parallel: the CPU columns are reduced across ranks first, in step().
+  if (!data_parallel && started_ && options_.max_grad_norm == 0.0f && !p.complement.empty() && !selection_boundary()) {
     begin_step();
     offload_gradient(p, unit_flags(), stream);
   }
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::submit_gradient(std::size_t i, const_vector_view grad,
-                                                                stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(std::size_t i, const_vector_view grad,
+                                                                              stream_type stream) {
   rethrow_worker_error();
   auto& p = at(i);
   expects(p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 2-D: pass a matrix view");
@@ -312,28 +355,28 @@ void basic_coordinator<Backend, HostOptimizer>::submit_gradient(std::size_t i, c
 
 // --- trainer-side checks and failure -------------------------------------------------------------
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-auto basic_coordinator<Backend, HostOptimizer>::at(std::size_t i) -> parameter& {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::at(std::size_t i) -> parameter& {
   expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
   return params_[i];
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-auto basic_coordinator<Backend, HostOptimizer>::at(std::size_t i) const -> const parameter& {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::at(std::size_t i) const -> const parameter& {
   expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
   return params_[i];
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::check_adam(const adam_options& adam) const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::check_adam(const adam_options& adam) const {
   adam.validate();
   const char* field = adam.differs_beyond_lr_and_weight_decay(options_.adam);
   expects(field == nullptr, field ? field : "adam", "must stay as in options().adam: parameter groups and schedules ",
           "change lr and weight_decay only");
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::check_submission(const parameter& p, std::size_t i) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::check_submission(const parameter& p, std::size_t i) {
   expects(!p.has_grad, "grad", "parameter ", i, " (", p.name, ") already has a gradient in step ", step_,
           ": submit each gradient once per step");
   if constexpr (Backend::device_space == memory_space::host) {
@@ -345,28 +388,29 @@ void basic_coordinator<Backend, HostOptimizer>::check_submission(const parameter
 }
 
 // A failed coordinator rethrows the first error from every call (it is never cleared).
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::rethrow_worker_error() const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::rethrow_worker_error() const {
   shared_.rethrow_error();
 }
 
 // Runs trainer-side work that changes the coordinator's state: an error in it leaves that state
 // half-changed, so it fails the coordinator as a worker error does.
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 template <class F>
-decltype(auto) basic_coordinator<Backend, HostOptimizer>::or_fail(F&& f) {
+decltype(auto) basic_coordinator<Backend, HostOptimizer, Communicator>::or_fail(F&& f) {
   try {
     return std::forward<F>(f)();
   } catch (...) {
     shared_.fail(std::current_exception());
+    fail_peers(std::current_exception());
     throw;
   }
 }
 
 // Waits (trainer thread) until pred() holds; time is charged to the step's stall.
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 template <class Pred>
-void basic_coordinator<Backend, HostOptimizer>::stall_until(Pred pred, const char* reason) {
+void basic_coordinator<Backend, HostOptimizer, Communicator>::stall_until(Pred pred, const char* reason) {
   std::unique_lock lock(shared_.mutex);
   if (pred()) return;
   const auto t0 = clock::now();
@@ -378,18 +422,18 @@ void basic_coordinator<Backend, HostOptimizer>::stall_until(Pred pred, const cha
 
 // --- the schedule --------------------------------------------------------------------------------
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-bool basic_coordinator<Backend, HostOptimizer>::in_warm_up() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::in_warm_up() const noexcept {
   return options_.mode == offload_mode::zero_offload || step_ < options_.full_warm_up_rounds;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-bool basic_coordinator<Backend, HostOptimizer>::overlapped() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::overlapped() const noexcept {
   return options_.overlap_step && !in_warm_up();
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-bool basic_coordinator<Backend, HostOptimizer>::has_cpu_columns() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::has_cpu_columns() const noexcept {
   for (const auto& p : params_)
     if (!p.is_vector && !p.complement.empty()) return true;
   return false;
@@ -397,13 +441,14 @@ bool basic_coordinator<Backend, HostOptimizer>::has_cpu_columns() const noexcept
 
 // Scale 1, no skip: the flags of gathers that do not wait for the step's statistics (a member, so
 // no copy of them can outlive their buffer).
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const step_flags* basic_coordinator<Backend, HostOptimizer>::unit_flags() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const step_flags* basic_coordinator<Backend, HostOptimizer, Communicator>::unit_flags() const noexcept {
   return reinterpret_cast<const step_flags*>(unit_flags_dev_.data());
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::start(stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::start(stream_type stream) {
+  agree_on_registration(stream);
   started_ = true;
   for (auto& p : params_)
     if (!p.is_vector) set_selection(p, {}, stream);  // every column on the CPU until the first selection
@@ -412,8 +457,8 @@ void basic_coordinator<Backend, HostOptimizer>::start(stream_type stream) {
   if (!in_warm_up() && !options_.update_interval.is_auto) interval_target_ = options_.update_interval.value;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::auto_interval() const {
   // "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
   // reaches the important mass per GPU column. With the selection's scores (L1 per column) as
   // the per-step masses -- the method's premise is that they change slowly -- that is
@@ -440,8 +485,8 @@ std::int64_t basic_coordinator<Backend, HostOptimizer>::auto_interval() const {
   return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1, bound);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::reselect(stream_type stream) {
   // A selection change moves optimizer state: first complete and write back every CPU update,
   // so no accumulated gradient is lost and no stale result lands on a column the GPU now owns.
   // Before any of this step's work: the write-back happens at the end of the previous step.
@@ -479,9 +524,9 @@ void basic_coordinator<Backend, HostOptimizer>::reselect(stream_type stream) {
   interval_target_ = options_.update_interval.is_auto ? auto_interval() : options_.update_interval.value;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream, bool synchronous,
-                                                             std::int64_t last_step) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(stream_type stream, bool synchronous,
+                                                                           std::int64_t last_step) {
   const std::int64_t i = interval_.index;
   const int b = static_cast<int>(i % 2);
   // The CPU update of every parameter with CPU columns, with the hyper-parameters in effect now.
@@ -493,13 +538,14 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
     detail::update_item item;
     item.adam = p.adam;
     item.tensor = p.cpu_tensor;
-    item.columns = p.complement;
+    item.columns = p.owned_local;  // this rank's CPU columns (all of them in one process)
     item.accumulator = p.accumulator[b];
     item.accumulated = &p.accumulated[b];
     item.cpu_steps = &p.cpu_steps;
     item.out = p.out_stage[b];
     item.out_type = p.matrix.type;
-    item.device_out = p.writeback_dev[b].data();
+    // Its block of the write-back's all-gather (the whole buffer in one process).
+    item.device_out = p.writeback_dev[b].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);
     job.items.push_back(item);
   }
   {
@@ -531,8 +577,9 @@ void basic_coordinator<Backend, HostOptimizer>::end_interval(stream_type stream,
   begin_interval(i + 1, last_step + 1);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::begin_interval(std::int64_t index, std::int64_t first_step) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_interval(std::int64_t index,
+                                                                             std::int64_t first_step) {
   interval_ = {index, first_step, 0};
   // The interval of this parity two before is written back: its counts are read.
   for (auto& p : params_) p.accumulated[index % 2] = 0;
@@ -540,9 +587,9 @@ void basic_coordinator<Backend, HostOptimizer>::begin_interval(std::int64_t inde
   shared_.accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, stream_type stream, const char* reason,
-                                                           std::int64_t at_end_of) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::int64_t i, stream_type stream,
+                                                                         const char* reason, std::int64_t at_end_of) {
   stall_until([&] { return shared_.updated_interval >= i; }, reason);
   bool applied;
   {
@@ -554,9 +601,26 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
     for (auto& p : params_) {
       // A parameter without a gradient in the interval had no CPU update: nothing to write back.
       if (p.is_vector || p.complement.empty() || p.accumulated[i % 2] == 0) continue;
-      metrics_.bytes_host_to_device += p.writeback_dev[i % 2].bytes();
-      Backend::scatter(p.writeback_dev[i % 2].data(), p.matrix.type, p.complement,
-                       reinterpret_cast<const std::int32_t*>(p.complement_dev.data()), p.matrix, stream);
+      const std::size_t esize = dtype_size(p.matrix.type);
+      metrics_.bytes_host_to_device += owned_piece_elements(p) * esize;
+      std::byte* blocks = p.writeback_dev[i % 2].data();
+      const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
+      if constexpr (data_parallel) {
+        // Every rank's block: the columns each owner updated.
+        dispatch_dtype(p.matrix.type, [&](auto tag) {
+          using T = decltype(tag);
+          T* all = reinterpret_cast<T*>(blocks);
+          comm_->all_gather(std::span<const T>(all + static_cast<std::size_t>(rank_) * p.block, p.block),
+                            std::span<T>(all, static_cast<std::size_t>(ranks_) * p.block), stream);
+        });
+      }
+      for (int r = 0; r < ranks_; ++r) {
+        const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
+        if (count == 0) continue;
+        Backend::scatter(blocks + static_cast<std::size_t>(r) * p.block * esize, p.matrix.type,
+                         std::span<const std::int32_t>(p.complement).subspan(first, count), complement_dev + first,
+                         p.matrix, stream);
+      }
     }
     Backend::record(written_back_[i % 2], stream);
   }
@@ -564,8 +628,8 @@ void basic_coordinator<Backend, HostOptimizer>::write_back(std::int64_t i, strea
   metrics_.written_back = true;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::begin_step() {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_step() {
   if (in_step_) return;
   last_metrics_ = metrics_;
   metrics_ = step_metrics{};
@@ -576,8 +640,8 @@ void basic_coordinator<Backend, HostOptimizer>::begin_step() {
   stall_until([&] { return shared_.offloaded_through_step >= step_ - 2; }, "offload backpressure");
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::abandon_step(stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::abandon_step(stream_type stream) {
   // Gradients handed over during backward may already be with the offload worker, which waits for
   // this step's flags: give it flags that skip, wait until it has dropped them, then rewind its
   // counters so that the step can run again from the start.
@@ -606,8 +670,8 @@ void basic_coordinator<Backend, HostOptimizer>::abandon_step(stream_type stream)
   in_step_ = step_offloaded_ = false;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary() const {
   if (in_warm_up()) return false;
   if (selection_due_) return true;
   if (options_.mode == offload_mode::dense) {
@@ -623,23 +687,23 @@ bool basic_coordinator<Backend, HostOptimizer>::selection_boundary() const {
   return policy_.should_select(step_ - options_.full_warm_up_rounds);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-bool basic_coordinator<Backend, HostOptimizer>::any_selection() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::any_selection() const noexcept {
   for (const auto& p : params_)
     if (!p.is_vector && !p.selection.empty()) return true;
   return false;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-bool basic_coordinator<Backend, HostOptimizer>::has_matrices() const noexcept {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::has_matrices() const noexcept {
   for (const auto& p : params_)
     if (!p.is_vector) return true;
   return false;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, const step_flags* flags,
-                                                                 stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(parameter& p, const step_flags* flags,
+                                                                               stream_type stream) {
   const int parity = static_cast<int>(step_ % 2);
   Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
                   p.grad_stage[parity].data(), p.grad_type, flags, stream);
@@ -668,9 +732,16 @@ void basic_coordinator<Backend, HostOptimizer>::offload_gradient(parameter& p, c
   step_offloaded_ = true;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type stream, missing_gradients missing) {
-  rethrow_worker_error();
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::step(stream_type stream,
+                                                                                  missing_gradients missing) {
+  try {
+    rethrow_worker_error();
+  } catch (...) {
+    fail_peers(std::current_exception());
+    throw;
+  }
+  if constexpr (data_parallel) agree_on_gradients(missing, stream);
   for (std::size_t i = 0; i < params_.size() && missing == missing_gradients::reject; ++i)
     if (!params_[i].has_grad) {
       abandon_step(stream);
@@ -681,46 +752,64 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer>::step(stream_type 
   return metrics_;
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_type stream) {
   if (!started_) start(stream);
   begin_step();
   const int parity = static_cast<int>(step_ % 2);
 
-  // 1. Statistics (global norm for clipping, non-finite check). The flags go to the device (for
-  //    this step's kernels) and straight into host memory (for the offload worker, once
-  //    stats_ready_ completed): no copy on the trainer's stream.
-  //    Over the gradients handed over only (missing_gradients::skip).
-  std::vector<const_matrix_view> given_matrices, device_matrices;
-  std::vector<const_vector_view> given_vectors, vectors;
-  for (const auto& p : params_) {
-    if (p.is_vector) {
-      vectors.push_back(p.has_grad ? p.grad_vector : const_vector_view{});  // null: skipped by the device step
-      if (p.has_grad) given_vectors.push_back(p.grad_vector);
-    } else if (p.has_grad) {
-      given_matrices.push_back(p.grad_matrix);
-    }
-  }
   auto* flags_dev = reinterpret_cast<step_flags*>(flags_dev_[parity].data());
   auto* flags_host = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  Backend::step_statistics(given_matrices, given_vectors, options_.max_grad_norm, flags_dev,
-                           reinterpret_cast<step_flags*>(flags_host_[parity].device_data()), statistics_scratch_.data(),
-                           stream);
+  auto* flags_host_dev = reinterpret_cast<step_flags*>(flags_host_[parity].device_data());
 
-  // 2. Selection boundary: the first step after warm-up, then as the policy says. A selection
-  //    synchronizes anyway; it first reads the flags, and a skipped step does not select (its
-  //    scores are not finite): the selection waits for the next finite step.
-  if (selection_boundary()) {
-    Backend::synchronize(stream);
-    if (flags_host->skip)
-      selection_due_ = true;
-    else
-      reselect(stream);
+  if constexpr (data_parallel) {
+    // 1. Selection boundary first (it decides which columns are all-reduced and which are
+    //    reduce-scattered): scored from this rank's gradients, the scores summed over the ranks.
+    //    Not at a step with a NaN/Inf on any rank (the selection waits for the next finite step).
+    if (selection_boundary()) {
+      if (any_nonfinite_gradient(stream))
+        selection_due_ = true;
+      else
+        reselect(stream);
+    }
+    // 2. The gradients reduced over the ranks, and the step's flags from the reduced gradients.
+    reduce_gradients(stream);
+    reduced_statistics(flags_dev, flags_host_dev, stream);
+  } else {
+    // 1. Statistics (global norm for clipping, non-finite check). The flags go to the device (for
+    //    this step's kernels) and straight into host memory (for the offload worker, once
+    //    stats_ready_ completed): no copy on the trainer's stream.
+    //    Over the gradients handed over only (missing_gradients::skip).
+    std::vector<const_matrix_view> given_matrices;
+    std::vector<const_vector_view> given_vectors;
+    for (const auto& p : params_) {
+      if (!p.has_grad) continue;
+      if (p.is_vector)
+        given_vectors.push_back(p.grad_vector);
+      else
+        given_matrices.push_back(p.grad_matrix);
+    }
+    Backend::step_statistics(given_matrices, given_vectors, options_.max_grad_norm, flags_dev, flags_host_dev,
+                             statistics_scratch_.data(), stream);
+
+    // 2. Selection boundary: the first step after warm-up, then as the policy says. A selection
+    //    synchronizes anyway; it first reads the flags, and a skipped step does not select (its
+    //    scores are not finite): the selection waits for the next finite step.
+    if (selection_boundary()) {
+      Backend::synchronize(stream);
+      if (flags_host->skip)
+        selection_due_ = true;
+      else
+        reselect(stream);
+    }
   }
 
   // 3. The GPU update of the selected columns and the 1-D parameters, with the hyper-parameters
   //    set before this step (handed over in stream order, where they changed).
+  std::vector<const_matrix_view> device_matrices;
+  std::vector<const_vector_view> vectors;
   for (auto& p : params_) {
+    if (p.is_vector) vectors.push_back(p.has_grad ? p.grad_vector : const_vector_view{});  // null: skipped
     if (p.device_index == npos) continue;
     if (!p.is_vector) device_matrices.push_back(p.has_grad ? p.grad_matrix : const_matrix_view{});  // null: skipped
     if (p.device_adam != p.adam) {
@@ -739,8 +828,13 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
 
   // 4. Offload the CPU columns not handed over during backward: gathered scaled by the step's
   //    clip factor, then the end-of-step marker.
-  for (auto& p : params_)
-    if (!p.is_vector && !p.complement.empty() && p.has_grad && !p.offloaded) offload_gradient(p, flags_dev, stream);
+  for (auto& p : params_) {
+    if (p.is_vector || p.complement.empty() || !p.has_grad || p.offloaded) continue;
+    if constexpr (data_parallel)
+      offload_owned(p, stream);
+    else
+      offload_gradient(p, flags_dev, stream);
+  }
   {
     detail::state_lock lock(shared_.mutex);
     detail::offload_job<Backend> marker;  // end of this step's gradients
@@ -775,8 +869,8 @@ void basic_coordinator<Backend, HostOptimizer>::run_step(stream_type stream) {
   if constexpr (Backend::device_space == memory_space::host) Backend::record(step_done_, stream);
 }
 
-template <coordinator_backend Backend, host_optimizer HostOptimizer>
-void basic_coordinator<Backend, HostOptimizer>::finish(stream_type stream) {
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::finish(stream_type stream) {
   rethrow_worker_error();
   abandon_step(stream);
   or_fail([&] {

@@ -29,13 +29,16 @@ struct offload_job {
   const step_flags* flags = nullptr;    ///< host copy of the step's flags, valid once *flags_ready completed
   typename Backend::event_type* flags_ready = nullptr;  ///< recorded after the step's flags were written
   typename Backend::event_type* gathered = nullptr;     ///< the gather this copy must wait for
+  /// Accumulate times flags->scale (the gradient was gathered unscaled: data parallel, where it is
+  /// reduced before the step's flags exist). Otherwise the gather applied it.
+  bool scale_by_flags = false;
 };
 
 /// One parameter's share of a CPU update.
 struct update_item {
   adam_options adam;                      ///< its hyper-parameters as the interval ended
   std::size_t tensor = 0;                 ///< its tensor in the host optimizer
-  std::span<const std::int32_t> columns;  ///< its CPU columns (ascending)
+  std::span<const std::int32_t> columns;  ///< its CPU columns this rank updates, as columns of the tensor (ascending)
   std::span<float> accumulator;           ///< the interval's accumulated gradient, compact (zeroed after)
   /// How many steps it accumulated (the mean's divisor; 0: no gradient in the interval, no update).
   /// Read once the interval is accumulated.

@@ -52,31 +52,43 @@ class offload_worker : public worker_thread<Backend, offload_job<Backend>> {
 
   void loop();
   void consume_one(std::deque<in_flight>& flight);
+  bool wait_for_flags(std::int64_t step);
 };
+
+// A gradient handed over during backward can land before step() has produced the step's flags:
+// wait for them (abandoned at shutdown: then nothing is accumulated, and this returns false).
+template <class Backend>
+bool offload_worker<Backend>::wait_for_flags(std::int64_t step) {
+  std::unique_lock lock(state_.mutex);
+  state_.cv.wait(lock, [&] { return state_.stats_ready_step >= step || state_.stopping || state_.failed; });
+  return state_.stats_ready_step >= step;
+}
 
 template <class Backend>
 void offload_worker<Backend>::consume_one(std::deque<in_flight>& flight) {
-  auto slot = queue_.next();
   const in_flight f = flight.front();
-  flight.pop_front();
-  // A gradient handed over during backward can land before step() has produced the step's
-  // flags: wait for them (abandoned at shutdown: then nothing is accumulated).
-  bool have_flags;
-  {
-    std::unique_lock lock(state_.mutex);
-    state_.cv.wait(lock, [&] { return state_.stats_ready_step >= f.j.step || state_.stopping || state_.failed; });
-    have_flags = state_.stats_ready_step >= f.j.step;
+  if (f.j.bytes == 0) {
+    // A rank that owns none of the parameter's CPU columns (data parallel) still counts the step,
+    // as the ranks that own some do: every rank agrees on which parameters a CPU update covers.
+    flight.pop_front();
+    if (!wait_for_flags(f.j.step)) return;
+    Backend::synchronize(*f.j.flags_ready);
+    if (!f.j.flags->skip) ++*f.j.accumulated;
+    return;
   }
-  if (!have_flags) {
+  auto slot = queue_.next();
+  flight.pop_front();
+  if (!wait_for_flags(f.j.step)) {
     queue_.release(slot);
     return;
   }
   Backend::synchronize(*f.j.flags_ready);
   // The CPU Adam's SIMD accumulate kernel, on this thread alone: the CPU optimizer's pool belongs
-  // to the update worker, which may be running the previous interval's update right now.
+  // to the update worker, which may be running the previous interval's update right now. A
+  // gradient gathered before the step's flags existed (data parallel: reduced first) is scaled here.
   if (!f.j.flags->skip) {
     cpu_accumulate_kernel(cpu_isa::automatic, f.j.accumulator + f.offset / dtype_size(f.j.type), slot.data, f.j.type,
-                          f.bytes / dtype_size(f.j.type), 1.0f);
+                          f.bytes / dtype_size(f.j.type), f.j.scale_by_flags ? f.j.flags->scale : 1.0f);
     // The parameter's gradient of this step is in once its last chunk is: count it. Read by the
     // other threads only after this one published the interval's end under the mutex.
     if (f.offset + f.bytes == f.j.bytes) ++*f.j.accumulated;
@@ -112,7 +124,8 @@ void offload_worker<Backend>::loop() {
       continue;
     }
     const std::size_t chunk = queue_.slot_bytes() - queue_.slot_bytes() % 4;
-    Backend::wait(stream_.get(), *j.gathered);  // the copies below read the gathered gradient
+    Backend::wait(stream_.get(), *j.gathered);      // the copies below read the gathered gradient
+    if (j.bytes == 0) flight.push_back({j, 0, 0});  // counted in order, with no copy
     for (std::size_t off = 0; off < j.bytes; off += chunk) {
       const std::size_t n = std::min(chunk, j.bytes - off);
       auto slot = queue_.try_acquire();

@@ -109,6 +109,11 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
     for (const auto& item : j.items) {
       const std::int64_t accumulated = *item.accumulated;
       if (accumulated == 0) continue;
+      if (item.columns.empty()) {
+        // Data parallel: the other ranks update this parameter's CPU columns; its count follows.
+        ++*item.cpu_steps;
+        continue;
+      }
       cpu_adam_task t{};
       t.options = &item.adam;
       t.tensor = item.tensor;
