@@ -1,0 +1,369 @@
+// The data-parallel coordinator under mpirun (2 and 3 ranks): N ranks on N micro-batches against
+// one process on their mean gradient, the CPU state each rank holds, agreement checks, failure
+// on every rank, and per-rank checkpoints.
+//
+// The micro-batch gradients are g_r = (r + 1) * m on a dyadic grid (multiples of 1/64, at most 8
+// significant bits), so every sum over ranks and the mean are exact in bf16 and f32 whatever
+// order the engine adds in, and the ranks' column scores are the mean's times one factor: the
+// selection is the mean's (checked at every step, as the write-back schedule). Without clipping
+// 2 ranks equal one process bit for bit (the 1/2 is exact). On 3 ranks, and with clipping, they
+// agree within a tolerance: the mean's 1/3 and the clip factor are applied to the reduced sum in
+// fp32 as the CPU columns accumulate, where one process rounds the scaled gradient to its dtype
+// first. Tolerance: 2e-3 on the fp32 values after 14 steps at lr 1e-2 (Adam turns a rounding
+// residual where the mean gradient of an element cancels to zero into an update of up to lr).
+#include <zenflow/coordinator.hpp>
+#include <zenflow/mpi_communicator.hpp>
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../support/error_text.hpp"
+#include "mpi_doctest.hpp"
+
+using namespace std::chrono_literals;
+using zenflow::bfloat16;
+using zenflow::dtype;
+using zenflow::host_stream;
+using zenflow::missing_gradients;
+using zenflow_test::contains;
+using zenflow_test::error_of;
+using zenflow_test::world_rank;
+using zenflow_test::world_size;
+
+namespace {
+
+zenflow::mpi_communicator_options test_options() {
+  zenflow::mpi_communicator_options o;
+  o.timeout = 20s;  // a bug shows up as a timeout, not a hang
+  return o;
+}
+
+zenflow::zenflow_options test_zenflow_options(float max_grad_norm) {
+  zenflow::zenflow_options o;
+  o.mode = zenflow::offload_mode::zenflow;
+  o.topk_ratio = 0.25f;
+  o.select_strategy = zenflow::selection_strategy::step;
+  o.select_interval = zenflow::interval_option::fixed(3);
+  o.update_interval = zenflow::interval_option::fixed(2);
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  o.max_grad_norm = max_grad_norm;
+  o.adam.lr = 1e-2f;
+  o.adam.weight_decay = 0.01f;
+  return o;
+}
+
+// Parameters and gradients of one rank (or of the single-process reference): w1 16 x 24 bf16
+// row-major, w2 12 x 10 f32 column-contiguous, b 16 f32.
+struct model {
+  static constexpr zenflow::index_t r1 = 16, c1 = 24, r2 = 12, c2 = 10, nb = 16;
+  std::vector<bfloat16> w1 = std::vector<bfloat16>(r1 * c1), g1 = std::vector<bfloat16>(r1 * c1);
+  std::vector<float> w2 = std::vector<float>(r2 * c2), g2 = std::vector<float>(r2 * c2);
+  std::vector<float> b = std::vector<float>(nb), gb = std::vector<float>(nb);
+
+  model() {
+    for (std::size_t i = 0; i < w1.size(); ++i)
+      w1[i] = zenflow::to_bfloat16(static_cast<float>(static_cast<int>(i % 13) - 6) / 16);
+    for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = static_cast<float>(static_cast<int>(i % 7) - 3) / 8;
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) / 32;
+  }
+
+  template <class C>
+  void register_with(C& c, const std::string& first_name = "w1") {
+    using zenflow::const_matrix_view;
+    using zenflow::matrix_view;
+    c.register_parameter(first_name, matrix_view::row_major(w1.data(), r1, c1, dtype::bf16),
+                         const_matrix_view::row_major(w1.data(), r1, c1, dtype::bf16), dtype::bf16);
+    c.register_parameter("w2", matrix_view::column_contiguous(w2.data(), r2, c2, dtype::f32),
+                         const_matrix_view::column_contiguous(w2.data(), r2, c2, dtype::f32), dtype::f32);
+    c.register_parameter("b", zenflow::vector_view(b.data(), nb, dtype::f32), std::span<const float>(b));
+  }
+
+  // m(t): multiples of 1/64 up to 32/64, column weights that move with t (the selection changes).
+  static float unit(int t, std::size_t row, std::size_t col) {
+    const std::uint32_t h = static_cast<std::uint32_t>(t * 7919 + row * 104729 + col * 1299709) * 2654435761u;
+    const int q = static_cast<int>((h >> 16) % 9) - 4;
+    const int weight = 1 + static_cast<int>((col * 5 + static_cast<std::size_t>(t) * 3) % 8);
+    return static_cast<float>(q * weight) / 64;
+  }
+  // This rank's micro-batch gradient, (rank + 1) * m(t); factor < 0: the mean over `ranks` ranks.
+  void make_gradients(int t, int rank, int ranks) {
+    const float factor = rank >= 0 ? static_cast<float>(rank + 1) : static_cast<float>(ranks + 1) / 2;
+    for (std::size_t r = 0; r < r1; ++r)
+      for (std::size_t c = 0; c < c1; ++c) g1[r * c1 + c] = zenflow::to_bfloat16(factor * unit(t, r, c));
+    for (std::size_t c = 0; c < c2; ++c)
+      for (std::size_t r = 0; r < r2; ++r) g2[c * r2 + r] = factor * unit(t + 100, r, c);
+    for (std::size_t i = 0; i < nb; ++i) gb[i] = factor * unit(t + 200, i, 0);
+  }
+
+  // Hands over this step's gradients (w2's only when `with_w2`).
+  template <class C>
+  void submit(C& c, host_stream& s, bool with_w2 = true) {
+    using zenflow::const_matrix_view;
+    c.submit_gradient(0, const_matrix_view::row_major(g1.data(), r1, c1, dtype::bf16), &s);
+    if (with_w2) c.submit_gradient(1, const_matrix_view::column_contiguous(g2.data(), r2, c2, dtype::f32), &s);
+    c.submit_gradient(2, zenflow::const_vector_view(gb.data(), nb, dtype::f32), &s);
+  }
+
+  [[nodiscard]] std::vector<std::byte> bytes() const {
+    std::vector<std::byte> out(w1.size() * 2 + (w2.size() + b.size()) * 4);
+    std::memcpy(out.data(), w1.data(), w1.size() * 2);
+    std::memcpy(out.data() + w1.size() * 2, w2.data(), w2.size() * 4);
+    std::memcpy(out.data() + w1.size() * 2 + w2.size() * 4, b.data(), b.size() * 4);
+    return out;
+  }
+};
+
+// w2 gets no gradient on any rank at these steps (missing_gradients::skip).
+bool w2_missing(int t) {
+  return t % 5 == 4;
+}
+
+using dp_coordinator = zenflow::data_parallel_host_coordinator<zenflow::mpi_communicator>;
+
+// Every rank's bytes equal rank 0's.
+bool same_on_every_rank(const std::vector<std::byte>& local) {
+  std::vector<std::byte> root = local;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+  int same = root == local ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+// Rank 0's process id, the same on every rank: a file name every rank agrees on.
+std::string shared_prefix() {
+  long pid = static_cast<long>(getpid());
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  return "/tmp/zenflow_dp_" + std::to_string(pid);
+}
+
+// Runs `steps` steps of N ranks and of the reference side by side, comparing after each.
+void run_against_reference(float max_grad_norm, bool exact) {
+  const int rank = world_rank(), ranks = world_size();
+  const auto options = test_zenflow_options(max_grad_norm);
+  zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
+  model dp_model, ref_model;
+  dp_coordinator dp(comm, options);
+  zenflow::host_coordinator ref(options);
+  dp_model.register_with(dp);
+  ref_model.register_with(ref);
+  REQUIRE(dp.rank() == rank);
+  REQUIRE(dp.ranks() == ranks);
+  host_stream s_dp, s_ref;
+  for (int t = 0; t < 14; ++t) {
+    dp_model.make_gradients(t, rank, ranks);
+    ref_model.make_gradients(t, -1, ranks);
+    dp_model.submit(dp, s_dp, !w2_missing(t));
+    ref_model.submit(ref, s_ref, !w2_missing(t));
+    const auto& m = dp.step(&s_dp, missing_gradients::skip);
+    const auto& mr = ref.step(&s_ref, missing_gradients::skip);
+    s_dp.synchronize();
+    s_ref.synchronize();
+    CAPTURE(t);
+    CHECK(m.reselected == mr.reselected);
+    CHECK(m.written_back == mr.written_back);
+    for (std::size_t i = 0; i < 2; ++i) {
+      const auto sel = dp.gpu_columns(i), ref_sel = ref.gpu_columns(i);
+      CHECK(std::vector<std::int32_t>(sel.begin(), sel.end()) ==
+            std::vector<std::int32_t>(ref_sel.begin(), ref_sel.end()));
+    }
+    CHECK(same_on_every_rank(dp_model.bytes()));
+    if (exact) {
+      CHECK(dp_model.bytes() == ref_model.bytes());
+    } else {
+      for (std::size_t i = 0; i < dp_model.w1.size(); ++i)
+        CHECK(std::fabs(zenflow::to_float(dp_model.w1[i]) - zenflow::to_float(ref_model.w1[i])) <= 2e-2f);
+      for (std::size_t i = 0; i < dp_model.w2.size(); ++i) CHECK(std::fabs(dp_model.w2[i] - ref_model.w2[i]) <= 2e-3f);
+      for (std::size_t i = 0; i < dp_model.b.size(); ++i) CHECK(std::fabs(dp_model.b[i] - ref_model.b[i]) <= 2e-3f);
+    }
+  }
+  dp.finish(&s_dp);
+  ref.finish(&s_ref);
+  if (exact) CHECK(dp_model.bytes() == ref_model.bytes());
+  CHECK(same_on_every_rank(dp_model.bytes()));
+  // This rank's CPU state: its own columns of the reference's, and nothing else.
+  std::size_t held = 0, total = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto range = dp.owned_columns(i);
+    const std::size_t rows = i == 0 ? model::r1 : model::r2, cols = i == 0 ? model::c1 : model::c2;
+    CHECK(range.first == static_cast<zenflow::index_t>(cols * rank / ranks));
+    CHECK(range.last == static_cast<zenflow::index_t>(cols * (rank + 1) / ranks));
+    const auto& host = dp.host_optimizer();
+    const auto& ref_host = ref.host_optimizer();
+    const auto tensor = i;  // registered in order: w1 is tensor 0, w2 tensor 1
+    REQUIRE(host.params(tensor).size() == rows * static_cast<std::size_t>(range.size()));
+    held += 3 * host.params(tensor).size() * sizeof(float);
+    total += 3 * ref_host.params(tensor).size() * sizeof(float);
+    const std::size_t at = rows * static_cast<std::size_t>(range.first);
+    for (std::size_t e = 0; e < host.params(tensor).size(); ++e) {
+      const float p = host.params(tensor)[e], rp = ref_host.params(tensor)[at + e];
+      const float v = host.exp_avg_sq(tensor)[e], rv = ref_host.exp_avg_sq(tensor)[at + e];
+      if (exact) {
+        CHECK(p == rp);
+        CHECK(v == rv);
+      } else {
+        CHECK(std::fabs(p - rp) <= 2e-3f);
+        CHECK(std::fabs(v - rv) <= 1e-2f * rv + 1e-9f);
+      }
+    }
+    CHECK(dp.cpu_step_count(i) == ref.cpu_step_count(i));
+    CHECK(dp.gpu_step_count(i) == ref.gpu_step_count(i));
+  }
+  // 1/N of the CPU state per rank, to within one column per parameter; the ranks hold it all once.
+  long long sum = static_cast<long long>(held);
+  MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(sum == static_cast<long long>(total));
+  const double per_column = 3.0 * 4 * (model::r1 + model::r2);
+  CHECK(std::fabs(static_cast<double>(held) - static_cast<double>(total) / ranks) <= per_column);
+  if (rank == 0)
+    MESSAGE("CPU state per rank: ", held, " of ", total, " bytes (", static_cast<double>(held) / total, ") on ", ranks,
+            " ranks");
+}
+
+}  // namespace
+
+TEST_CASE("N ranks on N micro-batches equal one process on their mean gradient (bit for bit on 2 ranks)") {
+  run_against_reference(0.0f, /*exact=*/world_size() == 2);
+}
+
+TEST_CASE("with clipping by one global norm across the ranks: within a tolerance of one process") {
+  // 0.5 clips every step here. The selection and the write-back schedule stay exactly the
+  // reference's (checked at every step).
+  run_against_reference(0.5f, /*exact=*/false);
+}
+
+TEST_CASE("a parameter given a gradient on some ranks only is rejected on every rank, and the step can run again") {
+  const int rank = world_rank(), ranks = world_size();
+  const auto options = test_zenflow_options(0.0f);
+  zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
+  model dp_model, ref_model;
+  dp_coordinator dp(comm, options);
+  zenflow::host_coordinator ref(options);
+  dp_model.register_with(dp);
+  ref_model.register_with(ref);
+  host_stream s_dp, s_ref;
+  for (int t = 0; t < 4; ++t) {
+    dp_model.make_gradients(t, rank, ranks);
+    ref_model.make_gradients(t, -1, ranks);
+    if (t == 2) {
+      dp_model.submit(dp, s_dp, /*with_w2=*/rank != 0);
+      const std::string e = error_of([&] { dp.step(&s_dp, missing_gradients::skip); });
+      CHECK(contains(e, "parameter 1 (w2) has a gradient on " + std::to_string(ranks - 1) + " of " +
+                            std::to_string(ranks) + " ranks"));
+      // Without skip, a gradient missing everywhere is rejected everywhere too.
+      const std::string e2 = error_of([&] { dp.step(&s_dp); });
+      CHECK(contains(e2, "no gradient was submitted for parameter 0 (w1)"));
+    }
+    dp_model.submit(dp, s_dp);
+    ref_model.submit(ref, s_ref);
+    dp.step(&s_dp);
+    ref.step(&s_ref);
+    s_dp.synchronize();
+    s_ref.synchronize();
+    CHECK(dp_model.bytes() == ref_model.bytes());
+  }
+}
+
+TEST_CASE("ranks that registered different parameters fail on every rank at the first step") {
+  const int rank = world_rank(), ranks = world_size();
+  zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
+  model m;
+  dp_coordinator dp(comm, test_zenflow_options(0.0f));
+  m.register_with(dp, rank == ranks - 1 ? "w1_renamed" : "w1");
+  host_stream s;
+  m.make_gradients(0, rank, ranks);
+  m.submit(dp, s);
+  CHECK(contains(error_of([&] { dp.step(&s); }), "registered different parameters"));
+}
+
+TEST_CASE("a rank that fails makes every rank's step fail with its reason, not a timeout") {
+  const int rank = world_rank(), ranks = world_size();
+  zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
+  model m;
+  dp_coordinator dp(comm, test_zenflow_options(0.0f));
+  m.register_with(dp);
+  host_stream s;
+  for (int t = 0; t < 2; ++t) {
+    m.make_gradients(t, rank, ranks);
+    m.submit(dp, s);
+    dp.step(&s);
+    s.synchronize();
+  }
+  m.make_gradients(2, rank, ranks);
+  m.submit(dp, s);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (rank == 1) comm.abort("rank 1 ran out of memory");
+  const std::string e = error_of([&] {
+    dp.step(&s);
+    s.synchronize();
+  });
+  CHECK(contains(e, "rank 1 ran out of memory"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // the communicator's timeout is 20 s
+  // The coordinator is failed from then on.
+  CHECK(contains(error_of([&] { dp.step(&s); }), "rank 1 ran out of memory"));
+}
+
+TEST_CASE("per-rank checkpoints resume bit-identically on the same number of ranks, and only there") {
+  const int rank = world_rank(), ranks = world_size();
+  const auto options = test_zenflow_options(0.5f);
+  const std::string path = shared_prefix() + "_rank" + std::to_string(rank) + ".ckpt";
+  std::vector<std::byte> uninterrupted;
+  {
+    zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
+    model m;
+    dp_coordinator dp(comm, options);
+    m.register_with(dp);
+    host_stream s;
+    for (int t = 0; t < 10; ++t) {
+      if (t == 5) dp.save_checkpoint(path, &s);  // a CPU update is pending here (overlap_step)
+      m.make_gradients(t, rank, ranks);
+      m.submit(dp, s, !w2_missing(t));
+      dp.step(&s, missing_gradients::skip);
+      s.synchronize();
+    }
+    dp.finish(&s);
+    uninterrupted = m.bytes();
+  }
+  {
+    zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
+    model m;
+    dp_coordinator dp(comm, options);
+    m.register_with(dp);
+    host_stream s;
+    dp.load_checkpoint(path, &s);
+    for (int t = 5; t < 10; ++t) {
+      m.make_gradients(t, rank, ranks);
+      m.submit(dp, s, !w2_missing(t));
+      dp.step(&s, missing_gradients::skip);
+      s.synchronize();
+    }
+    dp.finish(&s);
+    CHECK(m.bytes() == uninterrupted);
+  }
+  {
+    // One rank alone (another number of ranks) rejects the file before changing anything.
+    MPI_Comm alone;
+    MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &alone);
+    {
+      zenflow::mpi_communicator comm(alone, test_options());
+      model m;
+      dp_coordinator dp(comm, options);
+      m.register_with(dp);
+      host_stream s;
+      const std::string e = error_of([&] { dp.load_checkpoint(path, &s); });
+      CHECK(contains(e, "was written by rank " + std::to_string(rank) + " of " + std::to_string(ranks)));
+      CHECK(dp.step_count() == 0);
+    }
+    MPI_Comm_free(&alone);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::remove(path.c_str());
+}
