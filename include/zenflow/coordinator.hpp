@@ -402,6 +402,7 @@ class basic_coordinator {
   [[nodiscard]] bool any_selection() const noexcept;
   [[nodiscard]] bool has_matrices() const noexcept;
   void offload_gradient(parameter& p, const step_flags* flags, stream_type stream);
+  void hand_over(parameter& p, std::size_t offset, std::size_t bytes, bool scale_by_flags, stream_type stream);
   void reselect(stream_type stream);
   [[nodiscard]] std::int64_t auto_interval() const;
   void end_interval(stream_type stream, bool synchronous, std::int64_t last_step);
@@ -419,7 +420,6 @@ class basic_coordinator {
   void agree_on_gradients(missing_gradients missing, stream_type stream);
   void reduce_gradients(stream_type stream);
   void reduced_statistics(step_flags* flags_dev, step_flags* flags_host_dev, stream_type stream);
-  void offload_owned(parameter& p, stream_type stream);
   [[nodiscard]] bool any_nonfinite_gradient(stream_type stream);
   template <class T>
   std::vector<T> all_reduce_to_host(std::span<const T> values, reduce_op op, stream_type stream);
@@ -434,7 +434,8 @@ class basic_coordinator {
   Communicator* comm_ = nullptr;  // data parallel: the caller's communicator
   int rank_ = 0;
   int ranks_ = 1;
-  device_buffer reduce_scratch_;         // data parallel: the statistics' and agreement collectives' buffer
+  device_buffer reduce_scratch_;         // data parallel: the statistics' all-reduce (two doubles)
+  device_buffer agreement_buffer_;       // data parallel: all_reduce_to_host's buffer
   mutable detail::shared_state shared_;  // with the workers: progress counters, first error, stop request
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;

@@ -707,6 +707,17 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(p
   const int parity = static_cast<int>(step_ % 2);
   Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
                   p.grad_stage[parity].data(), p.grad_type, flags, stream);
+  hand_over(p, 0, p.grad_stage[parity].bytes(), /*scale_by_flags=*/false, stream);
+}
+
+// Hands `bytes` of parameter p's gradient staging, from `offset`, to the offload worker, after the
+// work enqueued on `stream` so far (the gather; data parallel, the reduce-scatter, whose block of
+// this rank the worker scales: `scale_by_flags`). An empty job still counts the step.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(parameter& p, std::size_t offset,
+                                                                        std::size_t bytes, bool scale_by_flags,
+                                                                        stream_type stream) {
+  const int parity = static_cast<int>(step_ % 2);
   // The worker makes its copies wait for this event when it gets to them; a wait enqueued on the
   // offload stream here would also hold back the copies of earlier steps still being submitted.
   // Re-recorded two steps later, after begin_step saw this job consumed.
@@ -714,14 +725,15 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(p
   detail::offload_job<Backend> j;
   j.step = step_;
   j.interval = interval_.index;
-  j.src = p.grad_stage[parity].data();
-  j.bytes = p.grad_stage[parity].bytes();
+  j.src = p.grad_stage[parity].data() + offset;
+  j.bytes = bytes;
   j.type = p.grad_type;
   j.accumulator = p.accumulator[interval_.index % 2].data();
   j.accumulated = &p.accumulated[interval_.index % 2];
   j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
   j.flags_ready = &stats_ready_[parity];
   j.gathered = &(*p.gathered)[parity];
+  j.scale_by_flags = scale_by_flags;
   {
     detail::state_lock lock(shared_.mutex);
     offload_.push(lock, j);
@@ -830,8 +842,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
   //    clip factor, then the end-of-step marker.
   for (auto& p : params_) {
     if (p.is_vector || p.complement.empty() || !p.has_grad || p.offloaded) continue;
-    if constexpr (data_parallel)
-      offload_owned(p, stream);
+    if constexpr (data_parallel)  // this rank's block of the reduce-scatter, scaled as it accumulates
+      hand_over(p, static_cast<std::size_t>(rank_) * p.block * dtype_size(p.grad_type),
+                owned_piece_elements(p) * dtype_size(p.grad_type), /*scale_by_flags=*/true, stream);
     else
       offload_gradient(p, flags_dev, stream);
   }

@@ -71,7 +71,10 @@ std::vector<T> basic_coordinator<Backend, HostOptimizer, Communicator>::all_redu
                                                                                            stream_type stream) {
   std::vector<T> out(values.begin(), values.end());
   if constexpr (data_parallel) {
-    device_buffer buffer(values.size_bytes());
+    // Kept between calls (every call synchronizes, so none is in flight when it grows): no
+    // allocation per step for the gradient agreement.
+    if (agreement_buffer_.bytes() < values.size_bytes()) agreement_buffer_ = device_buffer(values.size_bytes());
+    device_buffer& buffer = agreement_buffer_;
     const std::span<T> on_device(reinterpret_cast<T*>(buffer.data()), values.size());
     detail::synchronize_on_unwind<Backend> guard(stream);
     Backend::copy_async(buffer.data(), values.data(), values.size_bytes(), stream);
@@ -257,36 +260,6 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reduced_statistics
   } else {
     (void)flags_dev, (void)flags_host_dev, (void)stream;
   }
-}
-
-// Hands this rank's reduced CPU columns of the step (its block of the reduce-scatter) to the
-// offload worker, which scales them by the step's flags as it accumulates. A rank that owns none
-// of them hands over an empty job: the step is counted all the same.
-template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_owned(parameter& p, stream_type stream) {
-  const int parity = static_cast<int>(step_ % 2);
-  const std::size_t esize = dtype_size(p.grad_type);
-  Backend::record((*p.gathered)[parity], stream);  // after the reduce-scatter
-  detail::offload_job<Backend> j;
-  j.step = step_;
-  j.interval = interval_.index;
-  j.src = p.grad_stage[parity].data() + static_cast<std::size_t>(rank_) * p.block * esize;
-  j.bytes = owned_piece_elements(p) * esize;
-  j.type = p.grad_type;
-  j.accumulator = p.accumulator[interval_.index % 2].data();
-  j.accumulated = &p.accumulated[interval_.index % 2];
-  j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  j.flags_ready = &stats_ready_[parity];
-  j.gathered = &(*p.gathered)[parity];
-  j.scale_by_flags = true;
-  {
-    detail::state_lock lock(shared_.mutex);
-    offload_.push(lock, j);
-  }
-  shared_.cv.notify_all();
-  metrics_.bytes_device_to_host += j.bytes;
-  p.offloaded = true;
-  step_offloaded_ = true;
 }
 
 }  // namespace zenflow
