@@ -299,6 +299,10 @@ TEST_CASE("a rank that fails makes every rank's step fail with its reason, not a
   }
   m.make_gradients(2, rank, ranks);
   m.submit(dp, s);
+  // A rank leaves a collective once its own part is done, possibly before its peers leave theirs:
+  // without this barrier rank 1 could abort while a peer is still in step 1's last collective,
+  // and that step (outside error_of) would fail instead. The barrier is on another communicator.
+  MPI_Barrier(MPI_COMM_WORLD);
   const auto t0 = std::chrono::steady_clock::now();
   if (rank == 1) comm.abort("rank 1 ran out of memory");
   const std::string e = error_of([&] {
