@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "coordinator_handle.hpp"
+#include "process_group_communicator.hpp"
 #include "zenflow/version.hpp"
 
 namespace py = pybind11;
@@ -176,10 +177,30 @@ View matrix_of(Ptr data, const layout& l, zenflow::dtype type, zenflow::memory_s
 
 class coordinator {
  public:
-  coordinator(const py::dict& options, const py::dict& config, const std::string& device) {
+  /// `group` (a torch.distributed ProcessGroup, with its `store`) makes this coordinator one rank
+  /// of a data-parallel group; None: one process.
+  coordinator(const py::dict& options, const py::dict& config, const std::string& device, const py::object& group,
+              const py::object& store, double timeout_seconds) {
     const auto o = to_options(options);
     const auto c = to_config(config);
-    if (device == "cpu") {
+    if (!group.is_none()) {
+      zenflow::expects(device == "cpu", "process_group",
+                       "data parallel runs on CPU tensors (the host backend) in this build; the CUDA backend's "
+                       "NCCL communicator is not wired into zenflow.torch");
+      zenflow::expects(!store.is_none(), "store", "must be the process group's Store");
+      zenflow::expects(timeout_seconds > 0, "timeout", "must be > 0 seconds, got ", timeout_seconds);
+      // Python holds these objects through intrusive pointers: take another reference to each.
+      auto pg = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group.cast<c10d::ProcessGroup&>());
+      auto st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store.cast<c10d::Store&>());
+      const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_seconds * 1000.0));
+      std::unique_ptr<process_group_communicator> communicator;
+      {
+        py::gil_scoped_release release;  // collective over the group (a broadcast)
+        communicator = std::make_unique<process_group_communicator>(std::move(pg), std::move(st), timeout);
+      }
+      using dp = zenflow::data_parallel_host_coordinator<process_group_communicator>;
+      handle_ = std::make_unique<coordinator_handle<dp, process_group_communicator>>(std::move(communicator), o, c);
+    } else if (device == "cpu") {
       handle_ = std::make_unique<coordinator_handle<zenflow::host_coordinator>>(o, c);
     } else if (device == "cuda") {
 #ifdef ZENFLOW_TORCH_WITH_CUDA
@@ -321,6 +342,16 @@ class coordinator {
   std::int64_t step_count() const {
     return h().step_count();
   }
+  int rank() const {
+    return h().rank();
+  }
+  int ranks() const {
+    return h().ranks();
+  }
+  std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const {
+    zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
+    return h().owned_columns(i);
+  }
   /// Stops the workers (pending CPU results are not written back: call finish first).
   void close() {
     py::gil_scoped_release release;
@@ -367,8 +398,10 @@ PYBIND11_MODULE(_C, m) {
       },
       "What this build's coordinator supports beyond the base schedule");
   py::class_<coordinator>(m, "Coordinator")
-      .def(py::init<const py::dict&, const py::dict&, const std::string&>(), py::arg("options"), py::arg("config"),
-           py::arg("device"))
+      .def(py::init<const py::dict&, const py::dict&, const std::string&, const py::object&, const py::object&,
+                    double>(),
+           py::arg("options"), py::arg("config"), py::arg("device"), py::arg("group") = py::none(),
+           py::arg("store") = py::none(), py::arg("timeout") = 600.0)
       .def("features", &coordinator::features)
       .def("backend", &coordinator::backend)
       .def("add_matrix", &coordinator::add_matrix, py::arg("name"), py::arg("param"), py::arg("column_dim"),
@@ -384,6 +417,9 @@ PYBIND11_MODULE(_C, m) {
       .def("trace", &coordinator::trace)
       .def("gpu_columns", &coordinator::gpu_columns, py::arg("index"))
       .def("step_count", &coordinator::step_count)
+      .def("rank", &coordinator::rank)
+      .def("ranks", &coordinator::ranks)
+      .def("owned_columns", &coordinator::owned_columns, py::arg("index"))
       .def("close", &coordinator::close)
       .def("closed", &coordinator::closed);
 }

@@ -51,17 +51,29 @@ class handle {
   [[nodiscard]] virtual std::vector<zenflow::update_record> trace() const = 0;
   [[nodiscard]] virtual std::vector<std::int32_t> gpu_columns(std::size_t i) const = 0;
   [[nodiscard]] virtual std::int64_t step_count() const = 0;
+  [[nodiscard]] virtual int rank() const noexcept = 0;
+  [[nodiscard]] virtual int ranks() const noexcept = 0;
+  /// [first, last) of the columns of 2-D parameter i whose CPU state this rank holds.
+  [[nodiscard]] virtual std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const = 0;
 };
 
-/// The handle over one coordinator type (host_coordinator or cuda_coordinator).
-template <class Coordinator>
+/// The handle over one coordinator type (host_coordinator, cuda_coordinator, or a data-parallel
+/// coordinator over `Communicator`, which the handle owns).
+template <class Coordinator, class Communicator = void>
 class coordinator_handle final : public handle {
   using stream_type = typename Coordinator::stream_type;
   static constexpr bool host = std::is_same_v<stream_type, zenflow::host_stream*>;
+  static constexpr bool data_parallel = !std::is_void_v<Communicator>;
 
  public:
-  coordinator_handle(const zenflow::zenflow_options& options, const zenflow::coordinator_config& config)
+  coordinator_handle(const zenflow::zenflow_options& options,
+                     const zenflow::coordinator_config& config) requires(!data_parallel)
       : coordinator_(options, config) {}
+  /// One rank of a data-parallel group; `communicator` lives as long as the handle.
+  template <class C = Communicator>
+  coordinator_handle(std::unique_ptr<C> communicator, const zenflow::zenflow_options& options,
+                     const zenflow::coordinator_config& config) requires(data_parallel)
+      : communicator_(std::move(communicator)), coordinator_(*communicator_, options, config) {}
 
   [[nodiscard]] features supported() const noexcept override {
     // step() skips a parameter without a gradient (missing_gradients::skip), as torch's AdamW.
@@ -107,6 +119,12 @@ class coordinator_handle final : public handle {
     return {c.begin(), c.end()};
   }
   [[nodiscard]] std::int64_t step_count() const override { return coordinator_.step_count(); }
+  [[nodiscard]] int rank() const noexcept override { return coordinator_.rank(); }
+  [[nodiscard]] int ranks() const noexcept override { return coordinator_.ranks(); }
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const override {
+    const auto r = coordinator_.owned_columns(i);
+    return {r.first, r.last};
+  }
 
  private:
   stream_type to_stream(void* stream) {
@@ -118,8 +136,12 @@ class coordinator_handle final : public handle {
     }
   }
 
-  // The host "GPU stream" outlives the coordinator, whose destructor waits for events on it.
+  // The host "GPU stream" and the communicator outlive the coordinator, whose destructor waits for
+  // events on the stream and for its collectives.
   [[no_unique_address]] std::conditional_t<host, zenflow::host_stream, std::monostate> stream_;
+  [[no_unique_address]] std::conditional_t<
+      data_parallel, std::unique_ptr<std::conditional_t<data_parallel, Communicator, int>>, std::monostate>
+      communicator_;
   Coordinator coordinator_;
 };
 
