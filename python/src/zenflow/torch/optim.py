@@ -84,6 +84,17 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     cpu_threads, record_trace
         the CPU Adam's thread pool size (0: every core this process may use); keep a record per
         CPU update (:meth:`trace`).
+    process_group, timeout
+        data parallel (e.g. under ``torchrun``): a ``torch.distributed`` process group (or
+        ``torch.distributed.group.WORLD``) whose ranks each run this optimizer on their own
+        micro-batch; ``step()`` applies the mean of their gradients, and each rank holds the CPU
+        state of 1/N of every 2-D parameter's columns (:meth:`owned_columns`). zenflow averages
+        the gradients itself: do not also wrap the model in DDP. The optimizer runs its
+        collectives on a Gloo group of its own over the same ranks; a collective that does not
+        complete within ``timeout`` (seconds or a ``timedelta``; default 600 s), or a rank that
+        fails, fails the step on every rank. Construction is collective: every rank constructs
+        the optimizer, which registers the parameters and, as DDP does, copies the first rank's
+        parameter values to the others. CPU tensors only (the NCCL path is not wired in).
 
     Columns: the importance selector scores *columns* (input channels) of 2-D parameters. With
     ``column_dim=1`` (default; ``nn.Linear.weight`` [out, in]) column j is ``W[:, j]``; with
@@ -104,7 +115,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  select_interval=None, update_interval=None, full_warm_up_rounds=None, overlap_step=None,
                  steps_per_epoch=None, auto_select_steps=None, max_update_interval=None, max_grad_norm=None,
                  zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=True, cpu_threads=0,
-                 record_trace=False, column_dim=1):
+                 record_trace=False, column_dim=1, process_group=None, timeout=600.0):
         if amsgrad:
             raise ValueError("amsgrad: not supported by zenflow's Adam")
         if maximize:
@@ -143,6 +154,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._core = None
         self._closed = False
         self._hooks = []
+        self._process_group = process_group
+        self._own_group = None
+        if hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout: must be a number of seconds > 0 or a timedelta, got {timeout!r}")
+        self._timeout = float(timeout)
         defaults = {"lr": adam["lr"], "betas": adam["betas"], "eps": adam["eps"],
                     "weight_decay": adam["weight_decay"], "column_dim": column_dim}
         super().__init__(params, defaults)
@@ -164,6 +182,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if p.requires_grad:
                 self._hooks.append(p.register_post_accumulate_grad_hook(_hook(ref, i)))
         _open.add(self)
+        if process_group is not None:
+            self._built()  # collective: every rank registers now, from the first rank's values
 
     @classmethod
     def from_deepspeed(cls, params, config, **kwargs):
@@ -315,6 +335,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 return self._core.gpu_columns(i) if self._core is not None else []
         raise ValueError("param: not a parameter of this optimizer")
 
+    def owned_columns(self, param):
+        """(first, last): the columns of 2-D ``param`` whose CPU state this rank holds (all of them
+        in one process; 1/N of them per rank with a process group). (0, 0) for a 1-D one."""
+        core = self._built()
+        for i, p in enumerate(self._params):
+            if p is param:
+                return tuple(core.owned_columns(i))
+        raise ValueError("param: not a parameter of this optimizer")
+
     @property
     def options(self):
         """The method's options in effect (DeepSpeed's names)."""
@@ -430,7 +459,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         adams = [self._adam(g) for g in self.param_groups]
         options = dict(self._method, adam=adams[0])
         device = self._device()
-        if device.type == "cuda":
+        if self._process_group is not None:
+            core = self._data_parallel_core(options, device)
+        elif device.type == "cuda":
             with torch.cuda.device(device):
                 core = _C.Coordinator(options, self._config, "cuda")
         else:
@@ -468,6 +499,25 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._pushed = adams
         self._core = core
         return core
+
+    def _data_parallel_core(self, options, device):
+        """The coordinator of one rank of ``process_group``, on a Gloo group of its own."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("process_group: torch.distributed is not initialized "
+                             "(torch.distributed.init_process_group)")
+        if device.type != "cpu":
+            raise ValueError(f"process_group: data parallel runs on CPU tensors in this build, the parameters "
+                             f"are on {device} (the NCCL path is not wired into zenflow.torch)")
+        if self._own_group is None:
+            ranks = dist.get_process_group_ranks(self._process_group)
+            # The coordinator's collectives run on worker threads: on a group of their own they
+            # never interleave with the trainer's.
+            self._own_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+            for p in self._params:
+                dist.broadcast(p.data, src=ranks[0], group=self._own_group)
+        store = dist.distributed_c10d._get_process_group_store(self._own_group)
+        return _C.Coordinator(options, self._config, "cpu", self._own_group, store, self._timeout)
 
     def _hand_over(self, i, param):
         """The post-accumulate-grad hook of parameter i."""

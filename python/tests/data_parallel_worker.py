@@ -1,0 +1,94 @@
+"""One rank of the data-parallel tests (test_data_parallel.py runs it under torchrun).
+
+    torchrun --nproc-per-node N data_parallel_worker.py SCENARIO OUT_DIR
+
+Each rank trains on its own micro-batch of the batch a single process would take in one step, and
+writes what the test compares to OUT_DIR/rank<r>.pt.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conftest import batch, make_model
+from zenflow.torch import ZenFlowAdamW
+from zenflow.torch._C import ZenFlowError
+
+HYPER = dict(lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+# Selection every 4 steps, CPU updates every 2 steps overlapped with the next interval.
+METHOD = dict(mode="zenflow", topk_ratio=0.25, select_strategy="step", select_interval=4, update_interval=2,
+              full_warm_up_rounds=0, overlap_step=True)
+STEPS = 24
+BATCH = 24
+
+
+def groups(model):
+    return [{"params": [model.emb.weight], "column_dim": 0},
+            {"params": [p for n, p in model.named_parameters() if not n.startswith("emb.")]}]
+
+
+def micro_batch(step, rank, ranks):
+    tokens, labels = batch(step, n=BATCH)
+    per = BATCH // ranks
+    return tokens[rank * per:(rank + 1) * per], labels[rank * per:(rank + 1) * per]
+
+
+def backward(model, step, rank, ranks):
+    tokens, labels = micro_batch(step, rank, ranks)
+    nn.functional.cross_entropy(model(tokens), labels).backward()
+
+
+def main():
+    scenario, out = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    # Different initial values on every rank: the optimizer copies the first rank's.
+    model = make_model(seed=rank)
+    result = {"rank": rank, "ranks": ranks}
+    timeout = 3.0 if scenario == "stall" else 60.0
+    method = METHOD if scenario == "zenflow" else dict(METHOD, mode="zero_offload")
+    opt = ZenFlowAdamW(groups(model), process_group=dist.group.WORLD, timeout=timeout, **HYPER, **method)
+    result["owned"] = {n: opt.owned_columns(p) for n, p in model.named_parameters()}
+    result["errors"] = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        # On one rank only, a parameter gets no gradient (frozen this step): every rank must refuse.
+        frozen = scenario == "disagree" and step == 5 and rank == 1
+        model.fc2.bias.requires_grad_(not frozen)
+        backward(model, step, rank, ranks)
+        model.fc2.bias.requires_grad_(True)
+        if scenario == "stall" and step == 3:
+            if rank == 1:
+                time.sleep(2 * timeout)  # the others' collectives time out meanwhile
+            try:
+                opt.step()
+            except ZenFlowError as e:
+                result["errors"].append((step, str(e)))
+            break
+        try:
+            opt.step()
+        except ZenFlowError as e:
+            result["errors"].append((step, str(e)))
+            # The step changed nothing: hand the gradients over again and step once more.
+            opt.zero_grad()
+            backward(model, step, rank, ranks)
+            opt.step()
+        result.setdefault("d2h", []).append(opt.metrics()["bytes_device_to_host"])
+        result.setdefault("params", []).append([p.detach().clone() for p in model.parameters()])
+        result.setdefault("gpu_columns", []).append([opt.gpu_columns(p) for p in model.parameters()])
+    if scenario != "stall":
+        opt.flush()
+        result["final"] = [p.detach().clone() for p in model.parameters()]
+        opt.close()
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    if scenario == "stall":
+        os._exit(0)  # the failed communicator's threads are not waited for
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
