@@ -85,6 +85,9 @@ def main():
         result["final"] = [p.detach().clone() for p in model.parameters()]
         opt.close()
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    d2h = result.get("d2h", [0])
+    print(f"rank {rank} of {ranks} ({scenario}): {len(d2h)} steps, errors {len(result['errors'])}, "
+          f"columns {result['owned']}, offloaded {sum(d2h) / len(d2h):.0f} bytes per step", flush=True)
     if scenario == "stall":
         os._exit(0)  # the failed communicator's threads are not waited for
     dist.destroy_process_group()
