@@ -160,7 +160,7 @@ class mpi_communicator {
       throw error("stream", "must not be null");
     const std::uint64_t ticket = core_->take_ticket(operation);
     try {
-      auto guard = std::make_shared<detail::mpi::ticket_guard>(
+      auto guard = std::make_shared<detail::ticket_guard<detail::mpi::core>>(
           core_, ticket,
           detail::concat(operation, " #", ticket, " (", n, " x ", detail::element_name<T>(),
                          details.empty() ? "" : ", ", std::string(details), ")"));

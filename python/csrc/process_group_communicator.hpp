@@ -40,6 +40,7 @@
 
 #include "zenflow/communicator.hpp"
 #include "zenflow/detail/communicator/checks.hpp"
+#include "zenflow/detail/communicator/ticket_guard.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/host_stream.hpp"
 
@@ -320,47 +321,6 @@ class core {
   std::string failure_;
 };
 
-/// Lives in a collective's stream task: runs it in its turn, and fails the communicator if the
-/// task is destroyed without having run (its stream skipped it after an earlier error).
-class ticket_guard {
- public:
-  ticket_guard(std::shared_ptr<core> c, std::uint64_t ticket, std::string what)
-      : core_(std::move(c)), ticket_(ticket), what_(std::move(what)) {}
-  ticket_guard(const ticket_guard&) = delete;
-  ticket_guard& operator=(const ticket_guard&) = delete;
-  ~ticket_guard() {
-    if (ran_) return;
-    try {
-      const std::string reason = concat(what_, " was not run on rank ", core_->rank(), " of ", core_->size(),
-                                        ": an earlier task on its stream failed");
-      core_->fail(reason, reason);
-    } catch (...) {
-    }
-  }
-
-  template <class Body>
-  void run(Body&& body) {
-    ran_ = true;
-    core_->begin(ticket_, what_);
-    try {
-      body(*core_, what_);
-    } catch (const std::exception& e) {
-      // A no-op when the collective already failed the communicator (timeout, abort, engine).
-      const std::string reason =
-          concat(what_, " failed on rank ", core_->rank(), " of ", core_->size(), ": ", e.what());
-      core_->fail(reason, reason);
-      throw;
-    }
-    core_->end(ticket_);
-  }
-
- private:
-  std::shared_ptr<core> core_;
-  std::uint64_t ticket_;
-  std::string what_;
-  bool ran_ = false;
-};
-
 }  // namespace pg_detail
 
 /// One rank's end of a torch.distributed process group, as a zenflow communicator on host
@@ -448,7 +408,7 @@ class process_group_communicator {
       throw zenflow::error("stream", "must not be null");
     const std::uint64_t ticket = core_->take_ticket(operation);
     try {
-      auto guard = std::make_shared<pg_detail::ticket_guard>(
+      auto guard = std::make_shared<zenflow::detail::ticket_guard<pg_detail::core>>(
           core_, ticket,
           pg_detail::concat(operation, " #", ticket, " (", n, " x ", zenflow::detail::element_name<T>(),
                             details.empty() ? "" : ", ", std::string(details), ")"));

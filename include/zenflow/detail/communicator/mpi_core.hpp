@@ -39,6 +39,7 @@
 
 #include "zenflow/communicator.hpp"
 #include "zenflow/detail/communicator/checks.hpp"
+#include "zenflow/detail/communicator/ticket_guard.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/types.hpp"
 
@@ -460,51 +461,6 @@ class core {
 
   std::unique_ptr<std::byte[]> staging_;  // used by the collective holding the turn only
   std::size_t staging_size_ = 0;
-};
-
-/// Lives in a collective's stream task: runs it in its turn, and fails the communicator if the
-/// task is destroyed without having run (its stream skipped it after an earlier error).
-class ticket_guard {
- public:
-  ticket_guard(std::shared_ptr<core> c, std::uint64_t ticket, std::string what)
-      : core_(std::move(c)), ticket_(ticket), what_(std::move(what)) {}
-  ticket_guard(const ticket_guard&) = delete;
-  ticket_guard& operator=(const ticket_guard&) = delete;
-  ~ticket_guard() {
-    if (ran_) return;
-    try {
-      const std::string reason = detail::concat(what_, " was not run on rank ", core_->rank(), " of ", core_->size(),
-                                                ": an earlier task on its stream failed");
-      core_->fail(reason, reason);
-    } catch (...) {
-    }
-  }
-
-  template <class Body>
-  void run(Body&& body) {
-    ran_ = true;
-    core_->begin(ticket_, what_);
-    try {
-      body(*core_, what_);
-    } catch (const std::exception& e) {
-      // A no-op when the collective already failed the communicator (timeout, abort, MPI error).
-      const std::string reason =
-          detail::concat(what_, " failed on rank ", core_->rank(), " of ", core_->size(), ": ", e.what());
-      core_->fail(reason, reason);
-      throw;
-    } catch (...) {
-      const std::string reason = detail::concat(what_, " failed with an unknown exception");
-      core_->fail(reason, reason);
-      throw;
-    }
-    core_->end(ticket_);
-  }
-
- private:
-  std::shared_ptr<core> core_;
-  std::uint64_t ticket_;
-  std::string what_;
-  bool ran_ = false;
 };
 
 }  // namespace zenflow::detail::mpi
