@@ -2,15 +2,13 @@
 // one process on their mean gradient, the CPU state each rank holds, agreement checks, failure
 // on every rank, and per-rank checkpoints.
 //
-// The micro-batch gradients are g_r = (r + 1) * m on a dyadic grid (multiples of 1/64, at most 8
-// significant bits), so every sum over ranks and the mean are exact in bf16 and f32 whatever
-// order the engine adds in, and the ranks' column scores are the mean's times one factor: the
+// The gradients (support/data_parallel_model.hpp) make every sum over ranks exact, so the
 // selection is the mean's (checked at every step, as the write-back schedule). Without clipping
-// 2 ranks equal one process bit for bit (the 1/2 is exact). On 3 ranks, and with clipping, they
-// agree within a tolerance: the mean's 1/3 and the clip factor are applied to the reduced sum in
-// fp32 as the CPU columns accumulate, where one process rounds the scaled gradient to its dtype
-// first. Tolerance: 2e-3 on the fp32 values after 14 steps at lr 1e-2 (Adam turns a rounding
-// residual where the mean gradient of an element cancels to zero into an update of up to lr).
+// 2 ranks equal one process bit for bit. On 3 ranks, and with clipping, they agree within a
+// tolerance: the mean's 1/3 and the clip factor are applied to the reduced sum in fp32 as the CPU
+// columns accumulate, where one process rounds the scaled gradient to its dtype first. Tolerance:
+// 2e-3 on the fp32 values after 14 steps at lr 1e-2 (Adam turns a rounding residual where the
+// mean gradient of an element cancels to zero into an update of up to lr).
 #include <zenflow/coordinator.hpp>
 #include <zenflow/mpi_communicator.hpp>
 
@@ -25,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/data_parallel_model.hpp"
 #include "../support/error_text.hpp"
 #include "mpi_doctest.hpp"
 
@@ -46,86 +45,8 @@ zenflow::mpi_communicator_options test_options() {
   return o;
 }
 
-zenflow::zenflow_options test_zenflow_options(float max_grad_norm) {
-  zenflow::zenflow_options o;
-  o.mode = zenflow::offload_mode::zenflow;
-  o.topk_ratio = 0.25f;
-  o.select_strategy = zenflow::selection_strategy::step;
-  o.select_interval = zenflow::interval_option::fixed(3);
-  o.update_interval = zenflow::interval_option::fixed(2);
-  o.full_warm_up_rounds = 1;
-  o.overlap_step = true;
-  o.max_grad_norm = max_grad_norm;
-  o.adam.lr = 1e-2f;
-  o.adam.weight_decay = 0.01f;
-  return o;
-}
-
-// Parameters and gradients of one rank (or of the single-process reference): w1 16 x 24 bf16
-// row-major, w2 12 x 10 f32 column-contiguous, b 16 f32.
-struct model {
-  static constexpr zenflow::index_t r1 = 16, c1 = 24, r2 = 12, c2 = 10, nb = 16;
-  std::vector<bfloat16> w1 = std::vector<bfloat16>(r1 * c1), g1 = std::vector<bfloat16>(r1 * c1);
-  std::vector<float> w2 = std::vector<float>(r2 * c2), g2 = std::vector<float>(r2 * c2);
-  std::vector<float> b = std::vector<float>(nb), gb = std::vector<float>(nb);
-
-  model() {
-    for (std::size_t i = 0; i < w1.size(); ++i)
-      w1[i] = zenflow::to_bfloat16(static_cast<float>(static_cast<int>(i % 13) - 6) / 16);
-    for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = static_cast<float>(static_cast<int>(i % 7) - 3) / 8;
-    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) / 32;
-  }
-
-  template <class C>
-  void register_with(C& c, const std::string& first_name = "w1") {
-    using zenflow::const_matrix_view;
-    using zenflow::matrix_view;
-    c.register_parameter(first_name, matrix_view::row_major(w1.data(), r1, c1, dtype::bf16),
-                         const_matrix_view::row_major(w1.data(), r1, c1, dtype::bf16), dtype::bf16);
-    c.register_parameter("w2", matrix_view::column_contiguous(w2.data(), r2, c2, dtype::f32),
-                         const_matrix_view::column_contiguous(w2.data(), r2, c2, dtype::f32), dtype::f32);
-    c.register_parameter("b", zenflow::vector_view(b.data(), nb, dtype::f32), std::span<const float>(b));
-  }
-
-  // m(t): multiples of 1/64 up to 32/64, column weights that move with t (the selection changes).
-  static float unit(int t, std::size_t row, std::size_t col) {
-    const std::uint32_t h = static_cast<std::uint32_t>(t * 7919 + row * 104729 + col * 1299709) * 2654435761u;
-    const int q = static_cast<int>((h >> 16) % 9) - 4;
-    const int weight = 1 + static_cast<int>((col * 5 + static_cast<std::size_t>(t) * 3) % 8);
-    return static_cast<float>(q * weight) / 64;
-  }
-  // This rank's micro-batch gradient, (rank + 1) * m(t); factor < 0: the mean over `ranks` ranks.
-  void make_gradients(int t, int rank, int ranks) {
-    const float factor = rank >= 0 ? static_cast<float>(rank + 1) : static_cast<float>(ranks + 1) / 2;
-    for (std::size_t r = 0; r < r1; ++r)
-      for (std::size_t c = 0; c < c1; ++c) g1[r * c1 + c] = zenflow::to_bfloat16(factor * unit(t, r, c));
-    for (std::size_t c = 0; c < c2; ++c)
-      for (std::size_t r = 0; r < r2; ++r) g2[c * r2 + r] = factor * unit(t + 100, r, c);
-    for (std::size_t i = 0; i < nb; ++i) gb[i] = factor * unit(t + 200, i, 0);
-  }
-
-  // Hands over this step's gradients (w2's only when `with_w2`).
-  template <class C>
-  void submit(C& c, host_stream& s, bool with_w2 = true) {
-    using zenflow::const_matrix_view;
-    c.submit_gradient(0, const_matrix_view::row_major(g1.data(), r1, c1, dtype::bf16), &s);
-    if (with_w2) c.submit_gradient(1, const_matrix_view::column_contiguous(g2.data(), r2, c2, dtype::f32), &s);
-    c.submit_gradient(2, zenflow::const_vector_view(gb.data(), nb, dtype::f32), &s);
-  }
-
-  [[nodiscard]] std::vector<std::byte> bytes() const {
-    std::vector<std::byte> out(w1.size() * 2 + (w2.size() + b.size()) * 4);
-    std::memcpy(out.data(), w1.data(), w1.size() * 2);
-    std::memcpy(out.data() + w1.size() * 2, w2.data(), w2.size() * 4);
-    std::memcpy(out.data() + w1.size() * 2 + w2.size() * 4, b.data(), b.size() * 4);
-    return out;
-  }
-};
-
-// w2 gets no gradient on any rank at these steps (missing_gradients::skip).
-bool w2_missing(int t) {
-  return t % 5 == 4;
-}
+using model = zenflow_test::data_parallel_model;
+using zenflow_test::w2_missing;
 
 using dp_coordinator = zenflow::data_parallel_host_coordinator<zenflow::mpi_communicator>;
 
@@ -148,7 +69,7 @@ std::string shared_prefix() {
 // Runs `steps` steps of N ranks and of the reference side by side, comparing after each.
 void run_against_reference(float max_grad_norm, bool exact) {
   const int rank = world_rank(), ranks = world_size();
-  const auto options = test_zenflow_options(max_grad_norm);
+  const auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   model dp_model, ref_model;
   dp_coordinator dp(comm, options);
@@ -161,8 +82,8 @@ void run_against_reference(float max_grad_norm, bool exact) {
   for (int t = 0; t < 14; ++t) {
     dp_model.make_gradients(t, rank, ranks);
     ref_model.make_gradients(t, -1, ranks);
-    dp_model.submit(dp, s_dp, !w2_missing(t));
-    ref_model.submit(ref, s_ref, !w2_missing(t));
+    dp_model.submit(dp, &s_dp, !w2_missing(t));
+    ref_model.submit(ref, &s_ref, !w2_missing(t));
     const auto& m = dp.step(&s_dp, missing_gradients::skip);
     const auto& mr = ref.step(&s_ref, missing_gradients::skip);
     s_dp.synchronize();
@@ -242,7 +163,7 @@ TEST_CASE("with clipping by one global norm across the ranks: within a tolerance
 
 TEST_CASE("a parameter given a gradient on some ranks only is rejected on every rank, and the step can run again") {
   const int rank = world_rank(), ranks = world_size();
-  const auto options = test_zenflow_options(0.0f);
+  const auto options = zenflow_test::data_parallel_test_options(0.0f);
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   model dp_model, ref_model;
   dp_coordinator dp(comm, options);
@@ -254,7 +175,7 @@ TEST_CASE("a parameter given a gradient on some ranks only is rejected on every 
     dp_model.make_gradients(t, rank, ranks);
     ref_model.make_gradients(t, -1, ranks);
     if (t == 2) {
-      dp_model.submit(dp, s_dp, /*with_w2=*/rank != 0);
+      dp_model.submit(dp, &s_dp, /*with_w2=*/rank != 0);
       const std::string e = error_of([&] { dp.step(&s_dp, missing_gradients::skip); });
       CHECK(contains(e, "parameter 1 (w2) has a gradient on " + std::to_string(ranks - 1) + " of " +
                             std::to_string(ranks) + " ranks"));
@@ -262,8 +183,8 @@ TEST_CASE("a parameter given a gradient on some ranks only is rejected on every 
       const std::string e2 = error_of([&] { dp.step(&s_dp); });
       CHECK(contains(e2, "no gradient was submitted for parameter 0 (w1)"));
     }
-    dp_model.submit(dp, s_dp);
-    ref_model.submit(ref, s_ref);
+    dp_model.submit(dp, &s_dp);
+    ref_model.submit(ref, &s_ref);
     dp.step(&s_dp);
     ref.step(&s_ref);
     s_dp.synchronize();
@@ -276,11 +197,11 @@ TEST_CASE("ranks that registered different parameters fail on every rank at the 
   const int rank = world_rank(), ranks = world_size();
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   model m;
-  dp_coordinator dp(comm, test_zenflow_options(0.0f));
+  dp_coordinator dp(comm, zenflow_test::data_parallel_test_options(0.0f));
   m.register_with(dp, rank == ranks - 1 ? "w1_renamed" : "w1");
   host_stream s;
   m.make_gradients(0, rank, ranks);
-  m.submit(dp, s);
+  m.submit(dp, &s);
   CHECK(contains(error_of([&] { dp.step(&s); }), "registered different parameters"));
 }
 
@@ -288,17 +209,17 @@ TEST_CASE("a rank that fails makes every rank's step fail with its reason, not a
   const int rank = world_rank(), ranks = world_size();
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   model m;
-  dp_coordinator dp(comm, test_zenflow_options(0.0f));
+  dp_coordinator dp(comm, zenflow_test::data_parallel_test_options(0.0f));
   m.register_with(dp);
   host_stream s;
   for (int t = 0; t < 2; ++t) {
     m.make_gradients(t, rank, ranks);
-    m.submit(dp, s);
+    m.submit(dp, &s);
     dp.step(&s);
     s.synchronize();
   }
   m.make_gradients(2, rank, ranks);
-  m.submit(dp, s);
+  m.submit(dp, &s);
   // A rank leaves a collective once its own part is done, possibly before its peers leave theirs:
   // without this barrier rank 1 could abort while a peer is still in step 1's last collective,
   // and that step (outside error_of) would fail instead. The barrier is on another communicator.
@@ -317,7 +238,7 @@ TEST_CASE("a rank that fails makes every rank's step fail with its reason, not a
 
 TEST_CASE("per-rank checkpoints resume bit-identically on the same number of ranks, and only there") {
   const int rank = world_rank(), ranks = world_size();
-  const auto options = test_zenflow_options(0.5f);
+  const auto options = zenflow_test::data_parallel_test_options(0.5f);
   const std::string path = shared_prefix() + "_rank" + std::to_string(rank) + ".ckpt";
   std::vector<std::byte> uninterrupted;
   {
@@ -329,7 +250,7 @@ TEST_CASE("per-rank checkpoints resume bit-identically on the same number of ran
     for (int t = 0; t < 10; ++t) {
       if (t == 5) dp.save_checkpoint(path, &s);  // a CPU update is pending here (overlap_step)
       m.make_gradients(t, rank, ranks);
-      m.submit(dp, s, !w2_missing(t));
+      m.submit(dp, &s, !w2_missing(t));
       dp.step(&s, missing_gradients::skip);
       s.synchronize();
     }
@@ -345,7 +266,7 @@ TEST_CASE("per-rank checkpoints resume bit-identically on the same number of ran
     dp.load_checkpoint(path, &s);
     for (int t = 5; t < 10; ++t) {
       m.make_gradients(t, rank, ranks);
-      m.submit(dp, s, !w2_missing(t));
+      m.submit(dp, &s, !w2_missing(t));
       dp.step(&s, missing_gradients::skip);
       s.synchronize();
     }

@@ -1,0 +1,123 @@
+// The model the data-parallel coordinator tests share (host, MPI and NCCL): the options, three
+// parameters and the micro-batch gradients of each rank.
+//
+// The micro-batch gradients are g_r = (r + 1) * m on a dyadic grid (multiples of 1/64, at most 8
+// significant bits), so every sum over ranks and the mean are exact in bf16 and f32 whatever
+// order the engine adds in, and the ranks' column scores are the mean's times one factor: the
+// selection is the mean's. Without clipping 2 ranks equal one process on the mean gradient bit for
+// bit (the 1/2 is exact), and so does one rank.
+#pragma once
+
+#include <zenflow/coordinator.hpp>
+#include <zenflow/types.hpp>
+#include <zenflow/view.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace zenflow_test {
+
+inline zenflow::zenflow_options data_parallel_test_options(float max_grad_norm) {
+  zenflow::zenflow_options o;
+  o.mode = zenflow::offload_mode::zenflow;
+  o.topk_ratio = 0.25f;
+  o.select_strategy = zenflow::selection_strategy::step;
+  o.select_interval = zenflow::interval_option::fixed(3);
+  o.update_interval = zenflow::interval_option::fixed(2);
+  o.full_warm_up_rounds = 1;
+  o.overlap_step = true;
+  o.max_grad_norm = max_grad_norm;
+  o.adam.lr = 1e-2f;
+  o.adam.weight_decay = 0.01f;
+  return o;
+}
+
+/// w2 gets no gradient on any rank at these steps (missing_gradients::skip).
+inline bool w2_missing(int t) {
+  return t % 5 == 4;
+}
+
+/// Parameters and gradients of one rank (or of the single-process reference), in host memory:
+/// w1 16 x 24 bf16 row-major, w2 12 x 10 f32 column-contiguous, b 16 f32.
+struct data_parallel_model {
+  static constexpr zenflow::index_t r1 = 16, c1 = 24, r2 = 12, c2 = 10, nb = 16;
+  std::vector<zenflow::bfloat16> w1 = std::vector<zenflow::bfloat16>(r1 * c1),
+                                 g1 = std::vector<zenflow::bfloat16>(r1 * c1);
+  std::vector<float> w2 = std::vector<float>(r2 * c2), g2 = std::vector<float>(r2 * c2);
+  std::vector<float> b = std::vector<float>(nb), gb = std::vector<float>(nb);
+
+  data_parallel_model() {
+    for (std::size_t i = 0; i < w1.size(); ++i)
+      w1[i] = zenflow::to_bfloat16(static_cast<float>(static_cast<int>(i % 13) - 6) / 16);
+    for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = static_cast<float>(static_cast<int>(i % 7) - 3) / 8;
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) / 32;
+  }
+
+  /// Registers w1, w2, b (indices 0, 1, 2) with the host vectors as the parameters.
+  template <class C>
+  void register_with(C& c, const std::string& first_name = "w1") {
+    register_at(c, w1.data(), w2.data(), b.data(), zenflow::memory_space::host, first_name);
+  }
+  /// Registers w1, w2, b with the parameters at w1_at, w2_at, b_at (in `space`), initialized from
+  /// the host vectors.
+  template <class C>
+  void register_at(C& c, void* w1_at, void* w2_at, void* b_at, zenflow::memory_space space,
+                   const std::string& first_name = "w1") const {
+    using zenflow::const_matrix_view;
+    using zenflow::dtype;
+    using zenflow::matrix_view;
+    c.register_parameter(first_name, matrix_view::row_major(w1_at, r1, c1, dtype::bf16, space),
+                         const_matrix_view::row_major(w1.data(), r1, c1, dtype::bf16), dtype::bf16);
+    c.register_parameter("w2", matrix_view::column_contiguous(w2_at, r2, c2, dtype::f32, space),
+                         const_matrix_view::column_contiguous(w2.data(), r2, c2, dtype::f32), dtype::f32);
+    c.register_parameter("b", zenflow::vector_view(b_at, nb, dtype::f32, space), std::span<const float>(b));
+  }
+
+  // m(t): multiples of 1/64 up to 32/64, column weights that move with t (the selection changes).
+  static float unit(int t, std::size_t row, std::size_t col) {
+    const std::uint32_t h = static_cast<std::uint32_t>(t * 7919 + row * 104729 + col * 1299709) * 2654435761u;
+    const int q = static_cast<int>((h >> 16) % 9) - 4;
+    const int weight = 1 + static_cast<int>((col * 5 + static_cast<std::size_t>(t) * 3) % 8);
+    return static_cast<float>(q * weight) / 64;
+  }
+  /// This rank's micro-batch gradient, (rank + 1) * m(t); rank < 0: the mean over `ranks` ranks.
+  void make_gradients(int t, int rank, int ranks) {
+    const float factor = rank >= 0 ? static_cast<float>(rank + 1) : static_cast<float>(ranks + 1) / 2;
+    for (std::size_t r = 0; r < r1; ++r)
+      for (std::size_t c = 0; c < c1; ++c) g1[r * c1 + c] = zenflow::to_bfloat16(factor * unit(t, r, c));
+    for (std::size_t c = 0; c < c2; ++c)
+      for (std::size_t r = 0; r < r2; ++r) g2[c * r2 + r] = factor * unit(t + 100, r, c);
+    for (std::size_t i = 0; i < nb; ++i) gb[i] = factor * unit(t + 200, i, 0);
+  }
+
+  /// Hands over this step's gradients from the host vectors (w2's only when `with_w2`).
+  template <class C, class Stream>
+  void submit(C& c, Stream stream, bool with_w2 = true) const {
+    submit_from(c, g1.data(), g2.data(), gb.data(), zenflow::memory_space::host, stream, with_w2);
+  }
+  /// Hands over this step's gradients from g1_at, g2_at, gb_at (in `space`).
+  template <class C, class Stream>
+  void submit_from(C& c, const void* g1_at, const void* g2_at, const void* gb_at, zenflow::memory_space space,
+                   Stream stream, bool with_w2 = true) const {
+    using zenflow::const_matrix_view;
+    using zenflow::dtype;
+    c.submit_gradient(0, const_matrix_view::row_major(g1_at, r1, c1, dtype::bf16, space), stream);
+    if (with_w2) c.submit_gradient(1, const_matrix_view::column_contiguous(g2_at, r2, c2, dtype::f32, space), stream);
+    c.submit_gradient(2, zenflow::const_vector_view(gb_at, nb, dtype::f32, space), stream);
+  }
+
+  /// The parameters' bytes: w1, then w2, then b.
+  [[nodiscard]] std::vector<std::byte> bytes() const {
+    std::vector<std::byte> out(w1.size() * 2 + (w2.size() + b.size()) * 4);
+    std::memcpy(out.data(), w1.data(), w1.size() * 2);
+    std::memcpy(out.data() + w1.size() * 2, w2.data(), w2.size() * 4);
+    std::memcpy(out.data() + w1.size() * 2 + w2.size() * 4, b.data(), b.size() * 4);
+    return out;
+  }
+};
+
+}  // namespace zenflow_test
