@@ -14,4 +14,9 @@ namespace zenflow {
 /// The real thing: ZenFlow's bounded-async schedule on a CUDA GPU.
 using cuda_coordinator = basic_coordinator<cuda_backend>;
 
+/// One rank of a data-parallel group on the CUDA backend (docs/DATA_PARALLEL.md); the
+/// communicator runs on CUDA streams: nccl_communicator (nccl_communicator.cuh).
+template <class Communicator>
+using data_parallel_cuda_coordinator = basic_coordinator<cuda_backend, cpu_adam, Communicator>;
+
 }  // namespace zenflow

@@ -1,0 +1,176 @@
+// The data-parallel CUDA coordinator on NCCL under mpirun, one rank per GPU, bootstrapped over
+// MPI: N ranks on N micro-batches against cuda_coordinator on their mean gradient (run on every
+// rank's own GPU), bit for bit on 2 ranks without clipping (support/data_parallel_model.hpp makes
+// every sum exact) and within the multi-rank tolerance otherwise; identical parameters on every
+// rank after every step; 1/N of the CPU state per rank; a rank that aborts makes every rank's step
+// fail within the timeout, never hang. Skipped (exit 77) with fewer GPUs than ranks.
+#include <zenflow/coordinator.cuh>
+#include <zenflow/mpi_communicator.hpp>
+#include <zenflow/nccl_communicator.cuh>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../support/cuda_test_utils.cuh"
+#include "../support/error_text.hpp"
+#include "device_model.cuh"
+#include "mpi_doctest.hpp"
+
+using namespace std::chrono_literals;
+using zenflow::missing_gradients;
+using zenflow::nccl_communicator;
+using zenflow_test::contains;
+using zenflow_test::data_parallel_model;
+using zenflow_test::device_model;
+using zenflow_test::error_of;
+using zenflow_test::world_rank;
+using zenflow_test::world_size;
+
+namespace {
+
+using nccl_coordinator = zenflow::data_parallel_cuda_coordinator<nccl_communicator>;
+
+// One communicator per test on this rank's GPU, its id shared over MPI.
+nccl_communicator make_communicator(std::chrono::milliseconds timeout = 60s) {
+  ZENFLOW_CUDA_TRY(cudaSetDevice(world_rank()));
+  zenflow::mpi_communicator host(MPI_COMM_WORLD);
+  zenflow::nccl_communicator_options options;
+  options.timeout = timeout;
+  return nccl_communicator(zenflow::shared_nccl_unique_id(host), host.rank(), host.size(), options);
+}
+
+// Every rank's bytes equal rank 0's.
+bool same_on_every_rank(const std::vector<std::byte>& local) {
+  std::vector<std::byte> root = local;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+  int same = root == local ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+void run_against_reference(float max_grad_norm, bool exact) {
+  const int rank = world_rank(), ranks = world_size();
+  const auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
+  nccl_communicator comm = make_communicator();
+  device_model dp_model, ref_model;
+  zenflow_test::cuda_stream dp_stream, ref_stream;
+  const cudaStream_t s_dp = dp_stream.get(), s_ref = ref_stream.get();
+  nccl_coordinator dp(comm, options);
+  zenflow::cuda_coordinator ref(options);
+  dp_model.register_with(dp);
+  ref_model.register_with(ref);
+  REQUIRE(dp.rank() == rank);
+  REQUIRE(dp.ranks() == ranks);
+  for (int t = 0; t < 14; ++t) {
+    CAPTURE(t);
+    dp_model.make_gradients(t, rank, ranks, s_dp);
+    ref_model.make_gradients(t, -1, ranks, s_ref);
+    const bool with_w2 = !zenflow_test::w2_missing(t);
+    dp_model.submit(dp, s_dp, with_w2);
+    ref_model.submit(ref, s_ref, with_w2);
+    const auto m = dp.step(s_dp, missing_gradients::skip);
+    const auto mr = ref.step(s_ref, missing_gradients::skip);
+    const auto got = dp_model.bytes(s_dp);
+    const auto want = ref_model.bytes(s_ref);
+    CHECK(m.reselected == mr.reselected);
+    CHECK(m.written_back == mr.written_back);
+    for (std::size_t i = 0; i < 2; ++i) {
+      const auto sel = dp.gpu_columns(i), ref_sel = ref.gpu_columns(i);
+      CHECK(std::vector<std::int32_t>(sel.begin(), sel.end()) ==
+            std::vector<std::int32_t>(ref_sel.begin(), ref_sel.end()));
+    }
+    CHECK(same_on_every_rank(got));
+    if (exact) {
+      CHECK(got == want);
+    } else {
+      const data_parallel_model &a = dp_model.host, &b = ref_model.host;
+      int far = 0;
+      for (std::size_t i = 0; i < a.w1.size(); ++i)
+        far += std::fabs(zenflow::to_float(a.w1[i]) - zenflow::to_float(b.w1[i])) > 2e-2f;
+      for (std::size_t i = 0; i < a.w2.size(); ++i) far += std::fabs(a.w2[i] - b.w2[i]) > 2e-3f;
+      for (std::size_t i = 0; i < a.b.size(); ++i) far += std::fabs(a.b[i] - b.b[i]) > 2e-3f;
+      CHECK(far == 0);
+    }
+  }
+  dp.finish(s_dp);
+  ref.finish(s_ref);
+  const auto final_bytes = dp_model.bytes(s_dp);
+  if (exact) CHECK(final_bytes == ref_model.bytes(s_ref));
+  CHECK(same_on_every_rank(final_bytes));
+  // This rank's CPU state: its own columns of the reference's, and nothing else.
+  std::size_t held = 0, total = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto range = dp.owned_columns(i);
+    const std::size_t rows = i == 0 ? data_parallel_model::r1 : data_parallel_model::r2;
+    const std::size_t cols = i == 0 ? data_parallel_model::c1 : data_parallel_model::c2;
+    CHECK(range.first == static_cast<zenflow::index_t>(cols * rank / ranks));
+    CHECK(range.last == static_cast<zenflow::index_t>(cols * (rank + 1) / ranks));
+    const auto& host = dp.host_optimizer();
+    const auto& ref_host = ref.host_optimizer();
+    REQUIRE(host.params(i).size() == rows * static_cast<std::size_t>(range.size()));
+    held += 3 * host.params(i).size() * sizeof(float);
+    total += 3 * ref_host.params(i).size() * sizeof(float);
+    const std::size_t at = rows * static_cast<std::size_t>(range.first);
+    int far = 0;
+    for (std::size_t e = 0; e < host.params(i).size(); ++e) {
+      const float p = host.params(i)[e], rp = ref_host.params(i)[at + e];
+      far += exact ? p != rp : std::fabs(p - rp) > 2e-3f;
+    }
+    CHECK(far == 0);
+    CHECK(dp.cpu_step_count(i) == ref.cpu_step_count(i));
+  }
+  long long sum = static_cast<long long>(held);
+  MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(sum == static_cast<long long>(total));
+  if (rank == 0)
+    MESSAGE("CPU state per rank: ", held, " of ", total, " bytes (", static_cast<double>(held) / total, ") on ", ranks,
+            " ranks");
+  comm.check();
+}
+
+}  // namespace
+
+TEST_CASE("N ranks on NCCL equal cuda_coordinator on the mean gradient (bit for bit on 2 ranks)") {
+  run_against_reference(0.0f, /*exact=*/world_size() == 2);
+}
+
+TEST_CASE("on NCCL with clipping by one global norm across the ranks: within a tolerance of one process") {
+  run_against_reference(0.5f, /*exact=*/false);
+}
+
+TEST_CASE("a rank that aborts makes every rank's step fail within the timeout, never hang") {
+  const int rank = world_rank(), ranks = world_size();
+  nccl_communicator comm = make_communicator(3000ms);
+  device_model m;
+  zenflow_test::cuda_stream stream;
+  nccl_coordinator dp(comm, zenflow_test::data_parallel_test_options(0.0f));
+  m.register_with(dp);
+  for (int t = 0; t < 2; ++t) {
+    m.make_gradients(t, rank, ranks, stream.get());
+    m.submit(dp, stream.get());
+    dp.step(stream.get());
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+  }
+  m.make_gradients(2, rank, ranks, stream.get());
+  m.submit(dp, stream.get());
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank finished step 1's collectives
+  const auto start = std::chrono::steady_clock::now();
+  if (rank == 1) comm.abort("rank 1 ran out of memory");
+  // The step fails at once on rank 1; its peers' collectives fail at their deadline (NCCL does not
+  // carry the reason), in the step or in the next call that looks at the communicator.
+  std::string e = error_of([&] {
+    dp.step(stream.get());
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+  });
+  const auto deadline = start + 60s;
+  while (e.empty() && std::chrono::steady_clock::now() < deadline) e = error_of([&] { comm.check(); });
+  CHECK(!e.empty());
+  if (rank == 1) CHECK(contains(e, "rank 1 ran out of memory"));
+  CHECK(std::chrono::steady_clock::now() - start < 60s);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
