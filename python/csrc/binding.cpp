@@ -26,22 +26,51 @@
 
 namespace py = pybind11;
 
-namespace zenflow_torch {
-namespace {
-
 #ifndef ZENFLOW_TORCH_CUDA_REASON
 #define ZENFLOW_TORCH_CUDA_REASON ""
 #endif
+
+#ifndef ZENFLOW_TORCH_NCCL_REASON
+#define ZENFLOW_TORCH_NCCL_REASON ""
+#endif
+
+namespace zenflow_torch {
+
+#ifndef ZENFLOW_TORCH_WITH_CUDA
+// This build has no CUDA backend (cuda_coordinator.cu is not compiled): its entry points say why.
+std::unique_ptr<handle> make_cuda_handle(const zenflow::zenflow_options&, const zenflow::coordinator_config&) {
+  throw zenflow::error("device",
+                       std::string("zenflow.torch was built without its CUDA backend: ") + ZENFLOW_TORCH_CUDA_REASON);
+}
+std::vector<std::byte> make_nccl_unique_id() {
+  (void)make_cuda_handle({}, {});  // throws
+  return {};
+}
+std::unique_ptr<handle> make_cuda_data_parallel_handle(const zenflow::zenflow_options& options,
+                                                       const zenflow::coordinator_config& config,
+                                                       std::span<const std::byte>, int, int,
+                                                       std::chrono::milliseconds) {
+  return make_cuda_handle(options, config);  // throws
+}
+#endif
+
+namespace {
 
 #ifdef ZENFLOW_TORCH_WITH_CUDA
 constexpr bool with_cuda = true;
 #else
 constexpr bool with_cuda = false;
-std::unique_ptr<handle> make_cuda_handle_stub(const zenflow::zenflow_options&, const zenflow::coordinator_config&) {
-  throw zenflow::error("device",
-                       std::string("zenflow.torch was built without its CUDA backend: ") + ZENFLOW_TORCH_CUDA_REASON);
-}
 #endif
+#ifdef ZENFLOW_TORCH_WITH_NCCL
+constexpr bool with_nccl = true;
+#else
+constexpr bool with_nccl = false;
+#endif
+/// Why data parallel on CUDA tensors is not available ("" when it is).
+const char* with_nccl_reason() {
+  if (with_nccl) return "";
+  return with_cuda ? ZENFLOW_TORCH_NCCL_REASON : "no CUDA backend";
+}
 
 zenflow::dtype to_dtype(const at::Tensor& t, const char* argument) {
   switch (t.scalar_type()) {
@@ -180,34 +209,40 @@ class coordinator {
   /// `group` (a torch.distributed ProcessGroup, with its `store`) makes this coordinator one rank
   /// of a data-parallel group; None: one process.
   coordinator(const py::dict& options, const py::dict& config, const std::string& device, const py::object& group,
-              const py::object& store, double timeout_seconds) {
+              const py::object& store, double timeout_seconds, const py::object& nccl_id) {
     const auto o = to_options(options);
     const auto c = to_config(config);
     if (!group.is_none()) {
-      zenflow::expects(device == "cpu", "process_group",
-                       "data parallel runs on CPU tensors (the host backend) in this build; the CUDA backend's "
-                       "NCCL communicator is not wired into zenflow.torch");
-      zenflow::expects(!store.is_none(), "store", "must be the process group's Store");
+      zenflow::expects(device == "cpu" || device == "cuda", "device", "must be cpu or cuda, got ", device);
       zenflow::expects(timeout_seconds > 0, "timeout", "must be > 0 seconds, got ", timeout_seconds);
       // Python holds these objects through intrusive pointers: take another reference to each.
       auto pg = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group.cast<c10d::ProcessGroup&>());
-      auto st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store.cast<c10d::Store&>());
       const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_seconds * 1000.0));
-      std::unique_ptr<process_group_communicator> communicator;
-      {
-        py::gil_scoped_release release;  // collective over the group (a broadcast)
-        communicator = std::make_unique<process_group_communicator>(std::move(pg), std::move(st), timeout);
+      if (device == "cuda") {
+        // CUDA tensors: NCCL between the GPUs, on the trainer's streams; the group only carried
+        // rank 0's unique id here.
+        zenflow::expects(!nccl_id.is_none(), "nccl_id",
+                         "CUDA tensors with a process group need the NCCL unique id (nccl_unique_id() on the first "
+                         "rank, broadcast over the group)");
+        const std::string id = nccl_id.cast<std::string>();
+        const auto bytes = std::as_bytes(std::span<const char>(id.data(), id.size()));
+        py::gil_scoped_release release;  // collective: every rank joins the NCCL communicator
+        handle_ = make_cuda_data_parallel_handle(o, c, bytes, pg->getRank(), pg->getSize(), timeout);
+      } else {
+        zenflow::expects(!store.is_none(), "store", "must be the process group's Store");
+        auto st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store.cast<c10d::Store&>());
+        std::unique_ptr<process_group_communicator> communicator;
+        {
+          py::gil_scoped_release release;  // collective over the group (a broadcast)
+          communicator = std::make_unique<process_group_communicator>(std::move(pg), std::move(st), timeout);
+        }
+        using dp = zenflow::data_parallel_host_coordinator<process_group_communicator>;
+        handle_ = std::make_unique<coordinator_handle<dp, process_group_communicator>>(std::move(communicator), o, c);
       }
-      using dp = zenflow::data_parallel_host_coordinator<process_group_communicator>;
-      handle_ = std::make_unique<coordinator_handle<dp, process_group_communicator>>(std::move(communicator), o, c);
     } else if (device == "cpu") {
       handle_ = std::make_unique<coordinator_handle<zenflow::host_coordinator>>(o, c);
     } else if (device == "cuda") {
-#ifdef ZENFLOW_TORCH_WITH_CUDA
       handle_ = make_cuda_handle(o, c);
-#else
-      handle_ = make_cuda_handle_stub(o, c);
-#endif
     } else {
       throw zenflow::error("device", "must be cpu or cuda, got " + device);
     }
@@ -222,9 +257,7 @@ class coordinator {
     d["skips_missing_gradients"] = f.skips_missing_gradients;
     return d;
   }
-  std::string backend() const {
-    return h().backend();
-  }
+  std::string backend() const { return h().backend(); }
 
   std::size_t add_matrix(const std::string& name, const at::Tensor& param, int column_dim, const py::dict& adam) {
     zenflow::expects(param.dim() >= 2 && param.is_contiguous() && param.numel() > 0, "param",
@@ -318,9 +351,7 @@ class coordinator {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
     h().set_adam_options(i, to_adam(adam));
   }
-  py::dict metrics() const {
-    return to_dict(h().metrics());
-  }
+  py::dict metrics() const { return to_dict(h().metrics()); }
   py::list trace() const {
     py::list out;
     for (const auto& r : h().trace()) {
@@ -336,18 +367,10 @@ class coordinator {
     }
     return out;
   }
-  std::vector<std::int32_t> gpu_columns(std::size_t i) const {
-    return h().gpu_columns(i);
-  }
-  std::int64_t step_count() const {
-    return h().step_count();
-  }
-  int rank() const {
-    return h().rank();
-  }
-  int ranks() const {
-    return h().ranks();
-  }
+  std::vector<std::int32_t> gpu_columns(std::size_t i) const { return h().gpu_columns(i); }
+  std::int64_t step_count() const { return h().step_count(); }
+  int rank() const { return h().rank(); }
+  int ranks() const { return h().ranks(); }
   std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
     return h().owned_columns(i);
@@ -357,9 +380,7 @@ class coordinator {
     py::gil_scoped_release release;
     handle_.reset();
   }
-  bool closed() const {
-    return handle_ == nullptr;
-  }
+  bool closed() const { return handle_ == nullptr; }
 
  private:
   handle& h() const {
@@ -385,8 +406,17 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<zenflow::error>(m, "ZenFlowError", PyExc_ValueError);
   m.attr("with_cuda") = zenflow_torch::with_cuda;
   m.attr("cuda_reason") = std::string(ZENFLOW_TORCH_CUDA_REASON);
+  m.attr("with_nccl") = zenflow_torch::with_nccl;
+  m.attr("nccl_reason") = std::string(zenflow_torch::with_nccl_reason());
   m.attr("version") = std::to_string(ZENFLOW_VERSION_MAJOR) + "." + std::to_string(ZENFLOW_VERSION_MINOR) + "." +
                       std::to_string(ZENFLOW_VERSION_PATCH);
+  m.def(
+      "nccl_unique_id",
+      [] {
+        const auto id = zenflow_torch::make_nccl_unique_id();
+        return py::bytes(reinterpret_cast<const char*>(id.data()), id.size());
+      },
+      "A new NCCL unique id (bytes), for the first rank to broadcast to the others");
   m.def(
       "features",
       [] {
@@ -398,10 +428,10 @@ PYBIND11_MODULE(_C, m) {
       },
       "What this build's coordinator supports beyond the base schedule");
   py::class_<coordinator>(m, "Coordinator")
-      .def(py::init<const py::dict&, const py::dict&, const std::string&, const py::object&, const py::object&,
-                    double>(),
+      .def(py::init<const py::dict&, const py::dict&, const std::string&, const py::object&, const py::object&, double,
+                    const py::object&>(),
            py::arg("options"), py::arg("config"), py::arg("device"), py::arg("group") = py::none(),
-           py::arg("store") = py::none(), py::arg("timeout") = 600.0)
+           py::arg("store") = py::none(), py::arg("timeout") = 600.0, py::arg("nccl_id") = py::none())
       .def("features", &coordinator::features)
       .def("backend", &coordinator::backend)
       .def("add_matrix", &coordinator::add_matrix, py::arg("name"), py::arg("param"), py::arg("column_dim"),

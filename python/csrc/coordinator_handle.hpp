@@ -7,6 +7,7 @@
 // next forward pass right away).
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -145,8 +146,20 @@ class coordinator_handle final : public handle {
   Coordinator coordinator_;
 };
 
-/// Defined in cuda_coordinator.cu when the CUDA backend is built.
+// The CUDA backend: defined in cuda_coordinator.cu when it is built, else in binding.cpp (they
+// throw, saying why it was not built).
+
+/// cuda_coordinator.
 std::unique_ptr<handle> make_cuda_handle(const zenflow::zenflow_options& options,
                                          const zenflow::coordinator_config& config);
+/// A new NCCL unique id's bytes (rank 0 makes it and sends it to the others).
+std::vector<std::byte> make_nccl_unique_id();
+/// Rank `rank` of `ranks` of a data-parallel group on an nccl_communicator made from `nccl_id`
+/// (the same bytes on every rank), on the current CUDA device. Collective: returns when every rank
+/// joined, or throws after `timeout`.
+std::unique_ptr<handle> make_cuda_data_parallel_handle(const zenflow::zenflow_options& options,
+                                                       const zenflow::coordinator_config& config,
+                                                       std::span<const std::byte> nccl_id, int rank, int ranks,
+                                                       std::chrono::milliseconds timeout);
 
 }  // namespace zenflow_torch

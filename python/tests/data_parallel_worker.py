@@ -1,9 +1,10 @@
 """One rank of the data-parallel tests (test_data_parallel.py runs it under torchrun).
 
-    torchrun --nproc-per-node N data_parallel_worker.py SCENARIO OUT_DIR
+    torchrun --nproc-per-node N data_parallel_worker.py SCENARIO OUT_DIR [cpu|cuda]
 
 Each rank trains on its own micro-batch of the batch a single process would take in one step, and
-writes what the test compares to OUT_DIR/rank<r>.pt.
+writes what the test compares to OUT_DIR/rank<r>.pt (on the CPU). With ``cuda`` rank r runs on GPU r
+(NCCL between the GPUs) with torch's deterministic algorithms.
 """
 
 import os
@@ -38,16 +39,33 @@ def micro_batch(step, rank, ranks):
 
 
 def backward(model, step, rank, ranks):
+    device = next(model.parameters()).device
     tokens, labels = micro_batch(step, rank, ranks)
-    nn.functional.cross_entropy(model(tokens), labels).backward()
+    nn.functional.cross_entropy(model(tokens.to(device)), labels.to(device)).backward()
+
+
+def deterministic(device):
+    """On CUDA, the same gradients from the same micro-batch on every GPU and in every process."""
+    if device.startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def cpu(tensors):
+    return [t.detach().cpu().clone() for t in tensors]
 
 
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
+    device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
     dist.init_process_group("gloo")
     rank, ranks = dist.get_rank(), dist.get_world_size()
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+        torch.cuda.set_device(device)
+    deterministic(device)
     # Different initial values on every rank: the optimizer copies the first rank's.
-    model = make_model(seed=rank)
+    model = make_model(seed=rank).to(device)
     result = {"rank": rank, "ranks": ranks}
     timeout = 3.0 if scenario == "stall" else 60.0
     method = METHOD if scenario == "zenflow" else dict(METHOD, mode="zero_offload")
@@ -78,11 +96,11 @@ def main():
             backward(model, step, rank, ranks)
             opt.step()
         result.setdefault("d2h", []).append(opt.metrics()["bytes_device_to_host"])
-        result.setdefault("params", []).append([p.detach().clone() for p in model.parameters()])
+        result.setdefault("params", []).append(cpu(model.parameters()))
         result.setdefault("gpu_columns", []).append([opt.gpu_columns(p) for p in model.parameters()])
     if scenario != "stall":
         opt.flush()
-        result["final"] = [p.detach().clone() for p in model.parameters()]
+        result["final"] = cpu(model.parameters())
         opt.close()
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     d2h = result.get("d2h", [0])

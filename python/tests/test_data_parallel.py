@@ -1,4 +1,4 @@
-"""ZenFlowAdamW with a process group, under torchrun (2 ranks, Gloo, CPU tensors).
+"""ZenFlowAdamW with a process group, under torchrun (2 ranks, Gloo, CPU tensors; on GPUs, NCCL).
 
 Every rank trains on its own half of each batch (data_parallel_worker.py). In zero_offload mode the
 result must equal one process stepping on the mean of the two halves' gradients, bit for bit, on
@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import zenflow.torch
+
 from conftest import make_model
 from zenflow.torch import ZenFlowAdamW
 
@@ -27,19 +29,20 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with Gloo is not available")
 
 
-def torchrun(scenario, out, ranks=2):
+def torchrun(scenario, out, ranks=2, device="cpu"):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               str(Path(worker.__file__)), scenario, str(out)]
+               str(Path(worker.__file__)), scenario, str(out), device]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+    return [torch.load(out / f"rank{r}.pt", map_location="cpu") for r in range(ranks)]
 
 
-def reference(ranks, method=worker.METHOD):
+def reference(ranks, method=worker.METHOD, device="cpu"):
     """One process on the mean of the ranks' micro-batch gradients, parameters after each step."""
     torch.set_num_threads(1)  # as each rank (OMP_NUM_THREADS=1): the same gradients, bit for bit
-    model = make_model(seed=0)
+    worker.deterministic(device)
+    model = make_model(seed=0).to(device)
     opt = ZenFlowAdamW(worker.groups(model), submit_in_backward=False, **worker.HYPER, **method)
     params, d2h, gpu_columns = [], [], []
     for step in range(worker.STEPS):
@@ -52,19 +55,17 @@ def reference(ranks, method=worker.METHOD):
         for p, g in zip(model.parameters(), grads):
             p.grad = g * (1.0 / ranks)
         opt.step()
-        params.append([p.detach().clone() for p in model.parameters()])
+        params.append(worker.cpu(model.parameters()))
         gpu_columns.append([opt.gpu_columns(p) for p in model.parameters()])
         d2h.append(opt.metrics()["bytes_device_to_host"])
     opt.flush()
-    final = [p.detach().clone() for p in model.parameters()]
+    final = worker.cpu(model.parameters())
     opt.close()
     reference.gpu_columns = gpu_columns
     return params, d2h, final, model
 
 
-def test_two_ranks_equal_one_process_on_the_mean_gradient(tmp_path):
-    results = torchrun("zero_offload", tmp_path)
-    ref_params, ref_d2h, ref_final, model = reference(2, ZERO_OFFLOAD)
+def check_equal_to_one_process(results, ref_params, ref_final):
     for res in results:
         assert res["errors"] == []
         for step, (got, want) in enumerate(zip(res["params"], ref_params)):
@@ -72,6 +73,16 @@ def test_two_ranks_equal_one_process_on_the_mean_gradient(tmp_path):
                 assert torch.equal(a, b), f"rank {res['rank']}, step {step}: max |diff| {(a - b).abs().max()}"
         for a, b in zip(res["final"], ref_final):
             assert torch.equal(a, b)
+
+
+def test_two_ranks_equal_one_process_on_the_mean_gradient(tmp_path):
+    results = torchrun("zero_offload", tmp_path)
+    ref_params, ref_d2h, ref_final, model = reference(2, ZERO_OFFLOAD)
+    check_equal_to_one_process(results, ref_params, ref_final)
+    check_owned_halves(results, model, ref_d2h)
+
+
+def check_owned_halves(results, model, ref_d2h):
     # Each rank holds the CPU state of its own half of every 2-D parameter's columns...
     for name, p in model.named_parameters():
         owned = [res["owned"][name] for res in results]
@@ -126,3 +137,16 @@ def test_bad_process_group_arguments_are_rejected():
         ZenFlowAdamW(model.parameters(), process_group=object())
     with pytest.raises(ValueError, match="timeout"):
         ZenFlowAdamW(model.parameters(), process_group=object(), timeout=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not zenflow.torch.nccl_available(),
+                    reason="needs a GPU and zenflow.torch built with NCCL")
+def test_cuda_ranks_on_nccl_equal_one_process_on_the_mean_gradient(tmp_path):
+    """One rank per GPU (NCCL), two when there are two GPUs, else one: equal to one process on
+    one GPU stepping on the mean gradient, bit for bit."""
+    ranks = min(2, torch.cuda.device_count())
+    results = torchrun("zero_offload", tmp_path, ranks=ranks, device="cuda")
+    ref_params, ref_d2h, ref_final, model = reference(ranks, ZERO_OFFLOAD, device="cuda")
+    check_equal_to_one_process(results, ref_params, ref_final)
+    if ranks == 2:
+        check_owned_halves(results, model, ref_d2h)

@@ -20,6 +20,7 @@ __all__ = [
     "ZenFlowError",
     "cuda_available",
     "cuda_status",
+    "nccl_available",
     "deepspeed_options",
     "param_groups",
 ]
@@ -30,9 +31,15 @@ def cuda_available():
     return bool(_C.with_cuda)
 
 
+def nccl_available():
+    """True when this build can run data parallel on CUDA tensors (the CUDA backend with NCCL)."""
+    return bool(_C.with_nccl)
+
+
 def cuda_status():
     """One line: whether the CUDA backend was built, and if not, why."""
     if _C.with_cuda:
-        return f"zenflow.torch {_C.version}: CUDA backend built (torch CUDA {_torch.version.cuda})"
+        nccl = "with NCCL" if _C.with_nccl else f"without NCCL ({_C.nccl_reason})"
+        return f"zenflow.torch {_C.version}: CUDA backend built (torch CUDA {_torch.version.cuda}), {nccl}"
     return (f"zenflow.torch {_C.version}: CPU tensors only, the CUDA backend was not built: "
             f"{_C.cuda_reason}")

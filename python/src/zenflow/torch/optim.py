@@ -89,12 +89,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         ``torch.distributed.group.WORLD``) whose ranks each run this optimizer on their own
         micro-batch; ``step()`` applies the mean of their gradients, and each rank holds the CPU
         state of 1/N of every 2-D parameter's columns (:meth:`owned_columns`). zenflow averages
-        the gradients itself: do not also wrap the model in DDP. The optimizer runs its
-        collectives on a Gloo group of its own over the same ranks; a collective that does not
-        complete within ``timeout`` (seconds or a ``timedelta``; default 600 s), or a rank that
-        fails, fails the step on every rank. Construction is collective: every rank constructs
-        the optimizer, which registers the parameters and, as DDP does, copies the first rank's
-        parameter values to the others. CPU tensors only (the NCCL path is not wired in).
+        the gradients itself: do not also wrap the model in DDP. CPU tensors: the optimizer runs
+        its collectives on a Gloo group of its own over the same ranks. CUDA tensors (one GPU per
+        rank): on an NCCL communicator of its own, on ``torch.cuda.current_stream()``, whose
+        unique id the first rank sends over that Gloo group (needs a build with NCCL,
+        ``nccl_available()``). A collective that does not complete within ``timeout`` (seconds
+        or a ``timedelta``; default 600 s), or a rank that fails, fails the step on every rank.
+        Construction is collective: every rank constructs the optimizer, which registers the
+        parameters and, as DDP does, copies the first rank's parameter values to the others.
 
     Columns: the importance selector scores *columns* (input channels) of 2-D parameters. With
     ``column_dim=1`` (default; ``nn.Linear.weight`` [out, in]) column j is ``W[:, j]``; with
@@ -501,21 +503,35 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return core
 
     def _data_parallel_core(self, options, device):
-        """The coordinator of one rank of ``process_group``, on a Gloo group of its own."""
+        """The coordinator of one rank of ``process_group``: on a Gloo group of its own (CPU
+        tensors), or on NCCL with its unique id sent over that group (CUDA tensors)."""
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("process_group: torch.distributed is not initialized "
                              "(torch.distributed.init_process_group)")
-        if device.type != "cpu":
-            raise ValueError(f"process_group: data parallel runs on CPU tensors in this build, the parameters "
-                             f"are on {device} (the NCCL path is not wired into zenflow.torch)")
+        if device.type == "cuda" and not _C.with_nccl:
+            raise ValueError(f"process_group: the parameters are on {device}, and data parallel on CUDA tensors "
+                             f"needs zenflow.torch built with NCCL: {_C.nccl_reason}")
         if self._own_group is None:
             ranks = dist.get_process_group_ranks(self._process_group)
             # The coordinator's collectives run on worker threads: on a group of their own they
             # never interleave with the trainer's.
             self._own_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
             for p in self._params:
-                dist.broadcast(p.data, src=ranks[0], group=self._own_group)
+                values = p.data if p.device.type == "cpu" else p.data.cpu()
+                dist.broadcast(values, src=ranks[0], group=self._own_group)
+                if values is not p.data:
+                    p.data.copy_(values)
+        if device.type == "cuda":
+            first = dist.get_process_group_ranks(self._own_group)[0]
+            if dist.get_rank() == first:
+                nccl_id = torch.frombuffer(bytearray(_C.nccl_unique_id()), dtype=torch.uint8)
+            else:
+                nccl_id = torch.zeros(128, dtype=torch.uint8)
+            dist.broadcast(nccl_id, src=first, group=self._own_group)
+            with torch.cuda.device(device):
+                return _C.Coordinator(options, self._config, "cuda", self._own_group, None, self._timeout,
+                                      nccl_id.numpy().tobytes())
         store = dist.distributed_c10d._get_process_group_store(self._own_group)
         return _C.Coordinator(options, self._config, "cpu", self._own_group, store, self._timeout)
 
