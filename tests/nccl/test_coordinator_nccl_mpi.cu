@@ -88,13 +88,7 @@ void run_against_reference(float max_grad_norm, bool exact) {
     if (exact) {
       CHECK(got == want);
     } else {
-      const data_parallel_model &a = dp_model.host, &b = ref_model.host;
-      int far = 0;
-      for (std::size_t i = 0; i < a.w1.size(); ++i)
-        far += std::fabs(zenflow::to_float(a.w1[i]) - zenflow::to_float(b.w1[i])) > 2e-2f;
-      for (std::size_t i = 0; i < a.w2.size(); ++i) far += std::fabs(a.w2[i] - b.w2[i]) > 2e-3f;
-      for (std::size_t i = 0; i < a.b.size(); ++i) far += std::fabs(a.b[i] - b.b[i]) > 2e-3f;
-      CHECK(far == 0);
+      CHECK(zenflow_test::parameters_apart(dp_model.host, ref_model.host, false) == 0);
     }
   }
   dp.finish(s_dp);

@@ -12,6 +12,7 @@
 #include <zenflow/types.hpp>
 #include <zenflow/view.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -119,5 +120,31 @@ struct data_parallel_model {
     return out;
   }
 };
+
+/// Elements of the parameters that differ in any bit (exact), else that are farther apart than the
+/// multi-rank tests' tolerance: w1 (bf16) 2e-2, w2 and b (f32) 2e-3.
+inline int parameters_apart(const data_parallel_model& got, const data_parallel_model& want, bool exact) {
+  if (exact) {
+    const auto a = got.bytes(), b = want.bytes();
+    int differ = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    return differ;
+  }
+  int far = 0;
+  for (std::size_t i = 0; i < got.w1.size(); ++i)
+    far += std::fabs(zenflow::to_float(got.w1[i]) - zenflow::to_float(want.w1[i])) > 2e-2f;
+  for (std::size_t i = 0; i < got.w2.size(); ++i) far += std::fabs(got.w2[i] - want.w2[i]) > 2e-3f;
+  for (std::size_t i = 0; i < got.b.size(); ++i) far += std::fabs(got.b[i] - want.b[i]) > 2e-3f;
+  return far;
+}
+
+/// Elements of CPU state that differ (exact) or are farther apart than tolerance x (1 + |want|).
+inline int state_apart(std::span<const float> got, std::span<const float> want, bool exact, float tolerance) {
+  if (got.size() != want.size()) return -1;
+  int far = 0;
+  for (std::size_t e = 0; e < got.size(); ++e)
+    far += exact ? got[e] != want[e] : !(std::fabs(got[e] - want[e]) <= tolerance * (1.0f + std::fabs(want[e])));
+  return far;
+}
 
 }  // namespace zenflow_test

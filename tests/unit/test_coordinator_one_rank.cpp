@@ -27,28 +27,6 @@ namespace {
 
 using one_rank_coordinator = zenflow::data_parallel_host_coordinator<zenflow::self_communicator>;
 
-// Every byte equal (exact), else w1 (bf16) within 2e-2 and w2, b (f32) within 2e-3.
-void check_parameters(const data_parallel_model& got, const data_parallel_model& want, bool exact) {
-  if (exact) {
-    CHECK(got.bytes() == want.bytes());
-    return;
-  }
-  int far = 0;
-  for (std::size_t i = 0; i < got.w1.size(); ++i)
-    far += std::fabs(zenflow::to_float(got.w1[i]) - zenflow::to_float(want.w1[i])) > 2e-2f;
-  for (std::size_t i = 0; i < got.w2.size(); ++i) far += std::fabs(got.w2[i] - want.w2[i]) > 2e-3f;
-  for (std::size_t i = 0; i < got.b.size(); ++i) far += std::fabs(got.b[i] - want.b[i]) > 2e-3f;
-  CHECK(far == 0);
-}
-
-void check_equal_or_close(std::span<const float> got, std::span<const float> want, bool exact, float tolerance) {
-  REQUIRE(got.size() == want.size());
-  int far = 0;
-  for (std::size_t e = 0; e < got.size(); ++e)
-    far += exact ? got[e] != want[e] : !(std::fabs(got[e] - want[e]) <= tolerance * (1.0f + std::fabs(want[e])));
-  CHECK(far == 0);
-}
-
 void run_against_single_process(float max_grad_norm, bool with_nan_step) {
   const bool exact = max_grad_norm == 0.0f;
   const auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
@@ -86,11 +64,11 @@ void run_against_single_process(float max_grad_norm, bool with_nan_step) {
       CHECK(std::vector<std::int32_t>(sel.begin(), sel.end()) ==
             std::vector<std::int32_t>(ref_sel.begin(), ref_sel.end()));
     }
-    check_parameters(dp_model, ref_model, exact);
+    CHECK(zenflow_test::parameters_apart(dp_model, ref_model, exact) == 0);
   }
   dp.finish(&s_dp);
   ref.finish(&s_ref);
-  check_parameters(dp_model, ref_model, exact);
+  CHECK(zenflow_test::parameters_apart(dp_model, ref_model, exact) == 0);
   const auto trace = dp.trace(), ref_trace = ref.trace();
   REQUIRE(trace.size() == ref_trace.size());
   CHECK(trace.size() >= 5);
@@ -111,9 +89,9 @@ void run_against_single_process(float max_grad_norm, bool with_nan_step) {
     CHECK(dp.owned_columns(i).last == (i == 0 ? data_parallel_model::c1 : data_parallel_model::c2));
     const auto& h = dp.host_optimizer();
     const auto& rh = ref.host_optimizer();
-    check_equal_or_close(h.params(i), rh.params(i), exact, 2e-3f);
-    check_equal_or_close(h.exp_avg(i), rh.exp_avg(i), exact, 1e-2f);
-    check_equal_or_close(h.exp_avg_sq(i), rh.exp_avg_sq(i), exact, 1e-2f);
+    CHECK(zenflow_test::state_apart(h.params(i), rh.params(i), exact, 2e-3f) == 0);
+    CHECK(zenflow_test::state_apart(h.exp_avg(i), rh.exp_avg(i), exact, 1e-2f) == 0);
+    CHECK(zenflow_test::state_apart(h.exp_avg_sq(i), rh.exp_avg_sq(i), exact, 1e-2f) == 0);
     CHECK(dp.cpu_step_count(i) == ref.cpu_step_count(i));
     CHECK(dp.gpu_step_count(i) == ref.gpu_step_count(i));
   }
