@@ -41,7 +41,15 @@ def torchrun(scenario, out, ranks=2, device="cpu"):
 def reference(ranks, method=worker.METHOD, device="cpu"):
     """One process on the mean of the ranks' micro-batch gradients, parameters after each step."""
     torch.set_num_threads(1)  # as each rank (OMP_NUM_THREADS=1): the same gradients, bit for bit
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
     worker.deterministic(device)
+    try:
+        return _reference(ranks, method, device)
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def _reference(ranks, method, device):
     model = make_model(seed=0).to(device)
     opt = ZenFlowAdamW(worker.groups(model), submit_in_backward=False, **worker.HYPER, **method)
     params, d2h, gpu_columns = [], [], []
