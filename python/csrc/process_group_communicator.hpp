@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "zenflow/communicator.hpp"
+#include "zenflow/detail/communicator/call_order.hpp"
 #include "zenflow/detail/communicator/checks.hpp"
 #include "zenflow/detail/communicator/ticket_guard.hpp"
 #include "zenflow/error.hpp"
@@ -81,7 +82,10 @@ class core {
  public:
   core(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::intrusive_ptr<c10d::Store> store,
        std::chrono::milliseconds timeout)
-      : group_(std::move(group)), store_(std::move(store)), timeout_(timeout) {
+      : group_(std::move(group)),
+        store_(std::move(store)),
+        timeout_(timeout),
+        order_("process_group_communicator", timeout) {
     zenflow::expects(group_.defined(), "process_group", "must not be None");
     zenflow::expects(store_.defined(), "store", "must not be None");
     zenflow::expects(timeout.count() > 0, "timeout", "must be > 0 ms, got ", timeout.count());
@@ -105,46 +109,28 @@ class core {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  [[nodiscard]] bool failed() const noexcept { return failed_.load(); }
-  [[nodiscard]] std::string failure() const {
-    std::lock_guard lock(mutex_);
-    return failure_;
-  }
+  [[nodiscard]] bool failed() const noexcept { return order_.failed(); }
+  [[nodiscard]] std::string failure() const { return order_.failure(); }
 
   // --- caller's thread -------------------------------------------------------------------------
 
   std::uint64_t take_ticket(const char* operation) {
     poll_abort(/*force=*/false);
-    std::lock_guard lock(mutex_);
-    zenflow::expects(!failed_.load(), "process_group_communicator", operation,
-                     " called after the communicator failed: ", failure_);
-    return next_ticket_++;
+    return order_.take_ticket(operation);
   }
 
   void check() {
     poll_abort(/*force=*/true);
-    if (failed_.load()) throw zenflow::error("process_group_communicator", failure());
+    if (order_.failed()) throw zenflow::error("process_group_communicator", order_.failure());
   }
 
-  bool wait_idle() {
-    std::unique_lock lock(mutex_);
-    return turn_cv_.wait_until(lock, clock::now() + timeout_, [&] {
-      return turn_ == next_ticket_ || failed_.load();
-    }) && !failed_.load();
-  }
+  bool wait_idle() { return order_.wait_idle(); }
 
   /// Fails the communicator: `local` is this rank's message, `to_peers` (if not empty) goes to the
   /// Store for the peers. The first failure wins. noexcept: any trouble just stays local.
   void fail(const std::string& local, const std::string& to_peers) noexcept {
     try {
-      {
-        std::lock_guard lock(mutex_);
-        if (failed_.load()) return;
-        failure_ = local;
-        failed_.store(true);
-      }
-      turn_cv_.notify_all();
-      if (to_peers.empty() || abort_key_.empty()) return;
+      if (!order_.record_failure(local) || to_peers.empty() || abort_key_.empty()) return;
       store_->set(abort_key_, concat(rank_, "\n", to_peers));
     } catch (...) {
     }
@@ -153,29 +139,11 @@ class core {
   // --- stream tasks ------------------------------------------------------------------------------
 
   void begin(std::uint64_t ticket, const std::string& what) {
-    const auto deadline = clock::now() + timeout_;
-    std::unique_lock lock(mutex_);
-    while (turn_ != ticket && !failed_.load()) {
-      if (clock::now() >= deadline) {
-        lock.unlock();
-        const std::string reason =
-            concat(what, " waited more than ", timeout_.count(), " ms on rank ", rank_, " of ", size_,
-                   " for the collectives called before it to run (their streams did not reach them)");
-        fail(reason, reason);
-        throw zenflow::error("process_group_communicator", reason);
-      }
-      turn_cv_.wait_for(lock, std::chrono::milliseconds(20));
-    }
-    if (failed_.load()) throw zenflow::error("process_group_communicator", concat(what, " failed: ", failure_));
+    order_.begin(
+        ticket, what, rank_, size_, [] {}, [this](const std::string& reason) { fail(reason, reason); });
   }
 
-  void end(std::uint64_t ticket) {
-    {
-      std::lock_guard lock(mutex_);
-      turn_ = ticket + 1;
-    }
-    turn_cv_.notify_all();
-  }
+  void end(std::uint64_t ticket) { order_.end(ticket); }
 
   /// `n` = elements of send and recv.
   template <class T>
@@ -252,7 +220,7 @@ class core {
 
   /// Looks for a peer's abort under the Store key: at most every 50 ms unless `force`.
   void poll_abort(bool force) {
-    if (failed_.load() || abort_key_.empty()) return;
+    if (order_.failed() || abort_key_.empty()) return;
     const auto now = clock::now();
     if (!force && now - last_poll_.load() < std::chrono::milliseconds(50)) return;
     last_poll_.store(now);
@@ -279,7 +247,8 @@ class core {
     auto nap = std::chrono::microseconds(20);
     for (int polls = 0; !work->isCompleted(); ++polls) {
       if (!during_setup) poll_abort(/*force=*/false);
-      if (failed_.load()) throw zenflow::error("process_group_communicator", concat(what, " failed: ", failure()));
+      if (order_.failed())
+        throw zenflow::error("process_group_communicator", concat(what, " failed: ", order_.failure()));
       if (clock::now() >= deadline) {
         const std::string reason =
             concat(what, " did not complete within ", timeout_.count(), " ms on rank ", rank_, " of ", size_,
@@ -313,12 +282,7 @@ class core {
   std::string abort_key_;  // empty until every rank agreed on it
   std::atomic<clock::time_point> last_poll_{clock::time_point{}};
 
-  mutable std::mutex mutex_;  // tickets, turn, failure
-  std::condition_variable turn_cv_;
-  std::uint64_t next_ticket_ = 0;
-  std::uint64_t turn_ = 0;
-  std::atomic<bool> failed_{false};
-  std::string failure_;
+  zenflow::detail::call_order order_;
 };
 
 }  // namespace pg_detail

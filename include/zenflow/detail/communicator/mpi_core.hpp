@@ -38,6 +38,7 @@
 #include <utility>
 
 #include "zenflow/communicator.hpp"
+#include "zenflow/detail/communicator/call_order.hpp"
 #include "zenflow/detail/communicator/checks.hpp"
 #include "zenflow/detail/communicator/ticket_guard.hpp"
 #include "zenflow/error.hpp"
@@ -91,7 +92,8 @@ class core {
   static constexpr int abort_tag = 0x7a66;
   static constexpr int message_bytes = 1024;
 
-  core(MPI_Comm parent, std::chrono::milliseconds timeout, std::size_t staging_bytes) : timeout_(timeout) {
+  core(MPI_Comm parent, std::chrono::milliseconds timeout, std::size_t staging_bytes)
+      : timeout_(timeout), order_("mpi_communicator", timeout) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -153,41 +155,31 @@ class core {
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   [[nodiscard]] std::size_t staging_bytes() const noexcept { return staging_limit_; }
-  [[nodiscard]] bool failed() const noexcept { return failed_.load(); }
-  [[nodiscard]] std::string failure() const {
-    std::lock_guard lock(mutex_);
-    return failure_;
-  }
+  [[nodiscard]] bool failed() const noexcept { return order_.failed(); }
+  [[nodiscard]] std::string failure() const { return order_.failure(); }
 
   // --- caller's thread -------------------------------------------------------------------------
 
   /// The next collective's place in the call order; throws if the communicator has failed.
   std::uint64_t take_ticket(const char* operation) {
     poll_abort();
-    std::lock_guard lock(mutex_);
-    expects(!failed_.load(), "mpi_communicator", operation, " called after the communicator failed: ", failure_);
-    return next_ticket_++;
+    return order_.take_ticket(operation);
   }
 
   /// Throws the first failure, after looking for a peer's abort message.
   void check() {
     poll_abort();
-    if (failed_.load()) throw error("mpi_communicator", failure());
+    if (order_.failed()) throw error("mpi_communicator", order_.failure());
   }
 
   /// Waits (at most the timeout) until every collective called so far has run; false if not.
-  bool wait_idle() {
-    std::unique_lock lock(mutex_);
-    return turn_cv_.wait_until(lock, clock::now() + timeout_, [&] {
-      return turn_ == next_ticket_ || failed_.load();
-    }) && !failed_.load();
-  }
+  bool wait_idle() { return order_.wait_idle(); }
 
   /// Frees the duplicate, the posted receive and the ops; only when healthy and idle.
   void close() noexcept {
     int finalized = 1;
     MPI_Finalized(&finalized);
-    if (failed_.load() || !healthy_setup_ || finalized != 0) return;
+    if (order_.failed() || !healthy_setup_ || finalized != 0) return;
     {
       std::lock_guard lock(channel_mutex_);
       if (abort_recv_ != MPI_REQUEST_NULL) {
@@ -206,14 +198,7 @@ class core {
   /// to every other rank. The first failure wins. noexcept: any trouble just stays local.
   void fail(const std::string& local, const std::string& to_peers) noexcept {
     try {
-      {
-        std::lock_guard lock(mutex_);
-        if (failed_.load()) return;
-        failure_ = local;
-        failed_.store(true);
-      }
-      turn_cv_.notify_all();
-      if (to_peers.empty() || !healthy_setup_) return;
+      if (!order_.record_failure(local) || to_peers.empty() || !healthy_setup_) return;
       // Sent from a buffer that is never freed: the sends are not waited for (a dead peer never
       // receives), so the buffer must outlive the communicator.
       const std::size_t length = std::min<std::size_t>(to_peers.size(), message_bytes);
@@ -232,35 +217,16 @@ class core {
 
   // --- stream tasks ------------------------------------------------------------------------------
 
-  /// Waits for `ticket`'s turn (the collectives called before it have run).
+  /// Waits for `ticket`'s turn (the collectives called before it have run), looking for a peer's
+  /// abort meanwhile.
   void begin(std::uint64_t ticket, const std::string& what) {
-    const auto deadline = clock::now() + timeout_;
-    std::unique_lock lock(mutex_);
-    while (turn_ != ticket && !failed_.load()) {
-      if (clock::now() >= deadline) {
-        lock.unlock();
-        const std::string reason =
-            detail::concat(what, " waited more than ", timeout_.count(), " ms on rank ", rank_, " of ", size_,
-                           " for the collectives called before it to run (their streams did not reach them)");
-        fail(reason, reason);
-        throw error("mpi_communicator", reason);
-      }
-      turn_cv_.wait_for(lock, std::chrono::milliseconds(20));
-      lock.unlock();
-      poll_abort();
-      lock.lock();
-    }
-    if (failed_.load()) throw error("mpi_communicator", detail::concat(what, " failed: ", failure_));
+    order_.begin(
+        ticket, what, rank_, size_, [this] { poll_abort(); },
+        [this](const std::string& reason) { fail(reason, reason); });
   }
 
   /// Hands the turn to the next collective.
-  void end(std::uint64_t ticket) {
-    {
-      std::lock_guard lock(mutex_);
-      turn_ = ticket + 1;
-    }
-    turn_cv_.notify_all();
-  }
+  void end(std::uint64_t ticket) { order_.end(ticket); }
 
   /// A reduce-scatter then an all-gather per round: each element is reduced once, on one rank,
   /// so every rank receives the same bits whatever algorithm MPI picks (O4).
@@ -340,7 +306,7 @@ class core {
  private:
   /// Looks for a peer's abort message without blocking.
   void poll_abort() {
-    if (failed_.load() || !healthy_setup_) return;
+    if (order_.failed() || !healthy_setup_) return;
     std::string message;
     int source = -1;
     {
@@ -366,7 +332,7 @@ class core {
       call(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
       if (done != 0) return;
       poll_abort();
-      if (failed_.load()) throw error("mpi_communicator", detail::concat(what, " failed: ", failure()));
+      if (order_.failed()) throw error("mpi_communicator", detail::concat(what, " failed: ", order_.failure()));
       if (clock::now() >= deadline) {
         const std::string reason = detail::concat(
             what, " did not complete within ", timeout_.count(), " ms on rank ", rank_, " of ", size_,
@@ -452,12 +418,7 @@ class core {
   MPI_Request abort_recv_ = MPI_REQUEST_NULL;
   std::unique_ptr<char[]> abort_in_;
 
-  mutable std::mutex mutex_;  // tickets, turn, failure
-  std::condition_variable turn_cv_;
-  std::uint64_t next_ticket_ = 0;
-  std::uint64_t turn_ = 0;
-  std::atomic<bool> failed_{false};
-  std::string failure_;
+  call_order order_;
 
   std::unique_ptr<std::byte[]> staging_;  // used by the collective holding the turn only
   std::size_t staging_size_ = 0;
