@@ -7,8 +7,10 @@
 
 #include <doctest/doctest.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace zenflow_test {
 
@@ -21,6 +23,15 @@ inline int world_size() {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   return size;
+}
+
+/// True on every rank when every rank's `local` bytes equal rank 0's. Collective.
+inline bool same_on_every_rank(const std::vector<std::byte>& local) {
+  std::vector<std::byte> root = local;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+  int same = root == local ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
 }
 
 /// MPI_Init_thread(MPI_THREAD_MULTIPLE), doctest, the worst exit code of all ranks, MPI_Finalize.

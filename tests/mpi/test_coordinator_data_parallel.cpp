@@ -34,6 +34,7 @@ using zenflow::host_stream;
 using zenflow::missing_gradients;
 using zenflow_test::contains;
 using zenflow_test::error_of;
+using zenflow_test::same_on_every_rank;
 using zenflow_test::world_rank;
 using zenflow_test::world_size;
 
@@ -49,15 +50,6 @@ using model = zenflow_test::data_parallel_model;
 using zenflow_test::w2_missing;
 
 using dp_coordinator = zenflow::data_parallel_host_coordinator<zenflow::mpi_communicator>;
-
-// Every rank's bytes equal rank 0's.
-bool same_on_every_rank(const std::vector<std::byte>& local) {
-  std::vector<std::byte> root = local;
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
-  int same = root == local ? 1 : 0, all = 0;
-  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
 
 // Rank 0's process id, the same on every rank: a file name every rank agrees on.
 std::string shared_prefix() {

@@ -19,6 +19,7 @@
 #include "../support/cuda_test_utils.cuh"
 #include "../support/error_text.hpp"
 #include "device_model.cuh"
+#include "mpi_bootstrap.cuh"
 #include "mpi_doctest.hpp"
 
 using namespace std::chrono_literals;
@@ -28,30 +29,14 @@ using zenflow_test::contains;
 using zenflow_test::data_parallel_model;
 using zenflow_test::device_model;
 using zenflow_test::error_of;
+using zenflow_test::make_communicator;
+using zenflow_test::same_on_every_rank;
 using zenflow_test::world_rank;
 using zenflow_test::world_size;
 
 namespace {
 
 using nccl_coordinator = zenflow::data_parallel_cuda_coordinator<nccl_communicator>;
-
-// One communicator per test on this rank's GPU, its id shared over MPI.
-nccl_communicator make_communicator(std::chrono::milliseconds timeout = 60s) {
-  ZENFLOW_CUDA_TRY(cudaSetDevice(world_rank()));
-  zenflow::mpi_communicator host(MPI_COMM_WORLD);
-  zenflow::nccl_communicator_options options;
-  options.timeout = timeout;
-  return nccl_communicator(zenflow::shared_nccl_unique_id(host), host.rank(), host.size(), options);
-}
-
-// Every rank's bytes equal rank 0's.
-bool same_on_every_rank(const std::vector<std::byte>& local) {
-  std::vector<std::byte> root = local;
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
-  int same = root == local ? 1 : 0, all = 0;
-  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
 
 void run_against_reference(float max_grad_norm, bool exact) {
   const int rank = world_rank(), ranks = world_size();

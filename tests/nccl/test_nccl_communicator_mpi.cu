@@ -18,6 +18,7 @@
 
 #include "../support/cuda_test_utils.cuh"
 #include "../support/error_text.hpp"
+#include "mpi_bootstrap.cuh"
 #include "mpi_doctest.hpp"
 #include "rank_patterns.hpp"
 
@@ -30,6 +31,7 @@ using zenflow_test::contains;
 using zenflow_test::device_vector;
 using zenflow_test::error_of;
 using zenflow_test::make;
+using zenflow_test::make_communicator;
 using zenflow_test::pattern;
 using zenflow_test::patterned;
 using zenflow_test::reduced;
@@ -38,15 +40,6 @@ using zenflow_test::world_rank;
 using zenflow_test::world_size;
 
 namespace {
-
-// One communicator per test on this rank's GPU, its id shared over MPI.
-nccl_communicator make_communicator(std::chrono::milliseconds timeout = 60s) {
-  ZENFLOW_CUDA_TRY(cudaSetDevice(world_rank()));
-  zenflow::mpi_communicator host(MPI_COMM_WORLD);
-  zenflow::nccl_communicator_options options;
-  options.timeout = timeout;
-  return nccl_communicator(zenflow::shared_nccl_unique_id(host), host.rank(), host.size(), options);
-}
 
 // Waits (at most `limit`) until check() throws; returns its message ("" if it never did).
 std::string failure_within(const nccl_communicator& comm, std::chrono::seconds limit) {
