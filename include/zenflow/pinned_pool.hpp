@@ -141,6 +141,9 @@ class pinned_buffer_pool {
   [[nodiscard]] std::size_t buffer_bytes() const noexcept { return buffer_bytes_; }
   /// size() x buffer_bytes(): the bytes the pool holds.
   [[nodiscard]] std::size_t total_bytes() const noexcept { return count_ * buffer_bytes_; }
+  /// The bytes mapped for the pool: total_bytes() rounded up to the page size (equal to it with
+  /// 4 KiB pages).
+  [[nodiscard]] std::size_t mapped_bytes() const noexcept { return region_.mapped_bytes(); }
   /// The bytes pinned: total_bytes() when pinned, else 0.
   [[nodiscard]] std::size_t pinned_bytes() const noexcept { return pinned_ ? total_bytes() : 0; }
   /// Whether the buffers are pinned (by mlock or the hook).

@@ -26,6 +26,7 @@ TEST_CASE("pinned_buffer_pool: exactly count x buffer_bytes, aligned, disjoint, 
   CHECK(pool.size() == 3);
   CHECK(pool.buffer_bytes() == 12288);
   CHECK(pool.total_bytes() == 36864);
+  if (::sysconf(_SC_PAGESIZE) == 4096) CHECK(pool.mapped_bytes() == 36864);  // nothing added
   CHECK(pool.pinned_bytes() == 0);
   CHECK_FALSE(pool.pinned());
   CHECK(pool.status() == "not pinned (pin_policy::none)");
@@ -51,6 +52,7 @@ TEST_CASE("pinned_buffer_pool: locked bytes equal what was asked for (VmLck)") {
       return;
     }
     CHECK(pool.pinned_bytes() == 5 * 9 * 4096);
+    CHECK(pool.mapped_bytes() == pool.total_bytes());
     CHECK(pool.status() == "mlock: 184320 bytes locked");
     CHECK(zenflow_test::locked_bytes() - before == 184320);  // nothing rounded, nothing extra
     pinned_buffer_pool moved = std::move(pool);
