@@ -118,6 +118,20 @@ inline child_result run_in_child(const std::function<int(const std::function<voi
   return r;
 }
 
+/// AddressSanitizer intercepts mlock and munlock and does nothing (they "succeed"): in such a
+/// build the process's locked memory cannot be checked.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool mlock_is_intercepted = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool mlock_is_intercepted = true;
+#else
+inline constexpr bool mlock_is_intercepted = false;
+#endif
+#else
+inline constexpr bool mlock_is_intercepted = false;
+#endif
+
 /// VmLck of this process in bytes, or -1.
 inline long long locked_bytes() {
   std::FILE* f = std::fopen("/proc/self/status", "r");

@@ -343,7 +343,7 @@ TEST_CASE("state_file: the pool's pinned bytes are exactly the stream's buffers"
   CHECK(f.pool().total_bytes() == 6 * 64 * kib);
   if (f.pool().pinned()) {
     CHECK(f.pool().pinned_bytes() == 6 * 64 * kib);
-    CHECK(zenflow_test::locked_bytes() - before == 6 * 64 * kib);
+    if (!zenflow_test::mlock_is_intercepted) CHECK(zenflow_test::locked_bytes() - before == 6 * 64 * kib);
   } else {
     MESSAGE("not pinned here: " << f.pool().status());
   }
