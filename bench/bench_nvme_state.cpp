@@ -1,0 +1,203 @@
+// The NVMe state tier against the disk it runs on. One benchmark per engine (io_uring, posix);
+// each iteration measures, in this order and on the same file system, block size and queue depth:
+//
+//   roofline read    sequential O_DIRECT reads of the state's bytes (a second preallocated file of
+//                    the same size), queue depth Q, blocks of B: the disk
+//   roofline write   sequential O_DIRECT writes of the same bytes
+//   stream           one CPU Adam/AdamW update of the whole state streamed through a state_file
+//                    (read_ahead Q/2 - 1, write_behind Q/2: Q buffers, so at most Q requests in
+//                    flight): read and verify each block, run zenflow::cpu_adam's step on its
+//                    columns (fp32 master, m, v from the block; the accumulated fp32 gradient in
+//                    RAM), write it back with its new checksum
+//
+// and reports roofline_fraction = (read time + write time) / stream time (bar: >= 0.85), the
+// rates, and the time the stream's thread waited on the disk.
+//
+// Layout of a block: 85 columns of 1024 rows (with B = 1 MiB), column-contiguous, as three
+// arrays: master | m | v (12 B per parameter; the rest of the block is padding). The bench
+// imports a block's columns into a cpu_adam tensor, steps it and exports them back: the bytes an
+// optimizer's state storage would move.
+//
+// Environment: ZENFLOW_BENCH_NVME_DIR (default: the working directory; must be on the disk to
+// measure, not tmpfs), ZENFLOW_BENCH_NVME_BYTES (state bytes, default 2 GiB),
+// ZENFLOW_BENCH_NVME_BLOCK (default 1 MiB), ZENFLOW_BENCH_NVME_QD (default 32). The files are
+// removed at the end.
+#include <zenflow/cpu_adam.hpp>
+#include <zenflow/io_engine.hpp>
+#include <zenflow/state_file.hpp>
+
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
+  const char* s = std::getenv(name);
+  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 10) : fallback;
+}
+std::filesystem::path bench_dir() {
+  const char* s = std::getenv("ZENFLOW_BENCH_NVME_DIR");
+  return s != nullptr && *s != '\0' ? std::filesystem::path(s) : std::filesystem::current_path();
+}
+
+constexpr zenflow::index_t rows = 1024;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// Sequential O_DIRECT transfer of a whole file at queue depth qd through `engine`.
+double sequential(zenflow::any_io_engine& engine, std::uint32_t file, const zenflow::pinned_buffer_pool& pool,
+                  std::uint64_t blocks, zenflow::io_op op) {
+  const std::size_t bytes = pool.buffer_bytes();
+  std::vector<zenflow::io_completion> done(pool.size());
+  std::vector<std::uint32_t> free_buffers;
+  for (std::size_t i = 0; i < pool.size(); ++i) free_buffers.push_back(static_cast<std::uint32_t>(i));
+  const auto t0 = clock_type::now();
+  std::uint64_t next = 0;
+  while (next < blocks || engine.in_flight() > 0) {
+    while (next < blocks && !free_buffers.empty()) {
+      const std::uint32_t b = free_buffers.back();
+      free_buffers.pop_back();
+      zenflow::io_request r;
+      r.op = op;
+      r.file = file;
+      r.offset = next++ * bytes;
+      r.buffer = pool.buffer(b).data();
+      r.bytes = bytes;
+      r.buffer_index = static_cast<std::int32_t>(b);
+      r.user_data = b;
+      engine.submit(r);
+    }
+    const std::size_t n = engine.wait(done, 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!done[i].ok()) throw zenflow::error("roofline", engine.describe(done[i]));
+      free_buffers.push_back(static_cast<std::uint32_t>(done[i].request.user_data));
+    }
+  }
+  return seconds_since(t0);
+}
+
+void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
+  const std::uint64_t want = env_u64("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30);
+  const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
+  const std::size_t qd = env_u64("ZENFLOW_BENCH_NVME_QD", 32);
+  const zenflow::index_t cols_per_block = static_cast<zenflow::index_t>(block / (12 * rows));
+  const std::size_t per_block = static_cast<std::size_t>(rows * cols_per_block);  // parameters per block
+  const std::uint64_t blocks = (want + block - 1) / block;
+  const std::size_t params = blocks * per_block;
+
+  zenflow::any_io_engine probe = zenflow::make_io_engine({zenflow::io_engine_kind::automatic, 2});
+  if (kind == zenflow::io_engine_kind::uring && probe.name() != "io_uring") {
+    state.SkipWithError(("io_uring does not run here: " + probe.status()).c_str());
+    return;
+  }
+
+  // The state file (stream) and the roofline's file, same size, same directory.
+  zenflow::state_file_config cfg;
+  cfg.directory = bench_dir();
+  cfg.file_name = "zenflow_bench_state.bin";
+  cfg.bytes = blocks * block;
+  cfg.block_bytes = block;
+  cfg.read_ahead = qd / 2 - 1;
+  cfg.write_behind = qd / 2;
+  zenflow::state_file file(cfg, {kind, qd});
+
+  const std::string roof_path = (bench_dir() / "zenflow_bench_roofline.bin").string();
+  const int roof_fd = ::open(roof_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (roof_fd < 0 || ::fallocate(roof_fd, 0, 0, static_cast<off_t>(blocks * block)) != 0) {
+    state.SkipWithError(("cannot create " + roof_path + ": " + std::strerror(errno)).c_str());
+    if (roof_fd >= 0) ::close(roof_fd), ::unlink(roof_path.c_str());
+    return;
+  }
+  zenflow::any_io_engine roof_engine = zenflow::make_io_engine({kind, qd});
+  zenflow::pinned_buffer_pool roof_pool(qd, block);
+  std::vector<std::span<std::byte>> spans;
+  for (std::size_t i = 0; i < roof_pool.size(); ++i) spans.push_back(roof_pool.buffer(i));
+  roof_engine.register_buffers(spans);
+  const std::uint32_t roof_file = roof_engine.add_file(roof_fd, roof_path);
+  (void)sequential(roof_engine, roof_file, roof_pool, blocks, zenflow::io_op::write);  // every extent written once
+
+  // The optimizer: one tensor of a block's columns; the accumulated gradient of every parameter.
+  zenflow::adam_options adam;
+  adam.lr = 1e-3f;
+  adam.weight_decay = 0.01f;
+  zenflow::cpu_adam opt(adam);
+  opt.add_tensor(std::vector<float>(per_block, 0.0f), rows, cols_per_block);
+  std::vector<float> grad(params);
+  std::uint32_t seed = 12345;
+  for (float& g : grad) {
+    seed = seed * 1664525u + 1013904223u;
+    g = 1e-3f * (static_cast<float>(seed >> 8) * (1.0f / 16777216.0f) - 0.5f);
+  }
+  const std::size_t array_bytes = per_block * sizeof(float);
+  const zenflow::block_range all{0, blocks};
+  file.stream({&all, 1}, zenflow::stream_mode::write, [&](const zenflow::stream_block& b) {
+    std::memset(b.data.data(), 0, b.data.size());
+    auto* master = reinterpret_cast<float*>(b.data.data());
+    for (std::size_t i = 0; i < per_block; ++i) master[i] = 0.01f * static_cast<float>((b.index * 7 + i) % 101);
+  });
+
+  std::int64_t step = 0;
+  double t_read = 0, t_write = 0, t_stream = 0, t_wait = 0;
+  for (auto _ : state) {
+    t_read += sequential(roof_engine, roof_file, roof_pool, blocks, zenflow::io_op::read);
+    t_write += sequential(roof_engine, roof_file, roof_pool, blocks, zenflow::io_op::write);
+    ++step;
+    file.reset_counters();
+    const auto t0 = clock_type::now();
+    file.stream({&all, 1}, zenflow::stream_mode::update, [&](const zenflow::stream_block& b) {
+      std::byte* p = b.data.data();
+      std::memcpy(opt.params(0).data(), p, array_bytes);
+      std::memcpy(opt.exp_avg(0).data(), p + array_bytes, array_bytes);
+      std::memcpy(opt.exp_avg_sq(0).data(), p + 2 * array_bytes, array_bytes);
+      zenflow::cpu_adam_task task{0, grad.data() + b.index * per_block, zenflow::dtype::f32, {}};
+      task.step = step;  // the interval's bias correction, whatever the per-block calls count
+      opt.step({&task, 1}, 1.0f, false);
+      std::memcpy(p, opt.params(0).data(), array_bytes);
+      std::memcpy(p + array_bytes, opt.exp_avg(0).data(), array_bytes);
+      std::memcpy(p + 2 * array_bytes, opt.exp_avg_sq(0).data(), array_bytes);
+    });
+    t_stream += seconds_since(t0);
+    t_wait += file.counters().wait_seconds;
+  }
+  const double it = static_cast<double>(state.iterations());
+  const double bytes = static_cast<double>(blocks * block);
+  state.counters["read_GBps"] = bytes * it / t_read * 1e-9;
+  state.counters["write_GBps"] = bytes * it / t_write * 1e-9;
+  state.counters["stream_GBps"] = 2 * bytes * it / t_stream * 1e-9;  // read + written
+  state.counters["stream_Mparams_per_s"] = static_cast<double>(params) * it / t_stream * 1e-6;
+  state.counters["stream_wait_fraction"] = t_wait / t_stream;
+  state.counters["roofline_fraction"] = (t_read + t_write) / t_stream;
+  state.counters["state_GB"] = bytes * 1e-9;
+  state.counters["pool_pinned_MB"] = static_cast<double>(file.pool().pinned_bytes()) * 1e-6;
+  state.SetLabel(file.engine().status());
+
+  roof_engine.remove_file(roof_file);
+  ::close(roof_fd);
+  ::unlink(roof_path.c_str());
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(nvme_adam, io_uring, zenflow::io_engine_kind::uring)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK_CAPTURE(nvme_adam, posix, zenflow::io_engine_kind::posix)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+
+BENCHMARK_MAIN();
