@@ -118,12 +118,12 @@ inline child_result run_in_child(const std::function<int(const std::function<voi
   return r;
 }
 
-/// AddressSanitizer intercepts mlock and munlock and does nothing (they "succeed"): in such a
-/// build the process's locked memory cannot be checked.
-#if defined(__SANITIZE_ADDRESS__)
+/// AddressSanitizer and ThreadSanitizer (sanitizer_common) intercept mlock and munlock and do
+/// nothing (they "succeed"): in such a build the process's locked memory cannot be checked.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 inline constexpr bool mlock_is_intercepted = true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 inline constexpr bool mlock_is_intercepted = true;
 #else
 inline constexpr bool mlock_is_intercepted = false;

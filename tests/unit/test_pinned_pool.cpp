@@ -43,7 +43,7 @@ TEST_CASE("pinned_buffer_pool: exactly count x buffer_bytes, aligned, disjoint, 
 
 TEST_CASE("pinned_buffer_pool: locked bytes equal what was asked for (VmLck)") {
   if (zenflow_test::mlock_is_intercepted) {
-    MESSAGE("AddressSanitizer turns mlock into a no-op: VmLck is checked in the other builds");
+    MESSAGE("this sanitizer build turns mlock into a no-op: VmLck is checked in the other builds");
     return;
   }
   const long long before = zenflow_test::locked_bytes();
@@ -69,7 +69,7 @@ TEST_CASE("pinned_buffer_pool: locked bytes equal what was asked for (VmLck)") {
 
 TEST_CASE("pinned_buffer_pool: without permission to lock, automatic says why and required fails") {
   if (zenflow_test::mlock_is_intercepted) {
-    MESSAGE("AddressSanitizer turns mlock into a no-op that succeeds: checked in the other builds");
+    MESSAGE("this sanitizer build turns mlock into a no-op that succeeds: checked in the other builds");
     return;
   }
   // In a child: RLIMIT_MEMLOCK 64 KiB, and, when root, no CAP_IPC_LOCK (setuid to nobody).
