@@ -488,14 +488,21 @@ TEST_CASE("make_io_engine: io_uring blocked by a seccomp filter (as in container
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return 10;
-    if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) return 11;
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+      report(std::strerror(errno));
+      return 77;  // this environment does not let a process install a filter
+    }
     any_io_engine e = zenflow::make_io_engine({zenflow::io_engine_kind::automatic, 4});
     report(std::string(e.name()) + "|" + e.status() + "|");
     report(error_of([] { (void)zenflow::make_io_engine({zenflow::io_engine_kind::uring, 4}); }));
     return 0;
   });
   INFO(r.output);
+  if (r.exit_code == 77) {
+    MESSAGE("cannot install a seccomp filter here (" << r.output
+                                                     << "): the blocked-io_uring fallback is not exercised");
+    return;
+  }
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.rfind("posix|posix: 4 threads of pread/pwrite, queue depth 4; io_uring unavailable: io_uring_setup "
                        "failed: Operation not permitted (errno 1)",
