@@ -192,9 +192,11 @@ class any_io_engine {
  public:
   /// Takes `engine` over; `note` is appended to its status() (make_io_engine says there why
   /// it chose the engine).
-  template <io_engine E>
-  requires(!std::same_as<std::remove_cvref_t<E>, any_io_engine>) explicit any_io_engine(E engine,
-                                                                                        std::string note = {});
+  // The same_as test comes first: checking io_engine<any_io_engine> would need this very
+  // constructor's constraints (nvcc reports that recursion as an error; gcc forgives it).
+  template <class E>
+  requires(!std::same_as<std::remove_cvref_t<E>, any_io_engine> &&
+           io_engine<E>) explicit any_io_engine(E engine, std::string note = {});
   any_io_engine(any_io_engine&&) noexcept;
   any_io_engine& operator=(any_io_engine&&) noexcept;
   /// Destroys the engine (which waits for its transfers, R9).

@@ -38,8 +38,9 @@ struct any_io_engine::model final : any_io_engine::base {
   std::string describe(const io_completion& c) const override { return e.describe(c); }
 };
 
-template <io_engine E>
-requires(!std::same_as<std::remove_cvref_t<E>, any_io_engine>) any_io_engine::any_io_engine(E engine, std::string note)
+template <class E>
+requires(!std::same_as<std::remove_cvref_t<E>, any_io_engine> &&
+         io_engine<E>) any_io_engine::any_io_engine(E engine, std::string note)
     : p_(std::make_unique<model<E>>(std::move(engine))), note_(std::move(note)) {}
 
 inline any_io_engine::any_io_engine(any_io_engine&&) noexcept = default;
