@@ -106,7 +106,7 @@ TEST_CASE("slot-level use: order, sizes, release, the legacy default stream") {
   device_buffer dev(3 * MiB);
   std::vector<std::byte> src(3 * MiB);
   fill_pattern(src.data(), src.size(), 42);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), src.data(), src.size(), cudaMemcpyHostToDevice));
+  zenflow_test::upload(dev.data(), src.data(), src.size());
   const auto* d = static_cast<const std::byte*>(dev.data());
   for (int round = 0; round < 3; ++round) {
     auto s0 = q.acquire();
@@ -136,7 +136,7 @@ TEST_CASE("both directions at once") {
   fill_pattern(up_src.data(), bytes, 1);
   fill_pattern(down_src.data(), bytes, 2);
   device_buffer up_dev(bytes), down_dev(bytes);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(down_dev.data(), down_src.data(), bytes, cudaMemcpyHostToDevice));
+  zenflow_test::upload(down_dev.data(), down_src.data(), bytes);
   cuda_stream s1, s2;
   cuda_transfer_queue up(h2d, 8 * MiB, 2, pinned_allocation::write_combined), down(d2h, 8 * MiB, 2);
   std::thread uploader([&] { zenflow::pipelined_copy_to_device(up, up_dev.data(), up_src.data(), bytes, s1.get()); });
