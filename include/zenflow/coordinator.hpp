@@ -35,6 +35,7 @@
 #include "zenflow/communicator.hpp"
 #include "zenflow/concepts.hpp"
 #include "zenflow/cpu_adam.hpp"
+#include "zenflow/detail/coordinator/agreement.hpp"
 #include "zenflow/detail/coordinator/host_backend.hpp"
 #include "zenflow/detail/coordinator/shared_state.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
@@ -416,26 +417,39 @@ class basic_coordinator {
   // Data parallel (data_parallel.hpp).
   static constexpr bool data_parallel = !std::same_as<Communicator, single_process>;
   [[nodiscard]] std::size_t owned_piece_elements(const parameter& p) const noexcept;
-  void agree_on_registration(stream_type stream);
+  [[nodiscard]] detail::agreement agreement_of(std::int64_t kind, const detail::agreement_position& at) const;
+  [[nodiscard]] detail::agreement_position current_position() const;
+  void agree(const detail::agreement& mine);
+  void refuse_checkpoint(const std::exception_ptr& e);
   void agree_on_gradients(missing_gradients missing, stream_type stream);
   void reduce_gradients(stream_type stream);
   void reduced_statistics(step_flags* flags_dev, step_flags* flags_host_dev, stream_type stream);
   [[nodiscard]] bool any_nonfinite_gradient(stream_type stream);
   template <class T>
-  std::vector<T> all_reduce_to_host(std::span<const T> values, reduce_op op, stream_type stream);
+  std::vector<T> all_reduce_to_host(std::span<const T> values, reduce_op op);
+  template <class Enqueue>
+  void on_control_stream(std::size_t bytes, Enqueue&& enqueue);
+  void collectives_enqueued(stream_type stream);
   void fail_peers(const std::exception_ptr& e) noexcept;
 
   // Checkpoints (checkpoint_io.hpp).
   void copy_all_columns(const parameter& p, std::span<std::byte> values, transfer_direction direction,
                         stream_type stream);
+  void read_checkpoint(const std::string& path, stream_type stream, int& stage);
 
   zenflow_options options_;
   coordinator_config config_;
   Communicator* comm_ = nullptr;  // data parallel: the caller's communicator
   int rank_ = 0;
   int ranks_ = 1;
-  device_buffer reduce_scratch_;         // data parallel: the statistics' all-reduce (two doubles)
-  device_buffer agreement_buffer_;       // data parallel: all_reduce_to_host's buffer
+  device_buffer reduce_scratch_;    // data parallel: the statistics' all-reduce (two doubles)
+  device_buffer agreement_buffer_;  // data parallel: on_control_stream's buffer
+  // Data parallel: the stream of the collectives whose result the host reads (agreement, which
+  // parameters got gradients), so that reading them never waits for the trainer's stream; it runs
+  // them after the trainer stream's collectives enqueued before (collectives_done_).
+  std::unique_ptr<typename Backend::owned_stream> control_stream_;
+  event_type collectives_done_;
+  bool agreed_ = false;                  // data parallel: the ranks compared their records (first step or checkpoint)
   mutable detail::shared_state shared_;  // with the workers: progress counters, first error, stop request
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;

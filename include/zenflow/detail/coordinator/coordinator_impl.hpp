@@ -77,6 +77,7 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
     expects(ranks_ >= 1 && rank_ >= 0 && rank_ < ranks_, "comm", "reports rank ", rank_, " of ", ranks_);
     comm_->check();
     reduce_scratch_ = device_buffer(2 * sizeof(double));
+    control_stream_ = std::make_unique<typename Backend::owned_stream>();
   }
   statistics_scratch_ = device_buffer(Backend::statistics_scratch_bytes);
   unit_flags_dev_ = device_buffer(sizeof(step_flags));
@@ -448,7 +449,6 @@ const step_flags* basic_coordinator<Backend, HostOptimizer, Communicator>::unit_
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::start(stream_type stream) {
-  agree_on_registration(stream);
   started_ = true;
   for (auto& p : params_)
     if (!p.is_vector) set_selection(p, {}, stream);  // every column on the CPU until the first selection
@@ -753,7 +753,15 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::ste
     fail_peers(std::current_exception());
     throw;
   }
-  if constexpr (data_parallel) agree_on_gradients(missing, stream);
+  if constexpr (data_parallel) {
+    // Before any collective whose size depends on the registration: the ranks compare a record of
+    // fixed size (after a checkpoint load, load_checkpoint did).
+    if (!agreed_) {
+      or_fail([&] { agree(agreement_of(detail::agreement::first_step, current_position())); });
+      agreed_ = true;
+    }
+    agree_on_gradients(missing, stream);
+  }
   for (std::size_t i = 0; i < params_.size() && missing == missing_gradients::reject; ++i)
     if (!params_[i].has_grad) {
       abandon_step(stream);
