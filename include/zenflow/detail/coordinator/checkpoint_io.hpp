@@ -271,6 +271,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::copy_all_columns(c
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(const std::string& path,
                                                                               stream_type stream) {
+  const device_scope scope(device_);
   rethrow_worker_error();
   for (const auto& p : params_)
     expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <span>
 #include <vector>
@@ -63,28 +64,34 @@ std::vector<T> basic_coordinator<Backend, HostOptimizer, Communicator>::all_redu
                                                                                            reduce_op op) {
   std::vector<T> out(values.begin(), values.end());
   if constexpr (data_parallel) {
-    on_control_stream(values.size_bytes(), [&](std::byte* buffer, stream_type control) {
-      const std::span<T> on_device(reinterpret_cast<T*>(buffer), values.size());
-      Backend::copy_async(buffer, values.data(), values.size_bytes(), control);
+    on_control_stream(values.size_bytes(), [&](std::byte* device, std::byte* host, stream_type control) {
+      const std::span<T> on_device(reinterpret_cast<T*>(device), values.size());
+      std::memcpy(host, values.data(), values.size_bytes());
+      Backend::copy_async(device, host, values.size_bytes(), control);
       comm_->all_reduce(std::span<const T>(on_device), on_device, op, control);
-      Backend::copy_async(out.data(), buffer, values.size_bytes(), control);
+      Backend::copy_async(host, device, values.size_bytes(), control);
     });
+    std::memcpy(out.data(), agreement_host_.data(), values.size_bytes());
   }
   return out;
 }
 
-// Runs `enqueue(buffer, control)` on the control stream with a device buffer of `bytes` (kept
-// between calls: no allocation per step), after the collectives enqueued on the trainer's stream so
-// far, then waits for the control stream and checks the communicator.
+// Runs `enqueue(device, host, control)` on the control stream with a device buffer and a pinned
+// host buffer of `bytes` each (kept between calls: no allocation per step, and no copy through
+// pageable memory), after the collectives enqueued on the trainer's stream so far, then waits for
+// the control stream and checks the communicator. The host buffer holds the result on return.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 template <class Enqueue>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::on_control_stream(std::size_t bytes, Enqueue&& enqueue) {
   if constexpr (data_parallel) {
     const stream_type control = control_stream_->get();
-    if (agreement_buffer_.bytes() < bytes) agreement_buffer_ = device_buffer(bytes);  // none in flight: synchronized
+    if (agreement_buffer_.bytes() < bytes) {  // none in flight: every call synchronizes
+      agreement_buffer_ = device_buffer(bytes);
+      agreement_host_ = typename Backend::host_buffer(bytes);
+    }
     detail::synchronize_on_unwind<Backend> guard(control);
     Backend::wait(control, collectives_done_);
-    enqueue(agreement_buffer_.data(), control);
+    enqueue(agreement_buffer_.data(), agreement_host_.data(), control);
     Backend::synchronize(control);
     comm_->check();
   } else {
@@ -176,6 +183,7 @@ detail::agreement_position basic_coordinator<Backend, HostOptimizer, Communicato
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(const std::string& path,
                                                                               stream_type stream) {
+  const device_scope scope(device_);
   try {
     rethrow_worker_error();
   } catch (...) {
@@ -223,14 +231,15 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::agree(const detail
     using A = detail::agreement;
     const std::size_t n = A::words;
     std::vector<std::int64_t> all(n * static_cast<std::size_t>(ranks_));
-    on_control_stream(all.size() * sizeof(std::int64_t), [&](std::byte* buffer, stream_type control) {
-      auto* words = reinterpret_cast<std::int64_t*>(buffer);
-      Backend::copy_async(words + static_cast<std::size_t>(rank_) * n, mine.w.data(), n * sizeof(std::int64_t),
-                          control);
+    on_control_stream(all.size() * sizeof(std::int64_t), [&](std::byte* device, std::byte* host, stream_type control) {
+      auto* words = reinterpret_cast<std::int64_t*>(device);
+      std::memcpy(host, mine.w.data(), n * sizeof(std::int64_t));
+      Backend::copy_async(words + static_cast<std::size_t>(rank_) * n, host, n * sizeof(std::int64_t), control);
       comm_->all_gather(std::span<const std::int64_t>(words + static_cast<std::size_t>(rank_) * n, n),
                         std::span<std::int64_t>(words, all.size()), control);
-      Backend::copy_async(all.data(), words, all.size() * sizeof(std::int64_t), control);
+      Backend::copy_async(host, words, all.size() * sizeof(std::int64_t), control);
     });
+    std::memcpy(all.data(), agreement_host_.data(), all.size() * sizeof(std::int64_t));
     auto at = [&](int r, std::size_t f) { return all[static_cast<std::size_t>(r) * n + f]; };
     for (int r = 0; r < ranks_; ++r)
       expects(at(r, A::status) == 0, "load_checkpoint", "rank ", r, " of ", ranks_,
@@ -288,11 +297,14 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::any_nonfinite_grad
   return all_reduce_to_host<double>(count, reduce_op::sum)[0] > 0.0;
 }
 
-// The step's collectives over its gradients, in parameter order on every rank (O1): the selected
-// columns of each 2-D gradient (gathered, all-reduced, written back into the trainer's gradient,
-// where the device step reads them), each 1-D gradient (all-reduced into the coordinator's
-// staging), and the CPU columns (gathered in owner order into equal blocks, reduce-scattered: this
-// rank's block holds the sum of its own columns). Sums: the step's flags carry the 1/ranks.
+// The step's collectives over its gradients, in parameter order on every rank (O1), launched
+// together (grouped): the selected columns of each 2-D gradient (gathered, all-reduced, written
+// back into the trainer's gradient, where the device step reads them), each 1-D gradient
+// (all-reduced into the coordinator's staging), and the CPU columns (gathered in owner order into
+// equal blocks, reduce-scattered: this rank's block holds the sum of its own columns). First every
+// gather, then the collectives, then the write-backs into the gradients (a collective of a group
+// runs when the group is launched, after whatever its stream held then). Sums: the step's flags
+// carry the 1/ranks.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::reduce_gradients(stream_type stream) {
   if constexpr (data_parallel) {
@@ -300,52 +312,85 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reduce_gradients(s
     for (auto& p : params_) {
       if (!p.has_grad) continue;
       if (p.is_vector) {
-        const dtype type = p.grad_vector.type;
-        const auto n = static_cast<std::size_t>(p.vector.size);
         // Sized at the first step (a 1-D gradient's dtype is not registered), kept afterwards.
-        if (p.vector_stage.bytes() != n * dtype_size(type)) p.vector_stage = device_buffer(n * dtype_size(type));
-        dispatch_dtype(type, [&](auto tag) {
-          using T = decltype(tag);
-          comm_->all_reduce(std::span<const T>(static_cast<const T*>(p.grad_vector.data), n),
-                            std::span<T>(reinterpret_cast<T*>(p.vector_stage.data()), n), reduce_op::sum, stream);
-        });
-        p.grad_vector = const_vector_view(p.vector_stage.data(), p.vector.size, type, Backend::device_space);
+        const std::size_t bytes = static_cast<std::size_t>(p.vector.size) * dtype_size(p.grad_vector.type);
+        if (p.vector_stage.bytes() != bytes) p.vector_stage = device_buffer(bytes);
         continue;
       }
-      const std::size_t rows = static_cast<std::size_t>(p.matrix.rows);
+      if (!p.selection.empty())
+        Backend::gather(p.grad_matrix, p.selection, reinterpret_cast<const std::int32_t*>(p.selection_dev.data()),
+                        p.selected_stage.data(), p.grad_type, unit_flags(), stream);
       const std::size_t esize = dtype_size(p.grad_type);
-      dispatch_dtype(p.grad_type, [&](auto tag) {
-        using T = decltype(tag);
-        if (!p.selection.empty()) {
-          const auto* columns_dev = reinterpret_cast<const std::int32_t*>(p.selection_dev.data());
-          Backend::gather(p.grad_matrix, p.selection, columns_dev, p.selected_stage.data(), p.grad_type, unit_flags(),
-                          stream);
-          const std::span<T> stage(reinterpret_cast<T*>(p.selected_stage.data()), p.selection.size() * rows);
-          comm_->all_reduce(std::span<const T>(stage), stage, reduce_op::sum, stream);
-          const matrix_view grad(const_cast<void*>(p.grad_matrix.data), p.grad_matrix.rows, p.grad_matrix.cols,
-                                 p.grad_matrix.row_stride, p.grad_matrix.col_stride, p.grad_matrix.type,
-                                 p.grad_matrix.space);
-          Backend::scatter(p.selected_stage.data(), p.grad_type, p.selection, columns_dev, grad, stream);
-        }
-        if (!p.complement.empty()) {
-          std::byte* stage = p.grad_stage[parity].data();
-          const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
-          for (int r = 0; r < ranks_; ++r) {
-            const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
-            if (count == 0) continue;
-            Backend::gather(p.grad_matrix, std::span<const std::int32_t>(p.complement).subspan(first, count),
-                            complement_dev + first, stage + static_cast<std::size_t>(r) * p.block * esize, p.grad_type,
-                            unit_flags(), stream);
+      const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
+      for (int r = 0; r < ranks_ && !p.complement.empty(); ++r) {
+        const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
+        if (count == 0) continue;
+        Backend::gather(p.grad_matrix, std::span<const std::int32_t>(p.complement).subspan(first, count),
+                        complement_dev + first,
+                        p.grad_stage[parity].data() + static_cast<std::size_t>(r) * p.block * esize, p.grad_type,
+                        unit_flags(), stream);
+      }
+    }
+    grouped([&] {
+      for (auto& p : params_) {
+        if (!p.has_grad) continue;
+        const dtype type = p.is_vector ? p.grad_vector.type : p.grad_type;
+        dispatch_dtype(type, [&](auto tag) {
+          using T = decltype(tag);
+          if (p.is_vector) {
+            const auto n = static_cast<std::size_t>(p.vector.size);
+            comm_->all_reduce(std::span<const T>(static_cast<const T*>(p.grad_vector.data), n),
+                              std::span<T>(reinterpret_cast<T*>(p.vector_stage.data()), n), reduce_op::sum, stream);
+            return;
           }
-          T* blocks = reinterpret_cast<T*>(stage);
+          const std::span<T> selected(reinterpret_cast<T*>(p.selected_stage.data()),
+                                      p.selection.size() * static_cast<std::size_t>(p.matrix.rows));
+          if (!selected.empty()) comm_->all_reduce(std::span<const T>(selected), selected, reduce_op::sum, stream);
+          if (p.complement.empty()) return;
+          T* blocks = reinterpret_cast<T*>(p.grad_stage[parity].data());
           comm_->reduce_scatter(std::span<const T>(blocks, static_cast<std::size_t>(ranks_) * p.block),
                                 std::span<T>(blocks + static_cast<std::size_t>(rank_) * p.block, p.block),
                                 reduce_op::sum, stream);
-        }
-      });
+        });
+      }
+    });
+    for (auto& p : params_) {
+      if (!p.has_grad) continue;
+      if (p.is_vector) {
+        p.grad_vector =
+            const_vector_view(p.vector_stage.data(), p.vector.size, p.grad_vector.type, Backend::device_space);
+      } else if (!p.selection.empty()) {
+        const matrix_view grad(const_cast<void*>(p.grad_matrix.data), p.grad_matrix.rows, p.grad_matrix.cols,
+                               p.grad_matrix.row_stride, p.grad_matrix.col_stride, p.grad_matrix.type,
+                               p.grad_matrix.space);
+        Backend::scatter(p.selected_stage.data(), p.grad_type, p.selection,
+                         reinterpret_cast<const std::int32_t*>(p.selection_dev.data()), grad, stream);
+      }
     }
   } else {
     (void)stream;
+  }
+}
+
+// Runs `enqueue`, whose collectives the communicator launches together when it can
+// (communicates_in_groups: NCCL's group calls): one launch instead of one per collective.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+template <class Enqueue>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::grouped(Enqueue&& enqueue) {
+  if constexpr (communicates_in_groups<Communicator>) {
+    comm_->group_start();
+    try {
+      enqueue();
+    } catch (...) {
+      try {
+        comm_->group_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    comm_->group_end();
+  } else {
+    enqueue();
   }
 }
 
