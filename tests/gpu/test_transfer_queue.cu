@@ -158,6 +158,8 @@ TEST_CASE("a copy completes while a longer kernel still runs on another stream")
       mapped_flags flags;
       cuda_stream kernel_stream, caller;
       device_buffer dev(bytes);
+      ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, bytes));  // copied out below (initcheck)
+      ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
       cuda_transfer_queue q(direction, bytes, 2);
       const cudaStream_t spin_stream = legacy ? cudaStream_t{nullptr} : kernel_stream.get();
       spin_until_flag<<<1, 1, 0, spin_stream>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
@@ -255,6 +257,8 @@ TEST_CASE("a host_to_device copy is ordered after the caller's earlier work") {
 
 TEST_CASE("destroying a queue with copies in flight waits for them") {
   device_buffer dev(64 * MiB);
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, 64 * MiB));  // copied out below (initcheck)
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   cuda_stream caller;
   for (auto direction : {d2h, h2d}) {
     CAPTURE(static_cast<int>(direction));
@@ -294,6 +298,8 @@ TEST_CASE("errors: a failed CUDA call throws cuda_error; bad arguments throw bef
   cuda_transfer_queue q(d2h, 1 * MiB, 2);
   auto slot = q.acquire();
   device_buffer dev(2 * MiB);
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, 2 * MiB));  // copied out below (initcheck)
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());             // `caller` is non-blocking
   CHECK_THROWS_AS(q.submit_device_to_host(slot, dev.data(), 1 * MiB + 1, caller.get()), zenflow::error);
   q.submit_device_to_host(slot, dev.data(), 1 * MiB, caller.get());  // the slot was left usable
   q.release(q.next());
