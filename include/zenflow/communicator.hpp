@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -125,6 +126,10 @@ concept communicates = requires(C& c, std::span<const T> send, std::span<T> recv
 ///       new one (every rank) or end the process.
 ///    O6 Lifetime. Destroying a communicator while its collectives are in flight is an error;
 ///       a model may wait (bounded by its timeout) for them.
+///    Optional (nccl_communicator has them): `group_start()` and `group_end()` bracket collectives
+///    that the engine may launch together at group_end() (one launch for many calls); O1 holds
+///    for the calls inside as for single ones. A caller uses them when they exist
+///    (communicates_in_groups).
 template <class C>
 concept communicator = requires(C& c, const C& cc, std::string_view reason) {
   typename C::stream_type;
@@ -135,6 +140,56 @@ concept communicator = requires(C& c, const C& cc, std::string_view reason) {
 }
 &&communicates<C, float>&& communicates<C, double>&& communicates<C, std::int32_t>&& communicates<C, std::int64_t>&&
     communicates<C, bfloat16>&& communicates<C, float16>;
+
+/// A communicator that can bracket collectives into one launch (see `communicator`, "Optional").
+template <class C>
+concept communicates_in_groups = requires(C& c) {
+  c.group_start();
+  c.group_end();
+};
+
+/// Where the ranks of a group publish why they failed and look for a peer's reason: the store of
+/// the group's bootstrap (MPI's abort messages through host_abort_channel; torch's Store in
+/// zenflow.torch). An engine with no channel of its own (NCCL) takes one, so that a rank that fails
+/// makes its peers fail at once with its reason instead of at their timeout without it.
+class abort_channel {
+ public:
+  abort_channel() = default;
+  abort_channel(const abort_channel&) = delete;
+  abort_channel& operator=(const abort_channel&) = delete;
+  virtual ~abort_channel() = default;
+  /// Tells every peer that this rank failed, and why. noexcept: trouble stays local.
+  virtual void publish(std::string_view reason) noexcept = 0;
+  /// A peer's failure ("rank r of n aborted the communicator: <reason>"), or "" while there is
+  /// none. Never waits for a peer (it may rate-limit itself and answer "" between looks).
+  virtual std::string poll() = 0;
+};
+
+/// An abort_channel over a host communicator it owns (an mpi_communicator of the bootstrap's
+/// group): publish() aborts it with the reason, which its engine sends to every peer; poll() looks
+/// for a peer's with check(). Use the host communicator for nothing else (its own failures would
+/// read as a peer's).
+template <class Host>
+requires communicator<Host>
+class host_abort_channel final : public abort_channel {
+ public:
+  explicit host_abort_channel(std::unique_ptr<Host> host) : host_(std::move(host)) {
+    expects(host_ != nullptr, "host", "must not be null");
+  }
+  void publish(std::string_view reason) noexcept override { host_->abort(reason); }
+  std::string poll() override {
+    try {
+      host_->check();
+      return {};
+    } catch (const error& e) {
+      return e.reason();
+    }
+  }
+  [[nodiscard]] Host& host() noexcept { return *host_; }
+
+ private:
+  std::unique_ptr<Host> host_;
+};
 
 /// The communicator argument of a coordinator that runs in one process (basic_coordinator's
 /// default): no collectives at all, not even copies.

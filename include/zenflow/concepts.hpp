@@ -277,7 +277,9 @@ concept backend_step_operations =
 ///       `synchronize(event)` and `synchronize(stream)` (the caller waits). When device_space is
 ///       host, `event.query()` says whether the event completed (the stream-order check).
 ///    R7 `current_device()` — the calling thread's device; `bind_device(device)` makes it a worker
-///       thread's.
+///       thread's. Optional: `B::device_scope`, constructible from a device, makes it the calling
+///       thread's for its scope and restores the previous one (every public call of the
+///       coordinator runs under the device current at its construction).
 ///    R8 `copy_async(dst, src, bytes, stream)` — a copy between host and device memory, either way.
 ///    R9 `B::statistics_scratch_bytes` and `step_statistics(matrices, vectors, max_norm, flags,
 ///       flags_host, scratch, stream)` — the global statistics of the step's gradients turned into

@@ -35,6 +35,7 @@
 #include "zenflow/communicator.hpp"
 #include "zenflow/concepts.hpp"
 #include "zenflow/cpu_adam.hpp"
+#include "zenflow/detail/coordinator/agreement.hpp"
 #include "zenflow/detail/coordinator/host_backend.hpp"
 #include "zenflow/detail/coordinator/shared_state.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
@@ -154,6 +155,22 @@ class score_reducer {
   std::shared_ptr<host_stream> stream_;
 };
 
+/// The scope a coordinator's public calls run under: the backend's device_scope (its device
+/// current, the caller's restored after), or nothing for a backend without one.
+template <class Backend>
+struct device_scope_of {
+  struct type {
+    explicit type(int) noexcept {}
+  };
+};
+template <class Backend>
+requires requires {
+  typename Backend::device_scope;
+}
+struct device_scope_of<Backend> {
+  using type = typename Backend::device_scope;
+};
+
 template <class Backend, class Communicator>
 struct coordinator_selector {
   using type = typename Backend::template selector_with<score_reducer<Communicator>>;
@@ -192,7 +209,9 @@ class basic_coordinator {
   using queue_type = typename Backend::queue_type;
 
   /// Validates the options and the config (throws naming the field); starts the worker threads.
-  /// Does not synchronize.
+  /// Does not synchronize. The device current at construction is the coordinator's: every later
+  /// call makes it current for its duration (the caller's is restored), whatever device is current
+  /// when it is made.
   explicit basic_coordinator(const zenflow_options& options,
                              const coordinator_config& config = {}) requires std::same_as<Communicator, single_process>;
   /// One rank of a data-parallel group: `comm` (kept by the caller, outliving the coordinator)
@@ -317,6 +336,7 @@ class basic_coordinator {
 
  private:
   using clock = std::chrono::steady_clock;
+  using device_scope = typename detail::device_scope_of<Backend>::type;
   using device_buffer = typename Backend::device_buffer;
   using event_type = typename Backend::event_type;
 
@@ -412,30 +432,48 @@ class basic_coordinator {
   // State migration (migration.hpp).
   void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
   void setup_buffers(parameter& p, stream_type stream);
+  float* migration_scratch();
 
   // Data parallel (data_parallel.hpp).
   static constexpr bool data_parallel = !std::same_as<Communicator, single_process>;
   [[nodiscard]] std::size_t owned_piece_elements(const parameter& p) const noexcept;
-  void agree_on_registration(stream_type stream);
+  [[nodiscard]] detail::agreement agreement_of(std::int64_t kind, const detail::agreement_position& at) const;
+  [[nodiscard]] detail::agreement_position current_position() const;
+  void agree(const detail::agreement& mine);
+  void refuse_checkpoint(const std::exception_ptr& e);
   void agree_on_gradients(missing_gradients missing, stream_type stream);
   void reduce_gradients(stream_type stream);
   void reduced_statistics(step_flags* flags_dev, step_flags* flags_host_dev, stream_type stream);
   [[nodiscard]] bool any_nonfinite_gradient(stream_type stream);
   template <class T>
-  std::vector<T> all_reduce_to_host(std::span<const T> values, reduce_op op, stream_type stream);
+  std::vector<T> all_reduce_to_host(std::span<const T> values, reduce_op op);
+  template <class Enqueue>
+  void on_control_stream(std::size_t bytes, Enqueue&& enqueue);
+  void collectives_enqueued(stream_type stream);
+  template <class Enqueue>
+  void grouped(Enqueue&& enqueue);
   void fail_peers(const std::exception_ptr& e) noexcept;
 
   // Checkpoints (checkpoint_io.hpp).
   void copy_all_columns(const parameter& p, std::span<std::byte> values, transfer_direction direction,
                         stream_type stream);
+  void read_checkpoint(const std::string& path, stream_type stream, int& stage);
 
+  int device_;  // the device current at construction: every public call runs under it (device_scope)
   zenflow_options options_;
   coordinator_config config_;
   Communicator* comm_ = nullptr;  // data parallel: the caller's communicator
   int rank_ = 0;
   int ranks_ = 1;
-  device_buffer reduce_scratch_;         // data parallel: the statistics' all-reduce (two doubles)
-  device_buffer agreement_buffer_;       // data parallel: all_reduce_to_host's buffer
+  device_buffer reduce_scratch_;    // data parallel: the statistics' all-reduce (two doubles)
+  device_buffer agreement_buffer_;  // data parallel: on_control_stream's buffers (device, pinned host)
+  typename Backend::host_buffer agreement_host_;
+  // Data parallel: the stream of the collectives whose result the host reads (agreement, which
+  // parameters got gradients), so that reading them never waits for the trainer's stream; it runs
+  // them after the trainer stream's collectives enqueued before (collectives_done_).
+  std::unique_ptr<typename Backend::owned_stream> control_stream_;
+  event_type collectives_done_;
+  bool agreed_ = false;                  // data parallel: the ranks compared their records (first step or checkpoint)
   mutable detail::shared_state shared_;  // with the workers: progress counters, first error, stop request
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;
@@ -447,6 +485,7 @@ class basic_coordinator {
   device_buffer flags_dev_[2];
   device_buffer statistics_scratch_;  // the backend's scratch for the step's gradient statistics
   device_buffer unit_flags_dev_;      // scale 1, no skip: gathers during backward and for checkpoints
+  device_buffer migration_scratch_;   // the state of the columns a selection moves (migration_scratch)
   event_type stats_ready_[2];         // the step's flags reached the host (per step parity)
   event_type written_back_[2];        // the interval's scatter is done (per interval parity)
   typename Backend::host_buffer flags_host_[2];

@@ -48,8 +48,8 @@ std::vector<std::byte> make_nccl_unique_id() {
 }
 std::unique_ptr<handle> make_cuda_data_parallel_handle(const zenflow::zenflow_options& options,
                                                        const zenflow::coordinator_config& config,
-                                                       std::span<const std::byte>, int, int,
-                                                       std::chrono::milliseconds) {
+                                                       std::span<const std::byte>, int, int, std::chrono::milliseconds,
+                                                       std::shared_ptr<zenflow::abort_channel>) {
   return make_cuda_handle(options, config);  // throws
 }
 #endif
@@ -226,8 +226,20 @@ class coordinator {
                          "rank, broadcast over the group)");
         const std::string id = nccl_id.cast<std::string>();
         const auto bytes = std::as_bytes(std::span<const char>(id.data(), id.size()));
+        // NCCL cannot tell a peer why a rank failed: the group's Store carries it, under a key
+        // made from the id (the same on every rank, another for each communicator).
+        const py::object group_store =
+            store.is_none()
+                ? py::module_::import("torch.distributed.distributed_c10d").attr("_get_process_group_store")(group)
+                : store;
+        std::uint64_t h = zenflow::detail::fingerprint_basis;
+        for (char x : id) h = zenflow::detail::fingerprint(h, x);
+        auto channel = std::make_shared<store_abort_channel>(
+            c10::intrusive_ptr<c10d::Store>::reclaim_copy(&group_store.cast<c10d::Store&>()),
+            "zenflow/nccl_abort/" + std::to_string(h), pg->getRank(), pg->getSize());
         py::gil_scoped_release release;  // collective: every rank joins the NCCL communicator
-        handle_ = make_cuda_data_parallel_handle(o, c, bytes, pg->getRank(), pg->getSize(), timeout);
+        handle_ =
+            make_cuda_data_parallel_handle(o, c, bytes, pg->getRank(), pg->getSize(), timeout, std::move(channel));
       } else {
         zenflow::expects(!store.is_none(), "store", "must be the process group's Store");
         auto st = c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store.cast<c10d::Store&>());
@@ -380,6 +392,14 @@ class coordinator {
     py::gil_scoped_release release;
     handle_.reset();
   }
+  /// Data parallel: aborts this rank's group with `reason` (the peers fail at once with it), then
+  /// closes without finishing: what a rank exiting after an error does (no collective, no wait for
+  /// a peer that may be gone). One process: close(). Idempotent.
+  void abort(const std::string& reason) {
+    py::gil_scoped_release release;
+    if (handle_ != nullptr) handle_->abort(reason);
+    handle_.reset();
+  }
   bool closed() const { return handle_ == nullptr; }
 
  private:
@@ -451,5 +471,6 @@ PYBIND11_MODULE(_C, m) {
       .def("ranks", &coordinator::ranks)
       .def("owned_columns", &coordinator::owned_columns, py::arg("index"))
       .def("close", &coordinator::close)
+      .def("abort", &coordinator::abort, py::arg("reason"))
       .def("closed", &coordinator::closed);
 }

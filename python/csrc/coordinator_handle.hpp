@@ -56,6 +56,11 @@ class handle {
   [[nodiscard]] virtual int ranks() const noexcept = 0;
   /// [first, last) of the columns of 2-D parameter i whose CPU state this rank holds.
   [[nodiscard]] virtual std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const = 0;
+  /// Data parallel: fails this rank's group on purpose (its communicator is aborted with `reason`,
+  /// which reaches the peers), so that closing the handle waits for no peer and issues no
+  /// collective: what a rank that exits after an error does instead of finish(). One process:
+  /// nothing. The handle is then only to be destroyed. noexcept.
+  virtual void abort(const std::string& reason) noexcept = 0;
 };
 
 /// The handle over one coordinator type (host_coordinator, cuda_coordinator, or a data-parallel
@@ -126,6 +131,10 @@ class coordinator_handle final : public handle {
     const auto r = coordinator_.owned_columns(i);
     return {r.first, r.last};
   }
+  void abort(const std::string& reason) noexcept override {
+    if constexpr (data_parallel) communicator_->abort(reason);
+    (void)reason;
+  }
 
  private:
   stream_type to_stream(void* stream) {
@@ -156,10 +165,12 @@ std::unique_ptr<handle> make_cuda_handle(const zenflow::zenflow_options& options
 std::vector<std::byte> make_nccl_unique_id();
 /// Rank `rank` of `ranks` of a data-parallel group on an nccl_communicator made from `nccl_id`
 /// (the same bytes on every rank), on the current CUDA device. Collective: returns when every rank
-/// joined, or throws after `timeout`.
+/// joined, or throws after `timeout`. `abort_channel` (the process group's Store in the extension;
+/// may be null) carries a failing rank's reason to the others, which fail at once with it.
 std::unique_ptr<handle> make_cuda_data_parallel_handle(const zenflow::zenflow_options& options,
                                                        const zenflow::coordinator_config& config,
                                                        std::span<const std::byte> nccl_id, int rank, int ranks,
-                                                       std::chrono::milliseconds timeout);
+                                                       std::chrono::milliseconds timeout,
+                                                       std::shared_ptr<zenflow::abort_channel> abort_channel);
 
 }  // namespace zenflow_torch

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -78,6 +79,48 @@ inline at::Tensor buffer(at::ScalarType type, std::size_t n) {
   return at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(type).device(at::kCPU));
 }
 
+}  // namespace pg_detail
+
+/// A zenflow::abort_channel on a torch.distributed Store: a failing rank writes "<rank>\n<reason>"
+/// under `key` (the same on every rank, one per communicator); the others look for the key, at most
+/// every 50 ms (a Store call is a round trip to its server). What process_group_communicator and
+/// the NCCL communicator of zenflow.torch's CUDA tensors tell their peers through.
+class store_abort_channel final : public zenflow::abort_channel {
+ public:
+  store_abort_channel(c10::intrusive_ptr<c10d::Store> store, std::string key, int rank, int size)
+      : store_(std::move(store)), key_(std::move(key)), rank_(rank), size_(size) {
+    zenflow::expects(store_.defined(), "store", "must not be None");
+  }
+  void publish(std::string_view reason) noexcept override {
+    try {
+      store_->set(key_, pg_detail::concat(rank_, "\n", std::string(reason)));
+    } catch (...) {
+    }
+  }
+  /// Throws when the Store itself fails.
+  std::string poll() override { return poll(false); }
+  std::string poll(bool force) {
+    const auto now = pg_detail::clock::now();
+    if (!force && now - last_poll_.load() < std::chrono::milliseconds(50)) return {};
+    last_poll_.store(now);
+    if (!store_->check({key_})) return {};
+    const std::string message = store_->get_to_str(key_);
+    const auto newline = message.find('\n');
+    const std::string source = newline == std::string::npos ? "?" : message.substr(0, newline);
+    return pg_detail::concat("rank ", source, " of ", size_, " aborted the communicator: ",
+                             newline == std::string::npos ? message : message.substr(newline + 1));
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string key_;
+  int rank_;
+  int size_;
+  std::atomic<pg_detail::clock::time_point> last_poll_{pg_detail::clock::time_point{}};
+};
+
+namespace pg_detail {
+
 class core {
  public:
   core(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::intrusive_ptr<c10d::Store> store,
@@ -100,7 +143,7 @@ class core {
     options.rootRank = 0;
     auto work = group_->broadcast(tensors, options);
     wait(work, "agreeing on the abort key (a broadcast over the process group)", /*during_setup=*/true);
-    abort_key_ = concat("zenflow/abort/", id.item<std::int64_t>());
+    channel_.emplace(store_, concat("zenflow/abort/", id.item<std::int64_t>()), rank_, size_);
   }
 
   core(const core&) = delete;
@@ -130,8 +173,8 @@ class core {
   /// Store for the peers. The first failure wins. noexcept: any trouble just stays local.
   void fail(const std::string& local, const std::string& to_peers) noexcept {
     try {
-      if (!order_.record_failure(local) || to_peers.empty() || abort_key_.empty()) return;
-      store_->set(abort_key_, concat(rank_, "\n", to_peers));
+      if (!order_.record_failure(local) || to_peers.empty() || !channel_) return;
+      channel_->publish(to_peers);
     } catch (...) {
     }
   }
@@ -218,27 +261,19 @@ class core {
     wait(work, what);
   }
 
-  /// Looks for a peer's abort under the Store key: at most every 50 ms unless `force`.
+  /// Looks for a peer's abort on the Store (store_abort_channel): at most every 50 ms unless `force`.
   void poll_abort(bool force) {
-    if (order_.failed() || abort_key_.empty()) return;
-    const auto now = clock::now();
-    if (!force && now - last_poll_.load() < std::chrono::milliseconds(50)) return;
-    last_poll_.store(now);
+    if (order_.failed() || !channel_) return;
     std::string message;
     try {
-      if (!store_->check({abort_key_})) return;
-      message = store_->get_to_str(abort_key_);
+      message = channel_->poll(force);
     } catch (const std::exception& e) {
       const std::string reason =
           concat("the process group's Store failed on rank ", rank_, " of ", size_, ": ", e.what());
       fail(reason, {});
       return;
     }
-    const auto newline = message.find('\n');
-    const std::string source = newline == std::string::npos ? "?" : message.substr(0, newline);
-    fail(concat("rank ", source, " of ", size_,
-                " aborted the communicator: ", newline == std::string::npos ? message : message.substr(newline + 1)),
-         {});
+    if (!message.empty()) fail(message, {});
   }
 
   /// Polls `work` until it completes, a peer aborts, or the deadline passes; rethrows its error.
@@ -279,8 +314,7 @@ class core {
   std::chrono::milliseconds timeout_;
   int rank_ = 0;
   int size_ = 1;
-  std::string abort_key_;  // empty until every rank agreed on it
-  std::atomic<clock::time_point> last_poll_{clock::time_point{}};
+  std::optional<store_abort_channel> channel_;  // from when every rank agreed on its key
 
   zenflow::detail::call_order order_;
 };

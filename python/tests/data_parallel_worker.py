@@ -67,7 +67,7 @@ def main():
     # Different initial values on every rank: the optimizer copies the first rank's.
     model = make_model(seed=rank).to(device)
     result = {"rank": rank, "ranks": ranks}
-    timeout = 3.0 if scenario == "stall" else 60.0
+    timeout = 3.0 if scenario == "stall" else 60.0  # "abort": far longer than the failure may take
     method = METHOD if scenario == "zenflow" else dict(METHOD, mode="zero_offload")
     opt = ZenFlowAdamW(groups(model), process_group=dist.group.WORLD, timeout=timeout, **HYPER, **method)
     result["owned"] = {n: opt.owned_columns(p) for n, p in model.named_parameters()}
@@ -87,6 +87,20 @@ def main():
             except ZenFlowError as e:
                 result["errors"].append((step, str(e)))
             break
+        if scenario == "abort" and step == 3:
+            # What a rank that exits after an error does instead of finishing: the extension's
+            # abort publishes the reason on the group's Store; the others fail at once with it.
+            start = time.monotonic()
+            if rank == 1:
+                opt._core.abort("rank 1 exits after an error")
+            else:
+                try:
+                    opt.step()
+                    opt.flush()
+                except ZenFlowError as e:
+                    result["errors"].append((step, str(e)))
+            result["seconds"] = time.monotonic() - start
+            break
         try:
             opt.step()
         except ZenFlowError as e:
@@ -98,7 +112,7 @@ def main():
         result.setdefault("d2h", []).append(opt.metrics()["bytes_device_to_host"])
         result.setdefault("params", []).append(cpu(model.parameters()))
         result.setdefault("gpu_columns", []).append([opt.gpu_columns(p) for p in model.parameters()])
-    if scenario != "stall":
+    if scenario not in ("stall", "abort"):
         opt.flush()
         result["final"] = cpu(model.parameters())
         opt.close()
@@ -106,7 +120,7 @@ def main():
     d2h = result.get("d2h", [0])
     print(f"rank {rank} of {ranks} ({scenario}): {len(d2h)} steps, errors {len(result['errors'])}, "
           f"columns {result['owned']}, offloaded {sum(d2h) / len(d2h):.0f} bytes per step", flush=True)
-    if scenario == "stall":
+    if scenario in ("stall", "abort"):
         os._exit(0)  # the failed communicator's threads are not waited for
     dist.destroy_process_group()
 

@@ -139,6 +139,13 @@ def test_a_rank_that_stops_makes_every_rank_fail_with_a_clear_error_not_hang(tmp
     assert len(late) == 1 and "aborted the communicator" in late[0][1], late
 
 
+def test_a_rank_that_aborts_makes_every_rank_fail_at_once_with_its_reason(tmp_path):
+    results = torchrun("abort", tmp_path)
+    errors = results[0]["errors"]
+    assert len(errors) == 1 and "rank 1 of 2 aborted the communicator: rank 1 exits after an error" in errors[0][1], errors
+    assert results[0]["seconds"] < 30.0  # the communicator's timeout is 60 s
+
+
 def test_bad_process_group_arguments_are_rejected():
     model = make_model()
     with pytest.raises(ValueError, match="process_group: torch.distributed is not initialized"):

@@ -509,3 +509,28 @@ TEST_CASE("cuda_coordinator: a checkpoint resumes bit-identically; a truncated o
   CHECK(snapshot(fresh, m) == before);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("pinning: the coordinator's per-step staging is page-locked (cudaHostGetFlags)") {
+  // What the offload and the write-back copy through (every slot of the coordinator's queues,
+  // both directions), the step's flags and the data-parallel agreement's host buffer: a copy from
+  // or into memory that is not page-locked is staged synchronously by the driver (pinning lost).
+  // The host twin counts such copies through the backend interface (tests/unit/test_known_defects.cpp).
+  // Mutation to see this fail on a GPU (compiled, not run): in detail/cuda/memory.cuh,
+  // cuda_host_buffer allocates with `data_ = ::operator new(bytes)` instead of cudaHostAlloc (and
+  // frees with ::operator delete): every slot and the flags are then pageable.
+  for (const auto direction :
+       {zenflow::transfer_direction::device_to_host, zenflow::transfer_direction::host_to_device}) {
+    zenflow::cuda_backend::queue_type queue(direction, std::size_t{1} << 20, 4);
+    std::vector<zenflow::transfer_slot> slots;
+    for (int i = 0; i < 4; ++i) {
+      slots.push_back(queue.acquire());
+      unsigned flags = 0;
+      CHECK(cudaHostGetFlags(&flags, slots.back().data) == cudaSuccess);
+    }
+    for (const auto& slot : slots) queue.release(slot);
+  }
+  zenflow::cuda_backend::host_buffer mapped(256);
+  unsigned flags = 0;
+  REQUIRE(cudaHostGetFlags(&flags, mapped.data()) == cudaSuccess);
+  CHECK((flags & cudaHostAllocMapped) != 0);
+}

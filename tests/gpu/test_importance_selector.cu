@@ -326,7 +326,7 @@ TEST_CASE("device gradient statistics match the host reference") {
          i % 3 == 0   ? dtype::f32
          : i % 3 == 1 ? dtype::bf16
                       : dtype::f16,
-         i % 2 == 0, fill::normal, rng, i % 4 == 3 ? 1 : 0);
+         i % 2 == 0, fill::normal, rng, i % 4 == 3 || i % 8 == 4 ? 1 : 0);
     dev_views.push_back(owned.back()->view);
     host_views.push_back(owned.back()->host_view);
   }
@@ -340,10 +340,12 @@ TEST_CASE("device gradient statistics match the host reference") {
   const zenflow_test::device_buffer out_memory(sizeof(zenflow::gradient_stats_device));
   auto* out = out_memory.data<zenflow::gradient_stats_device>();
   // Tensor i is f32 / bf16 / f16 for i % 3 = 0 / 1 / 2, row-major for even i, with a padded
-  // leading dimension (a gap element per row or column: the strided path) for i % 4 = 3.
+  // leading dimension (a gap element per row or column: the strided path) for i % 4 = 3 (odd,
+  // column-contiguous) and i % 8 = 4 (even, row-major: 4, 12, 20 are bf16, f32, f16).
   REQUIRE(owned[1]->type == dtype::bf16);
   REQUIRE(owned[2]->type == dtype::f16);
-  REQUIRE((owned[7]->type == dtype::bf16 && owned[7]->pad == 1 && owned[7]->row_major));
+  REQUIRE((owned[1]->pad == 0 && owned[2]->pad == 0));
+  REQUIRE((owned[4]->type == dtype::bf16 && owned[4]->pad == 1 && owned[4]->row_major));
   REQUIRE((owned[11]->type == dtype::f16 && owned[11]->pad == 1 && !owned[11]->row_major));
   unsigned long long planted = 0;  // non-finite elements of the views
   for (int round = 0; round < 2; ++round) {
@@ -363,9 +365,9 @@ TEST_CASE("device gradient statistics match the host reference") {
       plant(*owned[2], last(*owned[2]), &f16_nan, 2);
       plant(*owned[2], 50, &f16_max, 2);
       planted += 4;
-      const device_grad& p7 = *owned[7];  // row-major, row stride cols + 1
-      plant(*owned[7], static_cast<std::size_t>(5 * (p7.cols + 1) + 10), &bf16_ninf, 2);
-      plant(*owned[7], static_cast<std::size_t>(3 * (p7.cols + 1) + p7.cols), &bf16_nan, 2);  // gap
+      const device_grad& p4 = *owned[4];  // row-major, row stride cols + 1
+      plant(*owned[4], static_cast<std::size_t>(5 * (p4.cols + 1) + 10), &bf16_ninf, 2);
+      plant(*owned[4], static_cast<std::size_t>(3 * (p4.cols + 1) + p4.cols), &bf16_nan, 2);  // gap
       const device_grad& p11 = *owned[11];  // column-contiguous, column stride rows + 1
       plant(*owned[11], static_cast<std::size_t>(7 * (p11.rows + 1) + 2), &f16_inf, 2);
       plant(*owned[11], static_cast<std::size_t>(2 * (p11.rows + 1) + p11.rows), &f16_nan, 2);  // gap

@@ -6,7 +6,10 @@
 //   - the device-pointer checks: mapped pinned memory where a kernel reads a scalar, device
 //     memory elsewhere, pageable memory nowhere;
 //   - gather/scatter past 2^21 rows (row-major) and 65535 row tiles (column-contiguous), where
-//     blocks walk several row tiles.
+//     blocks walk several row tiles;
+//   - many parameters whose tiles one block walks at different step counts (missing gradients),
+//     each with its own lr and weight decay.
+// Uploads go through zenflow_test::upload (a pageable cudaMemcpy has not landed when it returns).
 #include <zenflow/concepts.hpp>
 #include <zenflow/sparse_adam.cuh>
 #include <zenflow/sparse_adam.hpp>
@@ -21,6 +24,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 namespace {
@@ -37,7 +41,7 @@ struct twin {
   std::vector<std::byte> host;
   zenflow_test::device_buffer dev;
   explicit twin(std::size_t bytes) : host(bytes), dev(bytes) {}
-  void to_device() { ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), host.data(), host.size(), cudaMemcpyHostToDevice)); }
+  void to_device() { zenflow_test::upload(dev.data(), host.data(), host.size()); }
   std::vector<std::byte> from_device() const {
     std::vector<std::byte> out(host.size());
     ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), dev.data(), out.size(), cudaMemcpyDeviceToHost));
@@ -263,22 +267,22 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
 
   // Skips decided on device leave every parameter bitwise unchanged, the counter included.
   const int yes = 1;
-  ZENFLOW_CUDA_TRY(cudaMemcpy(skip.dev.data(), &yes, 4, cudaMemcpyHostToDevice));
+  zenflow_test::upload(skip.dev.data(), &yes, 4);
   device.step(dg, dv, 1.0f, nullptr, skip.dev.data<const int>(), false, stream);
   const float inf = std::numeric_limits<float>::infinity();
-  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.data(), &inf, 4, cudaMemcpyHostToDevice));
+  zenflow_test::upload(scale.dev.data(), &inf, 4);
   device.step(dg, dv, 1.0f, scale.dev.data<const float>(), nullptr, false, stream);
   // A NaN in a selected column of parameter 0 with check_finite, then (restored) a finite value
   // that overflows once scaled by 2, as the CPU Adam's check sees it.
   const std::size_t g0 = 2 * static_cast<std::size_t>(selections[0][0]);  // bf16, row 0
   const zenflow::bfloat16 nan16 = zenflow::to_bfloat16(std::numeric_limits<float>::quiet_NaN());
   const zenflow::bfloat16 huge16 = zenflow::to_bfloat16(3.0e38f);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.data<std::byte>() + g0, &nan16, 2, cudaMemcpyHostToDevice));
+  zenflow_test::upload(grads[0].dev.data<std::byte>() + g0, &nan16, 2);
   device.step(dg, dv, 1.0f, nullptr, nullptr, true, stream);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.data<std::byte>() + g0, &huge16, 2, cudaMemcpyHostToDevice));
+  zenflow_test::upload(grads[0].dev.data<std::byte>() + g0, &huge16, 2);
   device.step(dg, dv, 2.0f, nullptr, nullptr, true, stream);
   const float two = 2.0f;  // the same factor through the device scale: the check must apply it too
-  ZENFLOW_CUDA_TRY(cudaMemcpy(scale.dev.data(), &two, 4, cudaMemcpyHostToDevice));
+  zenflow_test::upload(scale.dev.data(), &two, 4);
   device.step(dg, dv, 1.0f, scale.dev.data<const float>(), nullptr, true, stream);
   // The same factor from mapped pinned memory, read by the non-finite check; then a skip flag
   // there.
@@ -303,7 +307,7 @@ void check_against_host(const zenflow::adam_options& o, int steps, std::uint32_t
   REQUIRE(!unselected.empty());
   const std::size_t at = 2 * static_cast<std::size_t>(unselected[0]);
   std::memcpy(grads[0].host.data() + at, &nan16, 2);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(grads[0].dev.data<std::byte>() + at, &nan16, 2, cudaMemcpyHostToDevice));
+  zenflow_test::upload(grads[0].dev.data<std::byte>() + at, &nan16, 2);
   CHECK(host.step(hg, hv, 1.0f, nullptr, nullptr, true));
   device.step(dg, dv, 1.0f, nullptr, nullptr, true, stream);
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -410,9 +414,9 @@ TEST_CASE("device gather/scatter equal the host versions") {
         src.to_device();
         const auto columns = random_selection(c.cols, 45, rng);
         zenflow_test::device_buffer columns_dev(columns.size() * 4), scale_dev(4);
-        ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.data(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
+        zenflow_test::upload(columns_dev.data(), columns.data(), columns.size() * 4);
         const float scale_value = 0.75f;
-        ZENFLOW_CUDA_TRY(cudaMemcpy(scale_dev.data(), &scale_value, 4, cudaMemcpyHostToDevice));
+        zenflow_test::upload(scale_dev.data(), &scale_value, 4);
         // Every other combination reads the scale from mapped pinned memory.
         zenflow_test::mapped_pinned<float> mapped_scale;
         *mapped_scale.host() = scale_value;
@@ -515,7 +519,7 @@ void check_large_gather_scatter(index_t rows, index_t cols, const std::vector<st
   src.to_device();
   dst.to_device();
   zenflow_test::device_buffer columns_dev(columns.size() * 4);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(columns_dev.data(), columns.data(), columns.size() * 4, cudaMemcpyHostToDevice));
+  zenflow_test::upload(columns_dev.data(), columns.data(), columns.size() * 4);
   zenflow_test::mapped_pinned<float> scale;
   *scale.host() = 0.375f;
   const std::size_t compact_bytes = columns.size() * static_cast<std::size_t>(rows) * 4;
@@ -575,15 +579,15 @@ TEST_CASE("a parameter without a gradient is skipped with its own step count, as
   host.add_vector(zenflow::vector_view{hv.data(), n, dtype::f32}, v);
   zenflow_test::device_buffer dp0(p0.size() * 4), dp1(p1.size() * 4), dv(v.size() * 4), packed_dev(packed0.size() * 4);
   zenflow_test::device_buffer dg0(p0.size() * 4), dg1(p1.size() * 4), dgv(v.size() * 4);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(dp0.data(), p0.data(), p0.size() * 4, cudaMemcpyHostToDevice));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(dp1.data(), p1.data(), p1.size() * 4, cudaMemcpyHostToDevice));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(dv.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  zenflow_test::upload(dp0.data(), p0.data(), p0.size() * 4);
+  zenflow_test::upload(dp1.data(), p1.data(), p1.size() * 4);
+  zenflow_test::upload(dv.data(), v.data(), v.size() * 4);
   zenflow::cuda_sparse_adam device(o);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(packed_dev.data(), packed0.data(), packed0.size() * 4, cudaMemcpyHostToDevice));
+  zenflow_test::upload(packed_dev.data(), packed0.data(), packed0.size() * 4);
   device.add_matrix(zenflow::matrix_view::column_contiguous(dp0.data(), rows, cols, dtype::f32, memory_space::device),
                     all, packed_dev.data<const float>(), stream);
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));
-  ZENFLOW_CUDA_TRY(cudaMemcpy(packed_dev.data(), packed1.data(), packed1.size() * 4, cudaMemcpyHostToDevice));
+  zenflow_test::upload(packed_dev.data(), packed1.data(), packed1.size() * 4);
   device.add_matrix(zenflow::matrix_view::column_contiguous(dp1.data(), rows, cols, dtype::f32, memory_space::device),
                     all, packed_dev.data<const float>(), stream);
   device.add_vector(zenflow::vector_view{dv.data(), n, dtype::f32, memory_space::device}, v, stream);
@@ -597,9 +601,9 @@ TEST_CASE("a parameter without a gradient is skipped with its own step count, as
   for (int s = 0; s < 12; ++s) {
     for (auto* x : {&g0, &g1, &gv})
       for (auto& e : *x) e = noise(rng);
-    ZENFLOW_CUDA_TRY(cudaMemcpy(dg0.data(), g0.data(), g0.size() * 4, cudaMemcpyHostToDevice));
-    ZENFLOW_CUDA_TRY(cudaMemcpy(dg1.data(), g1.data(), g1.size() * 4, cudaMemcpyHostToDevice));
-    ZENFLOW_CUDA_TRY(cudaMemcpy(dgv.data(), gv.data(), gv.size() * 4, cudaMemcpyHostToDevice));
+    zenflow_test::upload(dg0.data(), g0.data(), g0.size() * 4);
+    zenflow_test::upload(dg1.data(), g1.data(), g1.size() * 4);
+    zenflow_test::upload(dgv.data(), gv.data(), gv.size() * 4);
     auto view = [&](bool given, const void* data) {
       return given ? zenflow::const_matrix_view::column_contiguous(data, rows, cols, dtype::f32)
                    : zenflow::const_matrix_view{};
@@ -633,4 +637,133 @@ TEST_CASE("a parameter without a gradient is skipped with its own step count, as
   CHECK(host.step_count(0) == 8);
   CHECK(host.step_count(1) == 6);
   CHECK(host.step_count(2) == 9);
+}
+
+TEST_CASE("many parameters over many blocks: per-parameter step counts, lr and weight decay, as on the host") {
+  // 40 parameters whose tiles add up to more than 4x the blocks of 256 threads the device can keep
+  // resident, so every block of the persistent grid walks tiles of several parameters. They miss
+  // their gradient in different steps (their step counts, hence their bias corrections, differ
+  // from one parameter to the next, including between the parameters one block walks), and each
+  // has its own lr and weight decay (parameter groups). Device and host must agree on every state
+  // value (within the device's last-bit pow difference) and on every count.
+  // Mutations this test is to be seen failing on a GPU (compiled here, not run):
+  //   1. kernels.cuh, sparse_adam_step_kernel: delete the __syncthreads() before thread 0 counts
+  //      the block done (a block's lagging warps then read step counts the grid's last block
+  //      already advanced, and a barrier inside the tile loop is reached by some warps only);
+  //      also run under `compute-sanitizer --tool synccheck`;
+  //   2. kernels.cuh: hand set_lr_and_weight_decay ctl.options.lr and ctl.options.weight_decay
+  //      instead of the parameter's d.lr and d.weight_decay.
+  const long long resident = zenflow_test::max_resident_blocks(sa::kThreads);
+  const int count = 40, vectors = 4, steps = 12;
+  const index_t rows = 1024;
+  const index_t k = std::max<index_t>(2, (4 * resident / count + 1) * sa::kTile / rows);
+  // Parameter i misses its gradient every (2 + i % 5)-th step, phase-shifted by i: 6 distinct step
+  // counts over the 44 parameters (6 to 11 of 12), neighbours differ; the last step has them all.
+  const auto has = [](int i, int s) { return (s + i) % (2 + i % 5) != 0 || s == 11; };
+  std::mt19937 rng(41);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  zenflow::adam_options base;
+  base.lr = 1e-3f;
+  base.weight_decay = 0.01f;
+  zenflow::host_sparse_adam host(base);
+  zenflow::cuda_sparse_adam device(base);
+  zenflow_test::cuda_stream owned;
+  const cudaStream_t stream = owned.get();
+  struct parameter {
+    index_t cols;
+    bool row_major;
+    std::vector<float> host_values, grad;
+    zenflow_test::device_buffer values, grad_dev;
+  };
+  std::vector<parameter> ps(static_cast<std::size_t>(count + vectors));
+  std::int64_t tiles = 0;
+  for (int i = 0; i < count + vectors; ++i) {
+    auto& p = ps[static_cast<std::size_t>(i)];
+    const bool vector = i >= count;
+    p.cols = vector ? 1 : k + 1 + i % 5;
+    p.row_major = !vector && i % 3 == 0;
+    const std::size_t n = static_cast<std::size_t>(rows * p.cols);
+    p.host_values.resize(n);
+    for (auto& x : p.host_values) x = noise(rng);
+    p.grad.resize(n);
+    p.values = zenflow_test::device_buffer(n * 4);
+    p.grad_dev = zenflow_test::device_buffer(n * 4);
+    zenflow_test::upload(p.values.data(), p.host_values.data(), n * 4);
+    const matrix_case c{rows, p.cols, k, p.row_major, dtype::f32, dtype::f32};
+    if (vector) {
+      const std::vector<float> master = p.host_values;
+      host.add_vector(zenflow::vector_view{p.host_values.data(), rows, dtype::f32}, master);
+      device.add_vector(zenflow::vector_view{p.values.data(), rows, dtype::f32, memory_space::device}, master, stream);
+      tiles += (rows + sa::kTile - 1) / sa::kTile;
+    } else {
+      const auto selection = random_selection(p.cols, k, rng);
+      std::vector<float> packed(static_cast<std::size_t>(3 * rows * k));
+      for (index_t j = 0; j < k; ++j)
+        for (index_t r = 0; r < rows; ++r) {
+          const index_t col = selection[static_cast<std::size_t>(j)];
+          packed[sa::packed_index(rows, j, 0, r)] =
+              p.host_values[static_cast<std::size_t>(p.row_major ? r * p.cols + col : col * rows + r)];
+          packed[sa::packed_index(rows, j, 1, r)] = 0.01f * noise(rng);
+          packed[sa::packed_index(rows, j, 2, r)] = 1e-4f * std::fabs(noise(rng));
+        }
+      zenflow_test::device_buffer packed_dev(packed.size() * 4);
+      zenflow_test::upload(packed_dev.data(), packed.data(), packed.size() * 4);
+      host.add_matrix(make_view(p.host_values.data(), c, dtype::f32, memory_space::host, p.row_major), selection,
+                      packed);
+      device.add_matrix(make_view(p.values.data(), c, dtype::f32, memory_space::device, p.row_major), selection,
+                        packed_dev.data<const float>(), stream);
+      ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // packed_dev goes out of scope
+      tiles += (rows * k + sa::kTile - 1) / sa::kTile;
+    }
+    zenflow::adam_options own = base;
+    own.lr = 1e-3f * static_cast<float>(1 + i % 7);
+    own.weight_decay = 0.02f * static_cast<float>(i % 4);
+    host.set_options(static_cast<std::size_t>(i), own);
+    device.set_options(static_cast<std::size_t>(i), own);
+  }
+  REQUIRE(tiles > 4 * resident);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<zenflow::const_matrix_view> hm, dm;
+    std::vector<zenflow::const_vector_view> hv, dv;
+    for (int i = 0; i < count + vectors; ++i) {
+      auto& p = ps[static_cast<std::size_t>(i)];
+      const bool given = has(i, s);
+      if (given) {
+        for (auto& g : p.grad) g = 0.1f * noise(rng);
+        zenflow_test::upload(p.grad_dev.data(), p.grad.data(), p.grad.size() * 4);
+      }
+      const matrix_case c{rows, p.cols, k, p.row_major, dtype::f32, dtype::f32};
+      if (i >= count) {
+        hv.push_back(given ? zenflow::const_vector_view{p.grad.data(), rows, dtype::f32}
+                           : zenflow::const_vector_view{});
+        dv.push_back(given ? zenflow::const_vector_view{p.grad_dev.data(), rows, dtype::f32, memory_space::device}
+                           : zenflow::const_vector_view{});
+      } else {
+        // The gradient in the other layout for every other parameter.
+        const bool layout = i % 2 == 0 ? p.row_major : !p.row_major;
+        hm.push_back(given ? make_view(p.grad.data(), c, dtype::f32, memory_space::host, layout)
+                           : zenflow::const_matrix_view{});
+        dm.push_back(given ? make_view(p.grad_dev.data(), c, dtype::f32, memory_space::device, layout)
+                           : zenflow::const_matrix_view{});
+      }
+    }
+    CHECK(host.step(hm, hv));
+    device.step(dm, dv, 1.0f, nullptr, nullptr, false, stream);
+    ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the gradients are refilled next step
+  }
+  CHECK(device.step_count() == steps);
+  std::set<std::int64_t> distinct;
+  for (int i = 0; i < count + vectors; ++i) {
+    CAPTURE(i);
+    const auto u = static_cast<std::size_t>(i);
+    CHECK(device.step_count(u) == host.step_count(u));
+    distinct.insert(host.step_count(u));
+    std::vector<float> hs(static_cast<std::size_t>(3 * rows * host.k(u))), ds(hs.size());
+    host.export_state(u, hs);
+    device.export_state(u, ds);
+    std::int64_t worst = 0;
+    for (std::size_t e = 0; e < hs.size(); ++e) worst = std::max(worst, ulps(hs[e], ds[e]));
+    CHECK(worst <= 1);
+  }
+  CHECK(distinct.size() == 6);  // the parameters did step at different counts (6 to 11)
 }

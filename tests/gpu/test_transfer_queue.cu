@@ -106,7 +106,7 @@ TEST_CASE("slot-level use: order, sizes, release, the legacy default stream") {
   device_buffer dev(3 * MiB);
   std::vector<std::byte> src(3 * MiB);
   fill_pattern(src.data(), src.size(), 42);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(dev.data(), src.data(), src.size(), cudaMemcpyHostToDevice));
+  zenflow_test::upload(dev.data(), src.data(), src.size());
   const auto* d = static_cast<const std::byte*>(dev.data());
   for (int round = 0; round < 3; ++round) {
     auto s0 = q.acquire();
@@ -136,7 +136,7 @@ TEST_CASE("both directions at once") {
   fill_pattern(up_src.data(), bytes, 1);
   fill_pattern(down_src.data(), bytes, 2);
   device_buffer up_dev(bytes), down_dev(bytes);
-  ZENFLOW_CUDA_TRY(cudaMemcpy(down_dev.data(), down_src.data(), bytes, cudaMemcpyHostToDevice));
+  zenflow_test::upload(down_dev.data(), down_src.data(), bytes);
   cuda_stream s1, s2;
   cuda_transfer_queue up(h2d, 8 * MiB, 2, pinned_allocation::write_combined), down(d2h, 8 * MiB, 2);
   std::thread uploader([&] { zenflow::pipelined_copy_to_device(up, up_dev.data(), up_src.data(), bytes, s1.get()); });
@@ -158,6 +158,8 @@ TEST_CASE("a copy completes while a longer kernel still runs on another stream")
       mapped_flags flags;
       cuda_stream kernel_stream, caller;
       device_buffer dev(bytes);
+      ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, bytes));  // copied out below (initcheck)
+      ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
       cuda_transfer_queue q(direction, bytes, 2);
       const cudaStream_t spin_stream = legacy ? cudaStream_t{nullptr} : kernel_stream.get();
       spin_until_flag<<<1, 1, 0, spin_stream>>>(flags.device, flags.device + 1, 10'000'000'000ull);  // 10 s cap
@@ -255,6 +257,8 @@ TEST_CASE("a host_to_device copy is ordered after the caller's earlier work") {
 
 TEST_CASE("destroying a queue with copies in flight waits for them") {
   device_buffer dev(64 * MiB);
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, 64 * MiB));  // copied out below (initcheck)
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
   cuda_stream caller;
   for (auto direction : {d2h, h2d}) {
     CAPTURE(static_cast<int>(direction));
@@ -294,6 +298,8 @@ TEST_CASE("errors: a failed CUDA call throws cuda_error; bad arguments throw bef
   cuda_transfer_queue q(d2h, 1 * MiB, 2);
   auto slot = q.acquire();
   device_buffer dev(2 * MiB);
+  ZENFLOW_CUDA_TRY(cudaMemset(dev.data(), 0, 2 * MiB));  // copied out below (initcheck)
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());             // `caller` is non-blocking
   CHECK_THROWS_AS(q.submit_device_to_host(slot, dev.data(), 1 * MiB + 1, caller.get()), zenflow::error);
   q.submit_device_to_host(slot, dev.data(), 1 * MiB, caller.get());  // the slot was left usable
   q.release(q.next());

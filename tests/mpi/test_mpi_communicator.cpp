@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -402,6 +403,24 @@ TEST_CASE("abort(reason): the peers fail at once with the reason, long before th
            contains(message, "all_reduce called after the communicator failed: rank 0 of ")));
     CHECK(contains(message, "aborted the communicator: bad input: gradient 3 has 5 rows, expected 4"));
     CHECK(std::chrono::steady_clock::now() - start < 15s);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("host_abort_channel: a rank's published reason reaches every peer's poll, without a collective") {
+  // What the NCCL communicator of the multi-rank GPU tests is bootstrapped with: NCCL has no
+  // channel of its own, so its watchdog polls this one.
+  auto channel = std::make_shared<zenflow::host_abort_channel<mpi_communicator>>(
+      std::make_unique<mpi_communicator>(MPI_COMM_WORLD, test_options()));
+  CHECK(channel->poll().empty());
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto start = std::chrono::steady_clock::now();
+  if (world_rank() == 1) {
+    channel->publish("rank 1 lost its GPU");
+  } else {
+    std::string message;
+    while (message.empty() && std::chrono::steady_clock::now() - start < 10s) message = channel->poll();
+    CHECK(message == "rank 1 of " + std::to_string(world_size()) + " aborted the communicator: rank 1 lost its GPU");
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

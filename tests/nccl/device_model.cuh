@@ -15,16 +15,15 @@
 
 namespace zenflow_test {
 
-struct device_model {
-  data_parallel_model host;
+template <int Scale>
+struct basic_device_model {
+  basic_data_parallel_model<Scale> host;
   device_vector<zenflow::bfloat16> w1{host.w1}, g1{host.g1};
   device_vector<float> w2{host.w2}, g2{host.g2}, b{host.b}, gb{host.gb};
 
-  // A pageable upload may return before its DMA landed, on the legacy stream, which a
-  // non-blocking stream does not wait for.
-  device_model() { ZENFLOW_CUDA_TRY(cudaDeviceSynchronize()); }
-  device_model(const device_model&) = delete;
-  device_model& operator=(const device_model&) = delete;
+  basic_device_model() = default;  // device_vector's uploads have landed when it is constructed
+  basic_device_model(const basic_device_model&) = delete;
+  basic_device_model& operator=(const basic_device_model&) = delete;
 
   template <class C>
   void register_with(C& c, const std::string& first_name = "w1") {
@@ -34,6 +33,11 @@ struct device_model {
   /// the coordinator's own streams may still read the previous step's gradients.
   void make_gradients(int t, int rank, int ranks, cudaStream_t stream) {
     host.make_gradients(t, rank, ranks);
+    upload_gradients(stream);
+  }
+  /// host.make_rank_specific_gradients, uploaded on `stream`.
+  void make_rank_specific_gradients(int t, int rank, int ranks, cudaStream_t stream) {
+    host.make_rank_specific_gradients(t, rank, ranks);
     upload_gradients(stream);
   }
   void upload_gradients(cudaStream_t stream) {
@@ -58,5 +62,7 @@ struct device_model {
     return host.bytes();
   }
 };
+
+using device_model = basic_device_model<1>;
 
 }  // namespace zenflow_test

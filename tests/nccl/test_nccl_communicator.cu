@@ -1,6 +1,7 @@
 // nccl_communicator with one rank on one GPU: every collective of every element type (with one
 // rank each is a copy: the wiring of types, ops and in-place layouts), the argument checks,
-// abort, the bootstrap helpers, and an initialization that a missing rank never completes.
+// abort, the bootstrap helpers, an initialization that a missing rank never completes, the abort
+// channel (both ways) and groups of collectives.
 #include <zenflow/nccl_communicator.cuh>
 
 #include <doctest/doctest.h>
@@ -8,7 +9,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../support/cuda_test_utils.cuh"
@@ -136,4 +140,67 @@ TEST_CASE("bootstrap: the id's bytes round-trip; a host communicator or a broadc
   nccl_communicator b(shared, 0, 1);
   a.check();
   b.check();
+}
+
+namespace {
+
+/// An abort channel in this process: what poll() returns is set by the test, publish() is recorded.
+struct scripted_channel final : zenflow::abort_channel {
+  std::mutex mutex;
+  std::string incoming;
+  std::vector<std::string> published;
+  void publish(std::string_view reason) noexcept override {
+    std::lock_guard lock(mutex);
+    published.emplace_back(reason);
+  }
+  std::string poll() override {
+    std::lock_guard lock(mutex);
+    return incoming;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("one rank: the abort channel carries this rank's reason out and a peer's failure in, at once") {
+  zenflow::nccl_communicator_options options;
+  options.timeout = 60s;  // a failure seen only at the timeout would fail the elapsed-time checks
+  auto in = std::make_shared<scripted_channel>();
+  options.abort_channel = in;
+  nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1, options);
+  comm.check();
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(in->mutex);
+    in->incoming = "rank 3 of 4 aborted the communicator: disk full";
+  }
+  // The watchdog polls the channel; so does check().
+  std::string message;
+  while (message.empty() && std::chrono::steady_clock::now() - start < 10s) message = error_of([&] { comm.check(); });
+  CHECK(message == "zenflow: nccl_communicator: rank 3 of 4 aborted the communicator: disk full");
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK(comm.native_handle() == nullptr);  // aborted
+  CHECK(in->published.empty());            // a peer's failure is not sent back
+  auto out = std::make_shared<scripted_channel>();
+  options.abort_channel = out;
+  nccl_communicator other(zenflow::nccl_unique_id(), 0, 1, options);
+  other.abort("bad input");
+  REQUIRE(out->published.size() == 1);
+  CHECK(out->published[0] == "bad input");
+}
+
+TEST_CASE("one rank: a group of collectives is one launch, with the results of the single calls") {
+  nccl_communicator comm(zenflow::nccl_unique_id(), 0, 1);
+  zenflow_test::cuda_stream s;
+  device_vector<float> a(pattern<float>(300, 0.0)), b(pattern<float>(300, 5.0)), c(pattern<float>(300, 9.0));
+  comm.group_start();
+  comm.all_reduce(a.cspan(), b.span(), reduce_op::sum, s.get());
+  comm.group_start();  // nested: launched by the outer group_end
+  comm.all_gather(a.cspan(), c.span(), s.get());
+  comm.group_end();
+  comm.group_end();
+  s.synchronize();
+  CHECK(same_bits(b.download(), pattern<float>(300, 0.0)));
+  CHECK(same_bits(c.download(), pattern<float>(300, 0.0)));
+  CHECK(contains(error_of([&] { comm.group_end(); }), "group_end: called without a matching group_start"));
+  comm.check();
 }

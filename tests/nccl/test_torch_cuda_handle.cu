@@ -49,7 +49,7 @@ TEST_CASE("zenflow.torch's CUDA handle on NCCL (one rank) equals its one-process
   const zenflow::coordinator_config config;
   const std::vector<std::byte> id = zenflow_torch::make_nccl_unique_id();
   REQUIRE(id.size() == 128);
-  const auto dp = zenflow_torch::make_cuda_data_parallel_handle(options, config, id, 0, 1, 60s);
+  const auto dp = zenflow_torch::make_cuda_data_parallel_handle(options, config, id, 0, 1, 60s, nullptr);
   const auto one = zenflow_torch::make_cuda_handle(options, config);
   CHECK(std::string(dp->backend()) == "cuda");
   CHECK(dp->ranks() == 1);
@@ -79,9 +79,11 @@ TEST_CASE("zenflow.torch's CUDA handle on NCCL (one rank) equals its one-process
 TEST_CASE("zenflow.torch's CUDA handle on NCCL: a wrong id or rank is rejected") {
   const auto options = zenflow_test::data_parallel_test_options(0.0f);
   const std::vector<std::byte> id(100);
-  CHECK(contains(error_of([&] { (void)zenflow_torch::make_cuda_data_parallel_handle(options, {}, id, 0, 1, 5s); }),
-                 "an ncclUniqueId has 128 bytes, got 100"));
+  CHECK(contains(
+      error_of([&] { (void)zenflow_torch::make_cuda_data_parallel_handle(options, {}, id, 0, 1, 5s, nullptr); }),
+      "an ncclUniqueId has 128 bytes, got 100"));
   const std::vector<std::byte> good = zenflow_torch::make_nccl_unique_id();
-  CHECK(contains(error_of([&] { (void)zenflow_torch::make_cuda_data_parallel_handle(options, {}, good, 1, 1, 5s); }),
-                 "rank: must be in [0, 1), got 1"));
+  CHECK(contains(
+      error_of([&] { (void)zenflow_torch::make_cuda_data_parallel_handle(options, {}, good, 1, 1, 5s, nullptr); }),
+      "rank: must be in [0, 1), got 1"));
 }

@@ -23,12 +23,23 @@ using cuda_stream = zenflow::detail::cuda_stream;
 /// Owning event, created with its flags on first use (cudaEventDefault: a timing event).
 using cuda_event = zenflow::detail::cuda_event;
 
+/// Copies `bytes` from host memory to device memory and returns once they are there. A pageable
+/// cudaMemcpy returns as soon as the source is staged, before its DMA landed, on the legacy stream,
+/// which work on a non-blocking stream does not wait for: a kernel enqueued there next could read
+/// the old bytes. Hence the device-wide synchronization (tests only: uploads are not timed).
+inline void upload(void* device_dst, const void* host_src, std::size_t bytes) {
+  ZENFLOW_CUDA_TRY(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+  ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+}
+
 /// A device copy of a host vector: span()/cspan() for the device, download() back to the host.
+/// The upload has landed when the constructor returns (upload()), whatever stream reads it next.
 template <class T>
 struct device_vector {
   explicit device_vector(const std::vector<T>& values) : n(values.size()), buffer(values.size() * sizeof(T)) {
-    ZENFLOW_CUDA_TRY(cudaMemcpy(buffer.data(), values.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    upload(buffer.data(), values.data(), n * sizeof(T));
   }
+  /// Reads the device copy back; the caller first synchronizes the stream that last wrote it.
   std::vector<T> download() const {
     std::vector<T> out(n);
     ZENFLOW_CUDA_TRY(cudaMemcpy(out.data(), buffer.data(), n * sizeof(T), cudaMemcpyDeviceToHost));

@@ -135,6 +135,15 @@ struct basic_harness {
   Coordinator coordinator;
 
   basic_harness(const zenflow_options& o, coordinator_config config = small_config()) : coordinator(o, config) {
+    register_model();
+  }
+  /// One rank of a data-parallel group on `comm`.
+  template <class Communicator>
+  basic_harness(const zenflow_options& o, coordinator_config config, Communicator& comm)
+      : coordinator(comm, o, config) {
+    register_model();
+  }
+  void register_model() {
     for (std::size_t i = 0; i < model.weights.size(); ++i) {
       auto& w = model.weights[i];
       coordinator.register_parameter("w" + std::to_string(i), w.view(),

@@ -8,7 +8,13 @@
 //   - selected (GPU) gradients never clipped;
 //   - PCIe traffic other than the unselected columns' gradients and the CPU columns' parameters;
 //   - "auto" update interval dividing by zero;
-//   - synchronizations of the trainer's stream on every step.
+//   - synchronizations of the trainer's stream on every step;
+//   - two writers of the fp32 master at once (a CPU update and a reselection's migration);
+//   - pinning lost (a per-step copy between device memory and pageable host memory);
+//   - a hang when a selection is empty (DeepSpeed's PR 8012): a data-parallel rank owning none
+//     of a parameter's CPU columns, or a parameter without a selection, must still make every
+//     collective its peers make (multi-rank: tests/mpi/test_coordinator_data_parallel.cpp).
+#include <zenflow/communicator.hpp>
 #include <zenflow/coordinator.hpp>
 #include <zenflow/sparse_adam.hpp>
 
@@ -20,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -66,6 +74,85 @@ struct slow_offload_backend : host_backend {
   static void wait(stream_type stream, const event_type& event) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
     host_backend::wait(stream, event);
+  }
+};
+
+// A CPU optimizer whose updates take a while and that counts every access to its state for
+// writing (migration, checkpoint load) made while an update runs on another thread: two writers
+// of the fp32 master at once.
+struct watched_cpu_adam : cpu_adam {
+  using cpu_adam::cpu_adam;
+  static inline std::atomic<int> updating{0};
+  static inline std::atomic<int> overlaps{0};
+  cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
+    ++updating;
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    const auto result = cpu_adam::step(tasks, grad_scale, check_finite);
+    --updating;
+    return result;
+  }
+  std::span<float> params(std::size_t t) { return note(cpu_adam::params(t)); }
+  std::span<float> exp_avg(std::size_t t) { return note(cpu_adam::exp_avg(t)); }
+  std::span<float> exp_avg_sq(std::size_t t) { return note(cpu_adam::exp_avg_sq(t)); }
+  std::span<const float> params(std::size_t t) const { return cpu_adam::params(t); }
+
+ private:
+  static std::span<float> note(std::span<float> state) {
+    if (updating.load() > 0) ++overlaps;
+    return state;
+  }
+};
+
+// The host backend, telling "device" memory (device_buffer), pinned host memory (host_buffer)
+// and everything else (pageable) apart, and counting copies between device and pageable memory:
+// on a GPU such a copy is staged synchronously through a driver buffer (pinning lost).
+struct pinning_backend : host_backend {
+  static inline std::mutex mutex;
+  static inline std::map<const std::byte*, std::pair<std::size_t, bool>> ranges;  // start: bytes, pinned
+  static inline std::atomic<int> pageable_copies{0};
+
+  static void add(const std::byte* p, std::size_t bytes, bool pinned) {
+    if (p == nullptr) return;
+    std::lock_guard lock(mutex);
+    ranges[p] = {bytes, pinned};
+  }
+  static void drop(const std::byte* p) {
+    if (p == nullptr) return;
+    std::lock_guard lock(mutex);
+    ranges.erase(p);
+  }
+  // 0: pageable host memory, 1: device memory, 2: pinned host memory.
+  static int kind(const void* address) {
+    const auto* p = static_cast<const std::byte*>(address);
+    std::lock_guard lock(mutex);
+    auto it = ranges.upper_bound(p);
+    if (it == ranges.begin()) return 0;
+    --it;
+    if (p >= it->first + it->second.first) return 0;
+    return it->second.second ? 2 : 1;
+  }
+  template <class Base, bool Pinned>
+  class tracked : public Base {
+   public:
+    tracked() = default;
+    explicit tracked(std::size_t bytes) : Base(bytes) { add(this->data(), bytes, Pinned); }
+    tracked(tracked&&) noexcept = default;
+    tracked& operator=(tracked&& other) noexcept {
+      if (this != &other) {
+        drop(this->data());
+        Base::operator=(std::move(other));
+      }
+      return *this;
+    }
+    ~tracked() { drop(this->data()); }
+  };
+  using device_buffer = tracked<host_backend::device_buffer, false>;
+  using host_buffer = tracked<host_backend::host_buffer, true>;
+
+  static void copy_async(void* dst, const void* src, std::size_t bytes, stream_type stream) {
+    const int to = kind(dst), from = kind(src);
+    if ((to == 1 && from == 0) || (from == 1 && to == 0)) ++pageable_copies;
+    host_backend::copy_async(dst, src, bytes, stream);
   }
 };
 
@@ -427,4 +514,58 @@ TEST_CASE("defect: the trainer's stream synchronized on every step") {
   }
   h.finish();
   counting_backend::trainer = nullptr;
+}
+
+TEST_CASE("defect: two writers of the fp32 master at once (a CPU update and a reselection's migration)") {
+  // A reselection moves the state of the columns that enter and leave the selection in and out
+  // of the CPU optimizer; an asynchronous CPU update of the same tensors may still run then. The
+  // migration must wait for it (and write its result back first), or both write the fp32 master,
+  // m and v of the same columns at once. The CPU updates here take 15 ms, so an unfinished one is
+  // running at every reselection.
+  auto o = base_options();
+  o.select_interval = interval_option::fixed(3);
+  watched_cpu_adam::overlaps = 0;
+  basic_harness<basic_coordinator<host_backend, watched_cpu_adam>> h(o);
+  int reselections = 0;
+  for (int s = 0; s < 20; ++s) {
+    h.train(1);
+    reselections += h.coordinator.metrics().reselected;
+  }
+  h.finish();
+  CHECK(reselections >= 5);
+  CHECK(watched_cpu_adam::overlaps.load() == 0);
+}
+
+TEST_CASE("defect: pinning lost (a per-step copy between device memory and pageable host memory)") {
+  // Between selections a step copies nothing through pageable host memory: the offload and the
+  // write-back go through the pinned slots of the transfer queues, the step's flags are written
+  // into mapped pinned memory, and (data parallel) the agreement on which parameters got
+  // gradients goes through a pinned buffer. The GPU half (cudaHostGetFlags on those buffers) is
+  // in tests/gpu/test_transfer_queue.cu.
+  auto o = base_options();
+  o.select_interval = interval_option::fixed(6);
+  auto run = [&](auto& h) {
+    int checked = 0;
+    for (int s = 0; s < 14; ++s) {
+      h.backward();
+      pinning_backend::pageable_copies = 0;
+      for (std::size_t i = 0; i <= h.model.weights.size(); ++i) h.submit(i);
+      h.coordinator.step(&h.stream);
+      INFO("step " << s);
+      if (s == 0 || h.coordinator.metrics().reselected) continue;
+      ++checked;
+      CHECK(pinning_backend::pageable_copies.load() == 0);
+    }
+    h.finish();
+    CHECK(checked >= 10);
+  };
+  SUBCASE("one process") {
+    basic_harness<basic_coordinator<pinning_backend>> h(o);
+    run(h);
+  }
+  SUBCASE("one rank of a data-parallel group") {
+    self_communicator comm;
+    basic_harness<basic_coordinator<pinning_backend, cpu_adam, self_communicator>> h(o, harness::small_config(), comm);
+    run(h);
+  }
 }

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "zenflow/communicator.hpp"
+#include "zenflow/detail/cuda/memory.cuh"
 #include "zenflow/error.hpp"
 #include "zenflow/types.hpp"
 
@@ -48,22 +49,7 @@ inline std::string result_text(ncclResult_t result, ncclComm_t comm) {
 }
 
 /// Makes `device` current for its scope; restores the previous device.
-class device_guard {
- public:
-  explicit device_guard(int device) : device_(device) {
-    ZENFLOW_CUDA_TRY(cudaGetDevice(&previous_));
-    if (previous_ != device_) ZENFLOW_CUDA_TRY(cudaSetDevice(device_));
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() {
-    if (previous_ != device_) ZENFLOW_CUDA_ASSERT(cudaSetDevice(previous_));
-  }
-
- private:
-  int device_;
-  int previous_ = 0;
-};
+using device_guard = detail::cuda_device_scope;
 
 }  // namespace detail::nccl
 

@@ -271,6 +271,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::copy_all_columns(c
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(const std::string& path,
                                                                               stream_type stream) {
+  const device_scope scope(device_);
   rethrow_worker_error();
   for (const auto& p : params_)
     expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
@@ -364,9 +365,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(const std::string& path,
-                                                                              stream_type stream) {
-  rethrow_worker_error();
+void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(const std::string& path,
+                                                                              stream_type stream, int& stage) {
+  // (load_checkpoint, in data_parallel.hpp, frames this for the data-parallel agreement.)
   expects(!started_ && step_ == 0, "load_checkpoint",
           "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
   // Parse and validate everything first: nothing changes unless the whole file is good, and what
@@ -530,8 +531,18 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(co
   expects(unselected_with_gpu_steps == 0, "checkpoint",
           "holds a GPU step count for a 2-D parameter without a selection");
   expects(cpu_columns > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
+  if constexpr (data_parallel) {
+    detail::agreement_position at{step, started, interval.index, interval.first_step, target, pending};
+    at.cpu_steps = host_steps;
+    at.gpu_steps = device_steps;
+    for (const auto& x : saved) at.add(x.selection, x.adam.lr, x.adam.weight_decay, x.host_steps, x.device_steps);
+    stage = 1;
+    agree(agreement_of(detail::agreement::checkpoint, at));
+  }
 
   // Apply.
+  stage = 2;
+  agreed_ = true;
   started_ = started;
   step_ = step;
   interval_ = interval;

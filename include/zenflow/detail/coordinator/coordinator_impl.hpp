@@ -62,7 +62,8 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator
 basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(private_tag, Communicator* comm,
                                                                            const zenflow_options& options,
                                                                            const coordinator_config& config)
-    : options_(validated(options)),
+    : device_(Backend::current_device()),
+      options_(validated(options)),
       config_(validated(config)),
       comm_(comm),
       host_opt_(make_host_optimizer(options.adam, config)),
@@ -77,6 +78,7 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
     expects(ranks_ >= 1 && rank_ >= 0 && rank_ < ranks_, "comm", "reports rank ", rank_, " of ", ranks_);
     comm_->check();
     reduce_scratch_ = device_buffer(2 * sizeof(double));
+    control_stream_ = std::make_unique<typename Backend::owned_stream>();
   }
   statistics_scratch_ = device_buffer(Backend::statistics_scratch_bytes);
   unit_flags_dev_ = device_buffer(sizeof(step_flags));
@@ -87,11 +89,10 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
   flags_dev_[1] = device_buffer(sizeof(step_flags));
   flags_host_[0] = typename Backend::host_buffer(sizeof(step_flags));
   flags_host_[1] = typename Backend::host_buffer(sizeof(step_flags));
-  // The workers use the device current here (a process may drive one GPU per coordinator).
-  const int device = Backend::current_device();
-  offload_.start(device);
+  // The workers use the coordinator's device (a process may drive one GPU per coordinator).
+  offload_.start(device_);
   try {
-    update_.start(device);
+    update_.start(device_);
   } catch (...) {
     stop_workers();  // a joinable std::thread must not be destroyed during unwinding
     throw;
@@ -100,6 +101,11 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 basic_coordinator<Backend, HostOptimizer, Communicator>::~basic_coordinator() {
+  std::optional<device_scope> scope;
+  try {
+    scope.emplace(device_);
+  } catch (...) {  // the events and buffers below are then released on whatever device is current
+  }
   stop_workers();
   // Copies still in flight (a worker that died with chunks submitted) read or write the
   // parameters' staging buffers, which are destroyed before the queues: wait for them first.
@@ -213,6 +219,7 @@ std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::cpu_step_c
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::gpu_step_count(std::size_t i) const {
+  const device_scope scope(device_);
   const parameter& p = at(i);
   return p.device_index == npos ? 0 : device_opt_.step_count(p.device_index);
 }
@@ -261,6 +268,7 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
                                                                                         matrix_view param,
                                                                                         const_matrix_view initial,
                                                                                         dtype grad_type) {
+  const device_scope scope(device_);
   param.validate("param", Backend::device_space);
   initial.validate("initial", memory_space::host);
   expects(!param.empty(), "param", "must not be empty");
@@ -297,6 +305,7 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_parameter(
     std::string name, vector_view param, std::span<const float> initial) {
+  const device_scope scope(device_);
   param.validate("param", Backend::device_space);
   expects(!param.empty() && param.contiguous(), "param", "must be a non-empty contiguous vector");
   expects(static_cast<index_t>(initial.size()) == param.size, "initial", "has ", initial.size(), " values, param has ",
@@ -317,6 +326,7 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(std::size_t i, const_matrix_view grad,
                                                                               stream_type stream) {
+  const device_scope scope(device_);
   rethrow_worker_error();
   auto& p = at(i);
   expects(!p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 1-D: pass a vector view");
@@ -341,6 +351,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(st
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(std::size_t i, const_vector_view grad,
                                                                               stream_type stream) {
+  const device_scope scope(device_);
   rethrow_worker_error();
   auto& p = at(i);
   expects(p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 2-D: pass a matrix view");
@@ -448,7 +459,6 @@ const step_flags* basic_coordinator<Backend, HostOptimizer, Communicator>::unit_
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::start(stream_type stream) {
-  agree_on_registration(stream);
   started_ = true;
   for (auto& p : params_)
     if (!p.is_vector) set_selection(p, {}, stream);  // every column on the CPU until the first selection
@@ -504,6 +514,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reselect(stream_ty
       std::iota(all.begin(), all.end(), 0);
       set_selection(p, std::move(all), stream);
     }
+    migration_scratch_ = device_buffer();  // dense mode selects once: every column, for good
   } else {
     Backend::select(selector_, grads, stream);
     double overlap = 0.0;
@@ -598,22 +609,29 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
     update_.mark_written_back(lock, i, at_end_of);
   }
   if (applied) {
+    // A parameter without a gradient in the interval had no CPU update: nothing to write back.
+    auto written = [&](const parameter& p) {
+      return !p.is_vector && !p.complement.empty() && p.accumulated[i % 2] != 0;
+    };
+    if constexpr (data_parallel) {
+      grouped([&] {  // every rank's block of every parameter: the columns each owner updated
+        for (auto& p : params_) {
+          if (!written(p)) continue;
+          dispatch_dtype(p.matrix.type, [&](auto tag) {
+            using T = decltype(tag);
+            T* all = reinterpret_cast<T*>(p.writeback_dev[i % 2].data());
+            comm_->all_gather(std::span<const T>(all + static_cast<std::size_t>(rank_) * p.block, p.block),
+                              std::span<T>(all, static_cast<std::size_t>(ranks_) * p.block), stream);
+          });
+        }
+      });
+    }
     for (auto& p : params_) {
-      // A parameter without a gradient in the interval had no CPU update: nothing to write back.
-      if (p.is_vector || p.complement.empty() || p.accumulated[i % 2] == 0) continue;
+      if (!written(p)) continue;
       const std::size_t esize = dtype_size(p.matrix.type);
       metrics_.bytes_host_to_device += owned_piece_elements(p) * esize;
       std::byte* blocks = p.writeback_dev[i % 2].data();
       const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
-      if constexpr (data_parallel) {
-        // Every rank's block: the columns each owner updated.
-        dispatch_dtype(p.matrix.type, [&](auto tag) {
-          using T = decltype(tag);
-          T* all = reinterpret_cast<T*>(blocks);
-          comm_->all_gather(std::span<const T>(all + static_cast<std::size_t>(rank_) * p.block, p.block),
-                            std::span<T>(all, static_cast<std::size_t>(ranks_) * p.block), stream);
-        });
-      }
       for (int r = 0; r < ranks_; ++r) {
         const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
         if (count == 0) continue;
@@ -707,7 +725,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(p
   const int parity = static_cast<int>(step_ % 2);
   Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
                   p.grad_stage[parity].data(), p.grad_type, flags, stream);
-  hand_over(p, 0, p.grad_stage[parity].bytes(), /*scale_by_flags=*/false, stream);
+  hand_over(p, 0, p.complement.size() * static_cast<std::size_t>(p.matrix.rows) * dtype_size(p.grad_type),
+            /*scale_by_flags=*/false, stream);
 }
 
 // Hands `bytes` of parameter p's gradient staging, from `offset`, to the offload worker, after the
@@ -747,13 +766,22 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(paramete
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::step(stream_type stream,
                                                                                   missing_gradients missing) {
+  const device_scope scope(device_);
   try {
     rethrow_worker_error();
   } catch (...) {
     fail_peers(std::current_exception());
     throw;
   }
-  if constexpr (data_parallel) agree_on_gradients(missing, stream);
+  if constexpr (data_parallel) {
+    // Before any collective whose size depends on the registration: the ranks compare a record of
+    // fixed size (after a checkpoint load, load_checkpoint did).
+    if (!agreed_) {
+      or_fail([&] { agree(agreement_of(detail::agreement::first_step, current_position())); });
+      agreed_ = true;
+    }
+    agree_on_gradients(missing, stream);
+  }
   for (std::size_t i = 0; i < params_.size() && missing == missing_gradients::reject; ++i)
     if (!params_[i].has_grad) {
       abandon_step(stream);
@@ -879,11 +907,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
     detail::state_lock lock(shared_.mutex);
     metrics_.cpu_update_seconds = shared_.last_update_seconds;
   }
+  collectives_enqueued(stream);  // the control stream's next collective comes after this step's
   if constexpr (Backend::device_space == memory_space::host) Backend::record(step_done_, stream);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::finish(stream_type stream) {
+  const device_scope scope(device_);
   rethrow_worker_error();
   abandon_step(stream);
   or_fail([&] {

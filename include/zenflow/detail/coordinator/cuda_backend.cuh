@@ -91,6 +91,10 @@ struct cuda_backend {
     return device;
   }
   static void bind_device(int device) noexcept { ZENFLOW_CUDA_ASSERT(cudaSetDevice(device)); }
+  /// What every public call of the coordinator runs under: its device current, the caller's
+  /// restored after (a trainer may drive several GPUs from one thread, torch changes the current
+  /// device between calls).
+  using device_scope = detail::cuda_device_scope;
 
   /// The stream argument the transfer queues take.
   static cudaStream_t queue_stream(stream_type stream) noexcept { return stream; }
@@ -123,14 +127,18 @@ struct cuda_backend {
                           std::span<const const_vector_view> vectors, const step_flags* flags, stream_type stream) {
     opt.step(matrices, vectors, 1.0f, &flags->scale, &flags->skip, false, stream);
   }
+  /// The coordinator's own column lists, staging and flags (device memory it allocated): launched
+  /// without cuda_gather_columns' pointer checks, which would cost a cudaPointerGetAttributes each
+  /// per parameter and step. The gradient was checked when it was submitted.
   static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* columns_dev,
                      void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {
-    cuda_gather_columns(grad, std::span<const std::int32_t>(columns_dev, columns.size()), dst, dst_type, &flags->scale,
-                        stream);
+    detail::sparse_adam::launch_gather_columns(grad, std::span<const std::int32_t>(columns_dev, columns.size()), dst,
+                                               dst_type, 1.0f, &flags->scale, stream);
   }
   static void scatter(const void* src, dtype src_type, std::span<const std::int32_t> columns,
                       const std::int32_t* columns_dev, matrix_view param, stream_type stream) {
-    cuda_scatter_columns(src, src_type, std::span<const std::int32_t>(columns_dev, columns.size()), param, stream);
+    detail::sparse_adam::launch_scatter_columns(
+        src, src_type, std::span<const std::int32_t>(columns_dev, columns.size()), param, stream);
   }
   // --- data parallel (data_parallel_backend) ---
 

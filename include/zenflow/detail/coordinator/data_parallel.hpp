@@ -5,25 +5,17 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <span>
 #include <vector>
 
 #include "zenflow/coordinator.hpp"
+#include "zenflow/detail/coordinator/agreement.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
 #include "zenflow/detail/coordinator/jobs.hpp"
 
 namespace zenflow {
-
-namespace detail {
-/// FNV-1a over the bytes of `value`, continuing `h`.
-template <class T>
-std::uint64_t fingerprint(std::uint64_t h, const T& value) noexcept {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(&value);
-  for (std::size_t i = 0; i < sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return h;
-}
-}  // namespace detail
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 int basic_coordinator<Backend, HostOptimizer, Communicator>::rank() const noexcept {
@@ -63,61 +55,201 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::fail_peers(const s
   }
 }
 
-// values summed (or min/max) over the ranks, on the host. Synchronizes with `stream`.
+// values summed (or min/max) over the ranks, on the host: on the coordinator's own control stream,
+// after the collectives enqueued on the trainer's stream so far (collectives_enqueued), never
+// behind the trainer's other work. Synchronizes with the control stream only.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 template <class T>
 std::vector<T> basic_coordinator<Backend, HostOptimizer, Communicator>::all_reduce_to_host(std::span<const T> values,
-                                                                                           reduce_op op,
-                                                                                           stream_type stream) {
+                                                                                           reduce_op op) {
   std::vector<T> out(values.begin(), values.end());
   if constexpr (data_parallel) {
-    // Kept between calls (every call synchronizes, so none is in flight when it grows): no
-    // allocation per step for the gradient agreement.
-    if (agreement_buffer_.bytes() < values.size_bytes()) agreement_buffer_ = device_buffer(values.size_bytes());
-    device_buffer& buffer = agreement_buffer_;
-    const std::span<T> on_device(reinterpret_cast<T*>(buffer.data()), values.size());
-    detail::synchronize_on_unwind<Backend> guard(stream);
-    Backend::copy_async(buffer.data(), values.data(), values.size_bytes(), stream);
-    comm_->all_reduce(std::span<const T>(on_device), on_device, op, stream);
-    Backend::copy_async(out.data(), buffer.data(), values.size_bytes(), stream);
-    Backend::synchronize(stream);
-    comm_->check();
+    on_control_stream(values.size_bytes(), [&](std::byte* device, std::byte* host, stream_type control) {
+      const std::span<T> on_device(reinterpret_cast<T*>(device), values.size());
+      std::memcpy(host, values.data(), values.size_bytes());
+      Backend::copy_async(device, host, values.size_bytes(), control);
+      comm_->all_reduce(std::span<const T>(on_device), on_device, op, control);
+      Backend::copy_async(host, device, values.size_bytes(), control);
+    });
+    std::memcpy(out.data(), agreement_host_.data(), values.size_bytes());
   }
   return out;
 }
 
-// The first step: every rank must have registered the same parameters (names, shapes, dtypes) with
-// the same options; a mismatch would pair unrelated buffers in the collectives.
+// Runs `enqueue(device, host, control)` on the control stream with a device buffer and a pinned
+// host buffer of `bytes` each (kept between calls: no allocation per step, and no copy through
+// pageable memory), after the collectives enqueued on the trainer's stream so far, then waits for
+// the control stream and checks the communicator. The host buffer holds the result on return.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-void basic_coordinator<Backend, HostOptimizer, Communicator>::agree_on_registration(stream_type stream) {
+template <class Enqueue>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::on_control_stream(std::size_t bytes, Enqueue&& enqueue) {
   if constexpr (data_parallel) {
-    std::uint64_t h = 14695981039346656037ull;
-    const zenflow_options& o = options_;
-    h = detail::fingerprint(h, o.mode);
-    h = detail::fingerprint(h, o.topk_ratio);
-    h = detail::fingerprint(h, o.select_interval_steps());
-    h = detail::fingerprint(h, o.update_interval.is_auto);
-    h = detail::fingerprint(h, o.update_interval.value);
-    h = detail::fingerprint(h, o.full_warm_up_rounds);
-    h = detail::fingerprint(h, o.overlap_step);
-    h = detail::fingerprint(h, o.max_update_interval);
-    h = detail::fingerprint(h, o.max_grad_norm);
-    h = detail::fingerprint(h, params_.size());
-    for (const auto& p : params_) {
-      for (char c : p.name) h = detail::fingerprint(h, c);
-      h = detail::fingerprint(h, p.is_vector);
-      h = detail::fingerprint(h, p.is_vector ? p.vector.size : p.matrix.rows);
-      h = detail::fingerprint(h, p.is_vector ? index_t{1} : p.matrix.cols);
-      h = detail::fingerprint(h, p.is_vector ? p.vector.type : p.matrix.type);
-      h = detail::fingerprint(h, p.grad_type);
+    const stream_type control = control_stream_->get();
+    if (agreement_buffer_.bytes() < bytes) {  // none in flight: every call synchronizes
+      agreement_buffer_ = device_buffer(bytes);
+      agreement_host_ = typename Backend::host_buffer(bytes);
     }
-    const auto v = static_cast<std::int64_t>(h >> 1);
-    const std::int64_t both[2] = {v, -v};
-    const auto max = all_reduce_to_host<std::int64_t>(both, reduce_op::max, stream);
-    expects(max[0] == -max[1], "data parallel", "the ranks registered different parameters (names, shapes, dtypes) ",
-            "or set different options: every rank must build the same coordinator");
+    detail::synchronize_on_unwind<Backend> guard(control);
+    Backend::wait(control, collectives_done_);
+    enqueue(agreement_buffer_.data(), agreement_host_.data(), control);
+    Backend::synchronize(control);
+    comm_->check();
   } else {
+    (void)bytes, (void)enqueue;
+  }
+}
+
+// Marks the end of the collectives enqueued on the trainer's stream so far: the control stream's
+// next collective runs after them on the device too (the k-th collective of every rank meets the
+// k-th: an engine that runs each stream's collectives as they come must see them in call order).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::collectives_enqueued(stream_type stream) {
+  if constexpr (data_parallel)
+    Backend::record(collectives_done_, stream);
+  else
     (void)stream;
+}
+
+// The record of this coordinator the ranks compare before their first step (kind first_step) or of
+// the checkpoint it loads (kind checkpoint): the options, the parameters and their
+// hyper-parameters as fingerprints, and the position of the schedule.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+detail::agreement basic_coordinator<Backend, HostOptimizer, Communicator>::agreement_of(
+    std::int64_t kind, const detail::agreement_position& at) const {
+  using detail::fingerprint;
+  detail::agreement a;
+  a.w[detail::agreement::kind] = kind;
+  std::uint64_t h = detail::fingerprint_basis;
+  const zenflow_options& o = options_;
+  h = fingerprint(h, o.mode);
+  h = fingerprint(h, o.topk_ratio);
+  h = fingerprint(h, o.select_interval_steps());
+  h = fingerprint(h, o.update_interval.is_auto);
+  h = fingerprint(h, o.update_interval.value);
+  h = fingerprint(h, o.full_warm_up_rounds);
+  h = fingerprint(h, o.overlap_step);
+  h = fingerprint(h, o.max_update_interval);
+  h = fingerprint(h, o.max_grad_norm);
+  h = fingerprint(h, o.adam.beta1);
+  h = fingerprint(h, o.adam.beta2);
+  h = fingerprint(h, o.adam.eps);
+  h = fingerprint(h, o.adam.adamw_mode);
+  h = fingerprint(h, o.adam.bias_correction);
+  a.w[detail::agreement::options] = static_cast<std::int64_t>(h);
+  a.w[detail::agreement::parameters] = static_cast<std::int64_t>(params_.size());
+  h = detail::fingerprint_basis;
+  for (const auto& p : params_) {
+    for (char c : p.name) h = fingerprint(h, c);
+    h = fingerprint(h, p.is_vector);
+    h = fingerprint(h, p.is_vector ? p.vector.size : p.matrix.rows);
+    h = fingerprint(h, p.is_vector ? index_t{1} : p.matrix.cols);
+    h = fingerprint(h, p.is_vector ? p.vector.type : p.matrix.type);
+    h = fingerprint(h, p.grad_type);
+  }
+  a.w[detail::agreement::registration] = static_cast<std::int64_t>(h);
+  a.w[detail::agreement::hyper_parameters] = static_cast<std::int64_t>(at.hyper_parameters);
+  a.w[detail::agreement::step] = at.step;
+  a.w[detail::agreement::started] = at.started ? 1 : 0;
+  a.w[detail::agreement::interval] = at.interval;
+  a.w[detail::agreement::interval_first_step] = at.interval_first_step;
+  a.w[detail::agreement::interval_target] = at.interval_target;
+  a.w[detail::agreement::pending_interval] = at.pending_interval;
+  a.w[detail::agreement::selections] = static_cast<std::int64_t>(at.selections);
+  a.w[detail::agreement::cpu_steps] = at.cpu_steps;
+  a.w[detail::agreement::gpu_steps] = at.gpu_steps;
+  a.w[detail::agreement::parameter_steps] = static_cast<std::int64_t>(at.parameter_steps);
+  return a;
+}
+
+// This coordinator's position before its first step (fresh: nothing has happened yet).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+detail::agreement_position basic_coordinator<Backend, HostOptimizer, Communicator>::current_position() const {
+  detail::agreement_position at;
+  at.step = step_;
+  at.started = started_;
+  at.interval = interval_.index;
+  at.interval_first_step = interval_.first_step;
+  at.interval_target = interval_target_;
+  at.pending_interval = pending_interval_ ? *pending_interval_ : -1;
+  // Before the first step no parameter has a GPU step count (gpu_step_count would synchronize).
+  for (const auto& p : params_) at.add(p.selection, p.adam.lr, p.adam.weight_decay, p.cpu_steps, 0);
+  at.cpu_steps = host_opt_.step_count();
+  return at;
+}
+
+// load_checkpoint (checkpoint_io.hpp reads and applies the file: read_checkpoint). Data parallel:
+// every rank validates its own file, then the ranks compare what they loaded (or why they could
+// not) before any of them changes anything (agree): all load, or none does.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(const std::string& path,
+                                                                              stream_type stream) {
+  const device_scope scope(device_);
+  try {
+    rethrow_worker_error();
+  } catch (...) {
+    fail_peers(std::current_exception());  // a failed rank never compares: its peers must not wait for it
+    throw;
+  }
+  int stage = 0;  // 1: the ranks compared their records, 2: applying
+  try {
+    read_checkpoint(path, stream, stage);
+  } catch (...) {
+    if constexpr (data_parallel) {
+      if (stage == 0) refuse_checkpoint(std::current_exception());  // tells the peers why; throws
+      if (stage == 2) {  // half applied, while the peers applied theirs: fail them too
+        shared_.fail(std::current_exception());
+        fail_peers(std::current_exception());
+      }
+    }
+    throw;
+  }
+}
+
+// This rank could not load its checkpoint (`e`): the ranks compare records all the same, so that
+// every rank throws with this rank's reason (none of them loaded). Always throws.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::refuse_checkpoint(const std::exception_ptr& e) {
+  detail::agreement mine = agreement_of(detail::agreement::checkpoint, current_position());
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    mine.reject(x.what());
+  } catch (...) {
+    mine.reject("unknown error");
+  }
+  agree(mine);
+  std::rethrow_exception(e);  // not reached: this rank's record is rejected
+}
+
+// Every rank's record to every rank (one all-gather of a fixed size: ranks that registered
+// different parameters still make the same collective), then the same verdict on every rank:
+// throws naming the first rank whose checkpoint was rejected, or the first field in which a rank
+// differs from rank 0. Synchronizes with the control stream.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::agree(const detail::agreement& mine) {
+  if constexpr (data_parallel) {
+    using A = detail::agreement;
+    const std::size_t n = A::words;
+    std::vector<std::int64_t> all(n * static_cast<std::size_t>(ranks_));
+    on_control_stream(all.size() * sizeof(std::int64_t), [&](std::byte* device, std::byte* host, stream_type control) {
+      auto* words = reinterpret_cast<std::int64_t*>(device);
+      std::memcpy(host, mine.w.data(), n * sizeof(std::int64_t));
+      Backend::copy_async(words + static_cast<std::size_t>(rank_) * n, host, n * sizeof(std::int64_t), control);
+      comm_->all_gather(std::span<const std::int64_t>(words + static_cast<std::size_t>(rank_) * n, n),
+                        std::span<std::int64_t>(words, all.size()), control);
+      Backend::copy_async(host, words, all.size() * sizeof(std::int64_t), control);
+    });
+    std::memcpy(all.data(), agreement_host_.data(), all.size() * sizeof(std::int64_t));
+    auto at = [&](int r, std::size_t f) { return all[static_cast<std::size_t>(r) * n + f]; };
+    for (int r = 0; r < ranks_; ++r)
+      expects(at(r, A::status) == 0, "load_checkpoint", "rank ", r, " of ", ranks_,
+              " could not load its checkpoint, so no rank loaded one: ",
+              A::reason_of(std::span<const std::int64_t>(all).subspan(static_cast<std::size_t>(r) * n, n)));
+    for (std::size_t f = 0; f < A::count; ++f)
+      for (int r = 1; r < ranks_; ++r)
+        if (at(r, f) != at(0, f)) throw error("data parallel", A::disagreement(f, r, ranks_, at(0, f), at(r, f)));
+  } else {
+    (void)mine;
   }
 }
 
@@ -130,7 +262,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::agree_on_gradients
   if (params_.empty()) return;
   std::vector<std::int32_t> given(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) given[i] = params_[i].has_grad ? 1 : 0;
-  const auto counts = or_fail([&] { return all_reduce_to_host<std::int32_t>(given, reduce_op::sum, stream); });
+  const auto counts = or_fail([&] { return all_reduce_to_host<std::int32_t>(given, reduce_op::sum); });
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const int n = counts[i];
     if (n == ranks_ || (n == 0 && missing == missing_gradients::skip)) continue;
@@ -162,14 +294,17 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::any_nonfinite_grad
   Backend::copy_async(local, stats, sizeof local, stream);
   Backend::synchronize(stream);
   const double count[1] = {local[1]};
-  return all_reduce_to_host<double>(count, reduce_op::sum, stream)[0] > 0.0;
+  return all_reduce_to_host<double>(count, reduce_op::sum)[0] > 0.0;
 }
 
-// The step's collectives over its gradients, in parameter order on every rank (O1): the selected
-// columns of each 2-D gradient (gathered, all-reduced, written back into the trainer's gradient,
-// where the device step reads them), each 1-D gradient (all-reduced into the coordinator's
-// staging), and the CPU columns (gathered in owner order into equal blocks, reduce-scattered: this
-// rank's block holds the sum of its own columns). Sums: the step's flags carry the 1/ranks.
+// The step's collectives over its gradients, in parameter order on every rank (O1), launched
+// together (grouped): the selected columns of each 2-D gradient (gathered, all-reduced, written
+// back into the trainer's gradient, where the device step reads them), each 1-D gradient
+// (all-reduced into the coordinator's staging), and the CPU columns (gathered in owner order into
+// equal blocks, reduce-scattered: this rank's block holds the sum of its own columns). First every
+// gather, then the collectives, then the write-backs into the gradients (a collective of a group
+// runs when the group is launched, after whatever its stream held then). Sums: the step's flags
+// carry the 1/ranks.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::reduce_gradients(stream_type stream) {
   if constexpr (data_parallel) {
@@ -177,52 +312,85 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reduce_gradients(s
     for (auto& p : params_) {
       if (!p.has_grad) continue;
       if (p.is_vector) {
-        const dtype type = p.grad_vector.type;
-        const auto n = static_cast<std::size_t>(p.vector.size);
         // Sized at the first step (a 1-D gradient's dtype is not registered), kept afterwards.
-        if (p.vector_stage.bytes() != n * dtype_size(type)) p.vector_stage = device_buffer(n * dtype_size(type));
-        dispatch_dtype(type, [&](auto tag) {
-          using T = decltype(tag);
-          comm_->all_reduce(std::span<const T>(static_cast<const T*>(p.grad_vector.data), n),
-                            std::span<T>(reinterpret_cast<T*>(p.vector_stage.data()), n), reduce_op::sum, stream);
-        });
-        p.grad_vector = const_vector_view(p.vector_stage.data(), p.vector.size, type, Backend::device_space);
+        const std::size_t bytes = static_cast<std::size_t>(p.vector.size) * dtype_size(p.grad_vector.type);
+        if (p.vector_stage.bytes() != bytes) p.vector_stage = device_buffer(bytes);
         continue;
       }
-      const std::size_t rows = static_cast<std::size_t>(p.matrix.rows);
+      if (!p.selection.empty())
+        Backend::gather(p.grad_matrix, p.selection, reinterpret_cast<const std::int32_t*>(p.selection_dev.data()),
+                        p.selected_stage.data(), p.grad_type, unit_flags(), stream);
       const std::size_t esize = dtype_size(p.grad_type);
-      dispatch_dtype(p.grad_type, [&](auto tag) {
-        using T = decltype(tag);
-        if (!p.selection.empty()) {
-          const auto* columns_dev = reinterpret_cast<const std::int32_t*>(p.selection_dev.data());
-          Backend::gather(p.grad_matrix, p.selection, columns_dev, p.selected_stage.data(), p.grad_type, unit_flags(),
-                          stream);
-          const std::span<T> stage(reinterpret_cast<T*>(p.selected_stage.data()), p.selection.size() * rows);
-          comm_->all_reduce(std::span<const T>(stage), stage, reduce_op::sum, stream);
-          const matrix_view grad(const_cast<void*>(p.grad_matrix.data), p.grad_matrix.rows, p.grad_matrix.cols,
-                                 p.grad_matrix.row_stride, p.grad_matrix.col_stride, p.grad_matrix.type,
-                                 p.grad_matrix.space);
-          Backend::scatter(p.selected_stage.data(), p.grad_type, p.selection, columns_dev, grad, stream);
-        }
-        if (!p.complement.empty()) {
-          std::byte* stage = p.grad_stage[parity].data();
-          const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
-          for (int r = 0; r < ranks_; ++r) {
-            const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
-            if (count == 0) continue;
-            Backend::gather(p.grad_matrix, std::span<const std::int32_t>(p.complement).subspan(first, count),
-                            complement_dev + first, stage + static_cast<std::size_t>(r) * p.block * esize, p.grad_type,
-                            unit_flags(), stream);
+      const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
+      for (int r = 0; r < ranks_ && !p.complement.empty(); ++r) {
+        const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
+        if (count == 0) continue;
+        Backend::gather(p.grad_matrix, std::span<const std::int32_t>(p.complement).subspan(first, count),
+                        complement_dev + first,
+                        p.grad_stage[parity].data() + static_cast<std::size_t>(r) * p.block * esize, p.grad_type,
+                        unit_flags(), stream);
+      }
+    }
+    grouped([&] {
+      for (auto& p : params_) {
+        if (!p.has_grad) continue;
+        const dtype type = p.is_vector ? p.grad_vector.type : p.grad_type;
+        dispatch_dtype(type, [&](auto tag) {
+          using T = decltype(tag);
+          if (p.is_vector) {
+            const auto n = static_cast<std::size_t>(p.vector.size);
+            comm_->all_reduce(std::span<const T>(static_cast<const T*>(p.grad_vector.data), n),
+                              std::span<T>(reinterpret_cast<T*>(p.vector_stage.data()), n), reduce_op::sum, stream);
+            return;
           }
-          T* blocks = reinterpret_cast<T*>(stage);
+          const std::span<T> selected(reinterpret_cast<T*>(p.selected_stage.data()),
+                                      p.selection.size() * static_cast<std::size_t>(p.matrix.rows));
+          if (!selected.empty()) comm_->all_reduce(std::span<const T>(selected), selected, reduce_op::sum, stream);
+          if (p.complement.empty()) return;
+          T* blocks = reinterpret_cast<T*>(p.grad_stage[parity].data());
           comm_->reduce_scatter(std::span<const T>(blocks, static_cast<std::size_t>(ranks_) * p.block),
                                 std::span<T>(blocks + static_cast<std::size_t>(rank_) * p.block, p.block),
                                 reduce_op::sum, stream);
-        }
-      });
+        });
+      }
+    });
+    for (auto& p : params_) {
+      if (!p.has_grad) continue;
+      if (p.is_vector) {
+        p.grad_vector =
+            const_vector_view(p.vector_stage.data(), p.vector.size, p.grad_vector.type, Backend::device_space);
+      } else if (!p.selection.empty()) {
+        const matrix_view grad(const_cast<void*>(p.grad_matrix.data), p.grad_matrix.rows, p.grad_matrix.cols,
+                               p.grad_matrix.row_stride, p.grad_matrix.col_stride, p.grad_matrix.type,
+                               p.grad_matrix.space);
+        Backend::scatter(p.selected_stage.data(), p.grad_type, p.selection,
+                         reinterpret_cast<const std::int32_t*>(p.selection_dev.data()), grad, stream);
+      }
     }
   } else {
     (void)stream;
+  }
+}
+
+// Runs `enqueue`, whose collectives the communicator launches together when it can
+// (communicates_in_groups: NCCL's group calls): one launch instead of one per collective.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+template <class Enqueue>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::grouped(Enqueue&& enqueue) {
+  if constexpr (communicates_in_groups<Communicator>) {
+    comm_->group_start();
+    try {
+      enqueue();
+    } catch (...) {
+      try {
+        comm_->group_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    comm_->group_end();
+  } else {
+    enqueue();
   }
 }
 

@@ -84,48 +84,51 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
   };
   const bool unchanged = p.device_index != npos && entering.empty() && leaving.empty();
   if (!selection.empty() && !unchanged) {
+    // Device scratch of the coordinator, sized once for the largest migration of any parameter:
+    // [entering (<= k columns) | leaving (<= k columns) | data parallel: ranks blocks].
+    const std::size_t k = selection.size();
+    float* const entering_dev = migration_scratch();
+    float* const leaving_dev = entering_dev + k * per_column;
+    float* const all = leaving_dev + k * per_column;
     std::vector<float> packed;
     const auto own_entering = part(entering, rank_);
     detail::pack_columns(params, m, v, rows, local(own_entering), packed);
     metrics_.bytes_host_to_device += packed.size() * sizeof(float);
-    device_buffer entering_dev(entering.size() * per_column * sizeof(float));
     if constexpr (data_parallel) {
       std::size_t block = 0;
       for (int r = 0; r < ranks_; ++r) block = std::max(block, part(entering, r).size() * per_column);
       if (block > 0) {
-        device_buffer blocks(static_cast<std::size_t>(ranks_) * block * sizeof(float));
-        auto* all = reinterpret_cast<float*>(blocks.data());
-        detail::synchronize_on_unwind<Backend> guard(stream);
-        Backend::copy_async(all + static_cast<std::size_t>(rank_) * block, packed.data(), packed.size() * sizeof(float),
-                            stream);
-        comm_->all_gather(std::span<const float>(all + static_cast<std::size_t>(rank_) * block, block),
+        // Padding past this rank's columns is zero: the all-gather reads the whole block.
+        const std::vector<float> zeros(block - packed.size(), 0.0f);
+        detail::synchronize_on_unwind<Backend> guard(stream);  // after `zeros`: the copies read it
+        float* mine = all + static_cast<std::size_t>(rank_) * block;
+        Backend::copy_async(mine, packed.data(), packed.size() * sizeof(float), stream);
+        Backend::copy_async(mine + packed.size(), zeros.data(), zeros.size() * sizeof(float), stream);
+        comm_->all_gather(std::span<const float>(mine, block),
                           std::span<float>(all, static_cast<std::size_t>(ranks_) * block), stream);
         std::size_t at = 0;
         for (int r = 0; r < ranks_; ++r) {
           const std::size_t n = part(entering, r).size() * per_column;
-          Backend::copy_async(entering_dev.data() + at * sizeof(float), all + static_cast<std::size_t>(r) * block,
-                              n * sizeof(float), stream);
+          Backend::copy_async(entering_dev + at, all + static_cast<std::size_t>(r) * block, n * sizeof(float), stream);
           at += n;
         }
         Backend::synchronize(stream);
       }
     } else {
-      Backend::copy_async(entering_dev.data(), packed.data(), packed.size() * sizeof(float), stream);
+      Backend::copy_async(entering_dev, packed.data(), packed.size() * sizeof(float), stream);
       Backend::synchronize(stream);
     }
-    const std::span<const float> entering_span(reinterpret_cast<const float*>(entering_dev.data()),
-                                               entering.size() * per_column);
+    const std::span<const float> entering_span(entering_dev, entering.size() * per_column);
     if (p.device_index == npos) {
       p.device_index = Backend::add_matrix(device_opt_, p.matrix, selection, entering_span, stream);
     } else {
-      device_buffer leaving_dev(leaving.size() * per_column * sizeof(float));
-      const std::span<float> leaving_span(reinterpret_cast<float*>(leaving_dev.data()), leaving.size() * per_column);
+      const std::span<float> leaving_span(leaving_dev, leaving.size() * per_column);
       Backend::reselect(device_opt_, p.device_index, selection, entering_span, leaving_span, stream);
       // This rank's part of the leaving columns (all of them in one process) back to its CPU.
       const auto own_leaving = part(leaving, rank_);
       const std::size_t skip = static_cast<std::size_t>(own_leaving.data() - leaving.data()) * per_column;
       std::vector<float> back(own_leaving.size() * per_column);
-      Backend::copy_async(back.data(), leaving_dev.data() + skip * sizeof(float), back.size() * sizeof(float), stream);
+      Backend::copy_async(back.data(), leaving_dev + skip, back.size() * sizeof(float), stream);
       Backend::synchronize(stream);
       detail::unpack_columns(params, m, v, rows, local(own_leaving), back);
       metrics_.bytes_device_to_host += back.size() * sizeof(float);
@@ -136,16 +139,43 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
   setup_buffers(p, stream);
 }
 
+// The migration scratch (device memory, float): allocated at the first selection for the largest
+// migration any parameter can make (k entering and k leaving columns of master/m/v, and data
+// parallel the all-gather's blocks), then reused: no allocation at a reselection.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+float* basic_coordinator<Backend, HostOptimizer, Communicator>::migration_scratch() {
+  std::size_t most = 0;
+  for (const auto& p : params_) {
+    if (p.is_vector) continue;
+    const auto cols = static_cast<std::size_t>(p.matrix.cols);
+    const std::size_t k =
+        options_.mode == offload_mode::dense ? cols : static_cast<std::size_t>(selector_.k(p.selector_index));
+    const std::size_t owned = (cols + static_cast<std::size_t>(ranks_) - 1) / static_cast<std::size_t>(ranks_);
+    const std::size_t blocks = data_parallel ? static_cast<std::size_t>(ranks_) * std::min(k, owned) : 0;
+    most = std::max(most, (2 * k + blocks) * 3 * static_cast<std::size_t>(p.matrix.rows));
+  }
+  if (migration_scratch_.bytes() < most * sizeof(float)) migration_scratch_ = device_buffer(most * sizeof(float));
+  return reinterpret_cast<float*>(migration_scratch_.data());
+}
+
 // Sizes parameter p's CPU-column buffers for its complement (accumulators and copy-out zeroed)
 // and uploads the complement's column list. Synchronizes with `stream`.
 //
 // The complement is cut by owner into `pieces` (rank r's piece: its columns, in order); the
 // gradient staging and the write-back staging hold ranks() blocks of `block` elements, the
 // largest piece (the equal blocks of reduce_scatter and all_gather; in one process one block, the
-// whole complement). This rank's accumulator and copy-out hold its own piece.
+// whole complement), and the padding after each piece is zero (the collectives read it). This
+// rank's accumulator and copy-out hold its own piece.
+//
+// The device buffers are allocated once, at the first call (start(), or a checkpoint's load), for
+// the most they can ever hold: every column of the parameter on the CPU, in data parallel the
+// largest owned range per block. The pieces follow the selection; the buffers stay (on a GPU a
+// reallocation is a cudaFree, which waits for the whole device). A parameter whose complement is
+// empty (every column selected, which lasts: k is fixed) lets its staging go.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(parameter& p, stream_type stream) {
   const auto rows = static_cast<std::size_t>(p.matrix.rows);
+  const auto cols = static_cast<std::size_t>(p.matrix.cols);
   p.pieces.assign(static_cast<std::size_t>(ranks_) + 1, 0);
   std::size_t largest = 0;
   for (int r = 0; r <= ranks_; ++r) {
@@ -159,26 +189,44 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
                        p.complement.begin() + static_cast<std::ptrdiff_t>(p.pieces[rank_ + 1]));
   for (auto& c : p.owned_local) c -= static_cast<std::int32_t>(p.owned.first);
   const std::size_t own = p.owned_local.size() * rows;
-  const std::size_t staged = static_cast<std::size_t>(ranks_) * p.block;
-  // k is fixed per parameter, so after the first call the sizes never change: the device buffers
-  // are kept (a cudaFree per buffer and reselection would wait for the whole device each time).
-  // Data parallel: the pieces (and so the blocks) follow the selection.
-  auto fit = [](device_buffer& b, std::size_t bytes) {
-    if (b.bytes() != bytes) b = device_buffer(bytes);
+  // The most elements a staging buffer can hold: ranks blocks of the largest owned range.
+  const std::size_t most_owned = (cols + static_cast<std::size_t>(ranks_) - 1) / static_cast<std::size_t>(ranks_);
+  const std::size_t staged = p.complement.empty() ? 0 : static_cast<std::size_t>(ranks_) * most_owned * rows;
+  auto reserve = [](device_buffer& b, std::size_t bytes) {
+    if (bytes == 0)
+      b = device_buffer();
+    else if (b.bytes() < bytes)
+      b = device_buffer(bytes);
   };
-  fit(p.complement_dev, p.complement.size() * sizeof(std::int32_t));
+  reserve(p.complement_dev, cols * sizeof(std::int32_t));
   Backend::copy_async(p.complement_dev.data(), p.complement.data(), p.complement.size() * sizeof(std::int32_t), stream);
   if constexpr (data_parallel) {
-    fit(p.selection_dev, p.selection.size() * sizeof(std::int32_t));
+    reserve(p.selection_dev, cols * sizeof(std::int32_t));
     Backend::copy_async(p.selection_dev.data(), p.selection.data(), p.selection.size() * sizeof(std::int32_t), stream);
-    fit(p.selected_stage, p.selection.size() * rows * dtype_size(p.grad_type));
+    reserve(p.selected_stage, p.selection.size() * rows * dtype_size(p.grad_type));
   }
+  // Data parallel: the padding after each rank's piece is zeroed from here (before the guard: the
+  // copies read it until the stream is synchronized).
+  const std::vector<std::byte> zeros(
+      data_parallel ? p.block * std::max(dtype_size(p.grad_type), dtype_size(p.matrix.type)) : 0, std::byte{0});
+  detail::synchronize_on_unwind<Backend> guard(stream);
   for (int b = 0; b < 2; ++b) {
-    fit(p.grad_stage[b], staged * dtype_size(p.grad_type));
+    reserve(p.grad_stage[b], staged * dtype_size(p.grad_type));
     p.accumulator[b].assign(own, 0.0f);
     p.accumulated[b] = 0;
     p.out_stage[b].assign(own * dtype_size(p.matrix.type), std::byte{0});
-    fit(p.writeback_dev[b], staged * dtype_size(p.matrix.type));
+    reserve(p.writeback_dev[b], staged * dtype_size(p.matrix.type));
+    if constexpr (data_parallel) {
+      for (int r = 0; r < ranks_ && !p.complement.empty(); ++r) {
+        const std::size_t used = (p.pieces[r + 1] - p.pieces[r]) * rows;
+        for (auto* buffer : {&p.grad_stage[b], &p.writeback_dev[b]}) {
+          const std::size_t esize = buffer == &p.grad_stage[b] ? dtype_size(p.grad_type) : dtype_size(p.matrix.type);
+          const std::size_t bytes = (p.block - used) * esize;
+          Backend::copy_async(buffer->data() + (static_cast<std::size_t>(r) * p.block + used) * esize, zeros.data(),
+                              bytes, stream);
+        }
+      }
+    }
   }
   Backend::synchronize(stream);
 }

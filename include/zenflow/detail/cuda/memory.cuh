@@ -9,6 +9,7 @@
 //   cuda_host_registration   cudaHostRegister / cudaHostUnregister of memory owned elsewhere
 //   cuda_event               cudaEventCreateWithFlags on first use / cudaEventDestroy
 //   cuda_stream              cudaStreamCreateWithFlags / cudaStreamDestroy
+//   cuda_device_scope        cudaSetDevice for a scope, the previous device restored after it
 //
 // Every owner is move-only and releases exactly once: by its destructor, reset() or a
 // move-assignment (which releases what it held first); a moved-from owner holds nothing. A size of
@@ -361,6 +362,25 @@ class cuda_stream {
 
  private:
   cudaStream_t stream_ = nullptr;
+};
+
+/// Makes `device` the calling thread's current device for its scope and restores the previous one
+/// (no call when it is current already). Throws zenflow::cuda_error if it cannot switch.
+class cuda_device_scope {
+ public:
+  explicit cuda_device_scope(int device) : device_(device) {
+    ZENFLOW_CUDA_TRY(cudaGetDevice(&previous_));
+    if (previous_ != device_) ZENFLOW_CUDA_TRY(cudaSetDevice(device_));
+  }
+  cuda_device_scope(const cuda_device_scope&) = delete;
+  cuda_device_scope& operator=(const cuda_device_scope&) = delete;
+  ~cuda_device_scope() {
+    if (previous_ != device_) ZENFLOW_CUDA_ASSERT(cudaSetDevice(previous_));
+  }
+
+ private:
+  int device_;
+  int previous_ = 0;
 };
 
 }  // namespace zenflow::detail

@@ -408,31 +408,62 @@ inline void cuda_sparse_adam::import_state(std::size_t i, std::span<const float>
   ZENFLOW_CUDA_TRY(cudaStreamSynchronize(last_stream_));
 }
 
+namespace detail::sparse_adam {
+
+/// cuda_gather_columns without its checks: for callers whose device buffers are their own (the
+/// coordinator's column lists, staging and flags), checked once where they were made, not at every
+/// step (each check is a cudaPointerGetAttributes call).
+inline void launch_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst,
+                                  dtype dst_type, float scale, const float* scale_ptr_device, cudaStream_t stream) {
+  const auto n = static_cast<index_t>(columns.size());
+  if (n == 0 || src.rows == 0) return;
+  if (src.row_stride <= src.col_stride) {
+    const dim3 grid(static_cast<unsigned int>(n), row_tile_grid(src.rows, kTile));
+    gather_columns_direct_kernel<<<grid, kThreads, 0, stream>>>(src.data, src.type, src.rows, src.cols, src.row_stride,
+                                                                src.col_stride, columns.data(), dst, dst_type, scale,
+                                                                scale_ptr_device);
+  } else {
+    const dim3 grid(static_cast<unsigned int>((n + kTransposeTile - 1) / kTransposeTile),
+                    row_tile_grid(src.rows, kTransposeTile));
+    gather_columns_transpose_kernel<<<grid, dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
+        src.data, src.type, src.rows, src.cols, src.row_stride, src.col_stride, columns.data(), n, dst, dst_type, scale,
+        scale_ptr_device);
+  }
+  ZENFLOW_CUDA_TRY(cudaGetLastError());
+}
+
+/// cuda_scatter_columns without its checks (see launch_gather_columns).
+inline void launch_scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns,
+                                   matrix_view dst, cudaStream_t stream) {
+  const auto n = static_cast<index_t>(columns.size());
+  if (n == 0 || dst.rows == 0) return;
+  if (dst.row_stride <= dst.col_stride) {
+    const dim3 grid(static_cast<unsigned int>(n), row_tile_grid(dst.rows, kTile));
+    scatter_columns_direct_kernel<<<grid, kThreads, 0, stream>>>(src, src_type, columns.data(), dst.data, dst.type,
+                                                                 dst.rows, dst.cols, dst.row_stride, dst.col_stride);
+  } else {
+    const dim3 grid(static_cast<unsigned int>((n + kTransposeTile - 1) / kTransposeTile),
+                    row_tile_grid(dst.rows, kTransposeTile));
+    scatter_columns_transpose_kernel<<<grid, dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
+        src, src_type, columns.data(), n, dst.data, dst.type, dst.rows, dst.cols, dst.row_stride, dst.col_stride);
+  }
+  ZENFLOW_CUDA_TRY(cudaGetLastError());
+}
+
+}  // namespace detail::sparse_adam
+
 inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
                                 float scale, const float* scale_ptr_device, cudaStream_t stream) {
   namespace sa = detail::sparse_adam;
   src.validate("src", memory_space::device);
   expects(is_valid(dst_type), "dst_type", "unknown dtype value ", static_cast<int>(dst_type));
   expects(is_finite_bits(scale), "scale", "must be finite, got ", scale);
-  const auto n = static_cast<index_t>(columns.size());
-  if (n == 0 || src.rows == 0) return;
+  if (columns.empty() || src.rows == 0) return;
   sa::check_device_pointer(columns.data(), "columns");
   sa::check_device_pointer(dst, "dst");
   if (scale_ptr_device != nullptr)
     sa::check_device_pointer(scale_ptr_device, "scale_ptr_device", /*mapped_host_ok=*/true);
-  if (src.row_stride <= src.col_stride) {
-    const dim3 grid(static_cast<unsigned int>(n), sa::row_tile_grid(src.rows, sa::kTile));
-    sa::gather_columns_direct_kernel<<<grid, sa::kThreads, 0, stream>>>(src.data, src.type, src.rows, src.cols,
-                                                                        src.row_stride, src.col_stride, columns.data(),
-                                                                        dst, dst_type, scale, scale_ptr_device);
-  } else {
-    const dim3 grid(static_cast<unsigned int>((n + sa::kTransposeTile - 1) / sa::kTransposeTile),
-                    sa::row_tile_grid(src.rows, sa::kTransposeTile));
-    sa::gather_columns_transpose_kernel<<<grid, dim3(sa::kTransposeTile, sa::kTransposeRows), 0, stream>>>(
-        src.data, src.type, src.rows, src.cols, src.row_stride, src.col_stride, columns.data(), n, dst, dst_type, scale,
-        scale_ptr_device);
-  }
-  ZENFLOW_CUDA_TRY(cudaGetLastError());
+  sa::launch_gather_columns(src, columns, dst, dst_type, scale, scale_ptr_device, stream);
 }
 
 inline void cuda_gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
@@ -445,21 +476,10 @@ inline void cuda_scatter_columns(const void* src, dtype src_type, std::span<cons
   namespace sa = detail::sparse_adam;
   dst.validate("dst", memory_space::device);
   expects(is_valid(src_type), "src_type", "unknown dtype value ", static_cast<int>(src_type));
-  const auto n = static_cast<index_t>(columns.size());
-  if (n == 0 || dst.rows == 0) return;
+  if (columns.empty() || dst.rows == 0) return;
   sa::check_device_pointer(columns.data(), "columns");
   sa::check_device_pointer(src, "src");
-  if (dst.row_stride <= dst.col_stride) {
-    const dim3 grid(static_cast<unsigned int>(n), sa::row_tile_grid(dst.rows, sa::kTile));
-    sa::scatter_columns_direct_kernel<<<grid, sa::kThreads, 0, stream>>>(
-        src, src_type, columns.data(), dst.data, dst.type, dst.rows, dst.cols, dst.row_stride, dst.col_stride);
-  } else {
-    const dim3 grid(static_cast<unsigned int>((n + sa::kTransposeTile - 1) / sa::kTransposeTile),
-                    sa::row_tile_grid(dst.rows, sa::kTransposeTile));
-    sa::scatter_columns_transpose_kernel<<<grid, dim3(sa::kTransposeTile, sa::kTransposeRows), 0, stream>>>(
-        src, src_type, columns.data(), n, dst.data, dst.type, dst.rows, dst.cols, dst.row_stride, dst.col_stride);
-  }
-  ZENFLOW_CUDA_TRY(cudaGetLastError());
+  sa::launch_scatter_columns(src, src_type, columns, dst, stream);
 }
 
 }  // namespace zenflow

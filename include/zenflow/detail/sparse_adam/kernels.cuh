@@ -27,6 +27,23 @@ inline constexpr int kThreads = 256;
 inline constexpr int kItems = 4;
 inline constexpr int kTile = kThreads * kItems;
 
+#ifndef ZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM
+/// The step kernel's __launch_bounds__ minimum of resident blocks of 256 threads per SM. 0 (the
+/// default) gives none: ptxas picks 80 registers (sm_80 and sm_90, nvcc 13.0), 3 blocks per SM.
+/// 4 caps them at 64 (about 110-130 bytes spilled), 5 at 48, 6 at 40, 8 at 32 (ever larger
+/// spills); 1 and 2 let ptxas take 94-96 (2 blocks per SM). Which is fastest is measured on a GPU
+/// (docs/BENCHMARKS.md, "GPU sparse-column Adam"): build with
+/// -DCMAKE_CUDA_FLAGS=-DZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM=N to try N.
+#define ZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM 0
+#endif
+static_assert(ZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM >= 0 && ZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM <= 8,
+              "ZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM: 0 (none) to 8 blocks of 256 threads per SM");
+#if ZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM > 0
+#define ZENFLOW_DETAIL_SPARSE_ADAM_STEP_BOUNDS __launch_bounds__(kThreads, ZENFLOW_SPARSE_ADAM_MIN_BLOCKS_PER_SM)
+#else
+#define ZENFLOW_DETAIL_SPARSE_ADAM_STEP_BOUNDS __launch_bounds__(kThreads)
+#endif
+
 /// One registered parameter as the kernels see it (a vector is one column; columns == nullptr).
 struct param_desc {
   void* param = nullptr;
@@ -209,10 +226,13 @@ __device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, float& 
 /// another step than the last one (usually once per block: parameters step together); then only
 /// the parameter's lr and weight decay are set. A parameter without a gradient is skipped. The
 /// last block to finish advances the counters (the optimizer's, and those of the parameters with
-/// a gradient), after every block has read them.
-static __global__ void __launch_bounds__(kThreads)
-    sparse_adam_step_kernel(const param_desc* params, const grad_desc* grads, int count, std::int64_t tiles,
-                            step_control ctl) {
+/// a gradient), after every block has read them: a block counts itself done only once all its
+/// warps left the tile loop (a barrier every thread reaches), so no lagging warp of another block
+/// reads a count the last block has already advanced.
+static __global__ void ZENFLOW_DETAIL_SPARSE_ADAM_STEP_BOUNDS sparse_adam_step_kernel(const param_desc* params,
+                                                                                      const grad_desc* grads, int count,
+                                                                                      std::int64_t tiles,
+                                                                                      step_control ctl) {
   __shared__ adam_step_constants constants;
   __shared__ double bc1;
   __shared__ float scale;
@@ -259,9 +279,13 @@ static __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (apply == 0) return;
   }
+  // Every warp of the block is past its last read of a step count (the loop above) before thread 0
+  // counts the block done. Reached by every thread: the returns above are uniform over the grid.
+  __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
+    __threadfence();  // release: this block's reads and writes come before its count
     last = atomicAdd(&ctl.control->done_blocks, 1u) == gridDim.x - 1 ? 1 : 0;
+    if (last != 0) __threadfence();  // acquire: the increments below come after every block's count
   }
   __syncthreads();
   if (last != 0) {

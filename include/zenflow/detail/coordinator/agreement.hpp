@@ -1,0 +1,136 @@
+// What the ranks of a data-parallel coordinator compare before their first step and when they load
+// checkpoints (docs/DATA_PARALLEL.md, "Agreement"): a record of fixed size, so that ranks that
+// registered different parameters, or load checkpoints of different steps, still make the same
+// collective (an all-gather of it) and fail with the reason instead of pairing unrelated buffers.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "zenflow/error.hpp"
+
+namespace zenflow::detail {
+
+inline constexpr std::uint64_t fingerprint_basis = 14695981039346656037ull;
+
+/// FNV-1a over the bytes of `value`, continuing `h`.
+template <class T>
+std::uint64_t fingerprint(std::uint64_t h, const T& value) noexcept {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&value);
+  for (std::size_t i = 0; i < sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+/// Where a coordinator's schedule stands (before its first step, or in the checkpoint it loads).
+struct agreement_position {
+  std::int64_t step = 0;
+  bool started = false;
+  std::int64_t interval = 0;
+  std::int64_t interval_first_step = 0;
+  std::int64_t interval_target = 1;
+  std::int64_t pending_interval = -1;
+  std::uint64_t selections = fingerprint_basis;        ///< every parameter's GPU columns
+  std::uint64_t hyper_parameters = fingerprint_basis;  ///< every parameter's lr and weight decay
+  std::int64_t cpu_steps = 0;
+  std::int64_t gpu_steps = 0;
+  std::uint64_t parameter_steps = fingerprint_basis;  ///< every parameter's own CPU and GPU counts
+
+  /// Adds the next parameter's GPU columns, hyper-parameters and own step counts.
+  template <class Columns>
+  void add(const Columns& selection, float lr, float weight_decay, std::int64_t cpu, std::int64_t gpu) noexcept {
+    for (std::int32_t c : selection) selections = fingerprint(selections, c);
+    selections = fingerprint(selections, std::int32_t{-1});
+    hyper_parameters = fingerprint(fingerprint(hyper_parameters, lr), weight_decay);
+    parameter_steps = fingerprint(fingerprint(parameter_steps, cpu), gpu);
+  }
+};
+
+/// One rank's record: `count` fields, then a reason (a rejected checkpoint's error text).
+struct agreement {
+  enum field : std::size_t {
+    kind,    // first_step or checkpoint
+    status,  // 0, or 1: this rank rejected its checkpoint (reason)
+    options,
+    parameters,
+    registration,
+    hyper_parameters,
+    step,
+    started,
+    interval,
+    interval_first_step,
+    interval_target,
+    pending_interval,
+    selections,
+    cpu_steps,
+    gpu_steps,
+    parameter_steps,
+    count
+  };
+  static constexpr std::int64_t first_step = 1, checkpoint = 2;
+  static constexpr std::size_t reason_words = 32;  // 256 bytes of text
+  static constexpr std::size_t words = count + reason_words;
+  std::array<std::int64_t, words> w{};
+
+  /// Marks the record rejected with `text` (cut to 256 bytes).
+  void reject(std::string_view text) noexcept {
+    w[status] = 1;
+    const std::size_t n = std::min(text.size(), reason_words * sizeof(std::int64_t));
+    std::memcpy(w.data() + count, text.data(), n);
+  }
+  /// The reason of a record given as its `words` words.
+  static std::string reason_of(std::span<const std::int64_t> record) {
+    std::array<char, reason_words * sizeof(std::int64_t)> text{};
+    std::memcpy(text.data(), record.data() + count, text.size());
+    return std::string(text.data(), strnlen(text.data(), text.size()));
+  }
+  /// Why rank `r` differs from rank 0 in field `f` (f != status).
+  static std::string disagreement(std::size_t f, int r, int ranks, std::int64_t first, std::int64_t other) {
+    const std::string who = concat("rank 0 and rank ", r, " of ", ranks);
+    switch (f) {
+      case kind:
+        return concat(who, " are not doing the same: rank ", first == checkpoint ? 0 : r,
+                      " loads a checkpoint while rank ", first == checkpoint ? r : 0,
+                      " takes its first step (every rank loads its own checkpoint, or none does)");
+      case options:
+      case parameters:
+      case registration:
+      case hyper_parameters:
+        return concat("the ranks registered different parameters or set different options: ", who, " differ in ",
+                      f == options        ? "their options (zenflow_options, betas, eps, bias correction)"
+                      : f == parameters   ? concat("the number of parameters (", first, " and ", other, ")")
+                      : f == registration ? "their parameters' names, shapes or dtypes"
+                                          : "their parameters' lr or weight decay",
+                      "; every rank must build the same coordinator");
+      default:
+        return concat("the ranks' checkpoints are not from one save: ", who, " differ in ", name(f), " (", first,
+                      " and ", other, "); resume every rank from the files one save_checkpoint wrote");
+    }
+  }
+  static const char* name(std::size_t f) noexcept {
+    constexpr const char* names[count] = {"kind",
+                                          "status",
+                                          "options",
+                                          "parameters",
+                                          "registration",
+                                          "hyper-parameters",
+                                          "step",
+                                          "started",
+                                          "interval",
+                                          "interval start",
+                                          "interval target",
+                                          "pending interval",
+                                          "selection (its fingerprint)",
+                                          "CPU step count",
+                                          "GPU step count",
+                                          "per-parameter step counts (their fingerprint)"};
+    return f < count ? names[f] : "?";
+  }
+};
+
+}  // namespace zenflow::detail
