@@ -18,7 +18,8 @@
 // detail/coordinator/: the schedule (coordinator_impl.hpp), state migration on reselection
 // (migration.hpp), the offload and update workers (offload_worker.hpp, update_worker.hpp, both on
 // worker_thread.hpp; the work they are handed in jobs.hpp, what they share with the trainer thread
-// in shared_state.hpp), the per-step flags (step_flags.hpp) and checkpoints (checkpoint_io.hpp).
+// in shared_state.hpp), the per-step flags (step_flags.hpp), the trainer's edits of its parameters
+// (reload.hpp) and checkpoints (checkpoint_io.hpp).
 #pragma once
 
 #include <array>
@@ -305,6 +306,32 @@ class basic_coordinator {
   /// Completes all CPU work and writes it back (end of training, before evaluation or export).
   /// Gradients submitted since the last step() are dropped. Synchronizes with `stream`.
   void finish(stream_type stream);
+
+  /// Drops the gradients handed over since the last step() (they may be submitted again), as a
+  /// step() that rejects its input does, and changes nothing else: for a trainer whose iteration
+  /// stopped between backward and step() (an exception, a skipped step) or whose gradients changed
+  /// after it handed them over. Waits until the offload worker has dropped those it already took:
+  /// on return no work reads them any more. Does nothing when none was handed over.
+  void discard_gradients(stream_type stream);
+
+  /// Adopts the trainer's edit of parameter i between steps (clamped, re-initialised, rolled back
+  /// to earlier weights; the trainer's weights are the truth): reads its current values into the
+  /// fp32 master of its GPU columns (the device optimizer) and of this rank's CPU columns (the CPU
+  /// optimizer), keeping moments, step counts, the selection and the gradients accumulated so far.
+  /// An element whose value is its master rounded to the parameter's dtype keeps that master (a
+  /// bf16/fp16 parameter keeps the bits below its precision); every other element takes the value,
+  /// upcast exactly.
+  ///
+  /// A CPU update in flight (overlap_step: launched, or done and not yet written back): the edit
+  /// wins. The update completes first (its moments and step counts stay); then every element of
+  /// parameter i's CPU columns takes its value as it is now, and the update's pending write-back
+  /// writes those values to parameter i instead of the update's result (the other parameters get
+  /// theirs). To edit the updated values instead, call finish() before editing.
+  ///
+  /// May be called between steps, or between submit_gradient and step(). Data parallel: not
+  /// collective; each rank reads its own copy (edit every rank's copy alike, as with DDP).
+  /// Synchronizes with `stream`.
+  void reload_parameter(std::size_t i, stream_type stream);
 
   /// Writes the complete optimizer state to `path` (see detail/coordinator/checkpoint_io.hpp for
   /// the format). Drains pending CPU work first (its results stay pending, as in an uninterrupted
