@@ -1,6 +1,6 @@
 // The data-parallel coordinator under mpirun (2 and 3 ranks): N ranks on N micro-batches against
-// one process on their mean gradient, the CPU state each rank holds, agreement checks, failure
-// on every rank, and per-rank checkpoints.
+// one process on their mean gradient, the CPU state each rank holds, an edit of the parameters
+// reloaded on every rank, agreement checks, failure on every rank, and per-rank checkpoints.
 //
 // The gradients (support/data_parallel_model.hpp) make every sum over ranks exact, so the
 // selection is the mean's (checked at every step, as the write-back schedule). Without clipping
@@ -58,8 +58,19 @@ std::string shared_prefix() {
   return "/tmp/zenflow_dp_" + std::to_string(pid);
 }
 
-// Runs `steps` steps of N ranks and of the reference side by side, comparing after each.
-void run_against_reference(float max_grad_norm, bool exact) {
+// The trainer's edit at a step (the same on every rank and in the reference): w1 (bf16) clamped,
+// w2 halved, the bias zeroed; then every parameter reloaded.
+template <class C, class Stream>
+void edit_and_reload(model& m, C& c, Stream stream) {
+  for (auto& x : m.w1) x = zenflow::to_bfloat16(std::fmax(-0.125f, std::fmin(0.125f, zenflow::to_float(x))));
+  for (auto& x : m.w2) x *= 0.5f;
+  for (auto& x : m.b) x = 0.0f;
+  for (std::size_t i = 0; i < 3; ++i) c.reload_parameter(i, stream);
+}
+
+// Runs `steps` steps of N ranks and of the reference side by side, comparing after each. With
+// `edit_at` >= 0, the trainer edits the parameters before that step's backward.
+void run_against_reference(float max_grad_norm, bool exact, int edit_at = -1) {
   const int rank = world_rank(), ranks = world_size();
   const auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
@@ -72,6 +83,10 @@ void run_against_reference(float max_grad_norm, bool exact) {
   REQUIRE(dp.ranks() == ranks);
   host_stream s_dp, s_ref;
   for (int t = 0; t < 14; ++t) {
+    if (t == edit_at) {
+      edit_and_reload(dp_model, dp, &s_dp);
+      edit_and_reload(ref_model, ref, &s_ref);
+    }
     dp_model.make_gradients(t, rank, ranks);
     ref_model.make_gradients(t, -1, ranks);
     dp_model.submit(dp, &s_dp, !w2_missing(t));
@@ -145,6 +160,11 @@ void run_against_reference(float max_grad_norm, bool exact) {
 
 TEST_CASE("N ranks on N micro-batches equal one process on their mean gradient (bit for bit on 2 ranks)") {
   run_against_reference(0.0f, /*exact=*/world_size() == 2);
+}
+
+TEST_CASE("an edit reloaded on every rank equals one process reloading it (bit for bit on 2 ranks)") {
+  // Step 5: mid-interval with a CPU update pending (the edit wins over it), after a reselection.
+  run_against_reference(0.0f, /*exact=*/world_size() == 2, /*edit_at=*/5);
 }
 
 TEST_CASE("with clipping by one global norm across the ranks: within a tolerance of one process") {
