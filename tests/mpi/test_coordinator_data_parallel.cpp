@@ -70,9 +70,10 @@ void edit_and_reload(model& m, C& c, Stream stream) {
 
 // Runs `steps` steps of N ranks and of the reference side by side, comparing after each. With
 // `edit_at` >= 0, the trainer edits the parameters before that step's backward.
-void run_against_reference(float max_grad_norm, bool exact, int edit_at = -1) {
+void run_against_reference(float max_grad_norm, bool exact, int edit_at = -1, std::int64_t select_interval = 3) {
   const int rank = world_rank(), ranks = world_size();
-  const auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
+  auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
+  options.select_interval = zenflow::interval_option::fixed(select_interval);
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   model dp_model, ref_model;
   dp_coordinator dp(comm, options);
@@ -163,8 +164,10 @@ TEST_CASE("N ranks on N micro-batches equal one process on their mean gradient (
 }
 
 TEST_CASE("an edit reloaded on every rank equals one process reloading it (bit for bit on 2 ranks)") {
-  // Step 5: mid-interval with a CPU update pending (the edit wins over it), after a reselection.
-  run_against_reference(0.0f, /*exact=*/world_size() == 2, /*edit_at=*/5);
+  // Selections at steps 1 and 7, intervals of 2 from step 1: before step 3 the CPU update of steps
+  // 1-2 is pending (the edit wins over it); the end of step 4 writes it back, and the update of
+  // steps 3-4 (from the edited master) waits until the end of step 6.
+  run_against_reference(0.0f, /*exact=*/world_size() == 2, /*edit_at=*/3, /*select_interval=*/6);
 }
 
 TEST_CASE("with clipping by one global norm across the ranks: within a tolerance of one process") {
