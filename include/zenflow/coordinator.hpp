@@ -101,6 +101,22 @@ enum class missing_gradients {
   skip,
 };
 
+/// What save_checkpoint writes besides the optimizer state (load_checkpoint reads which from the
+/// file).
+enum class checkpoint_contents : std::uint8_t {
+  /// The optimizer state and the parameters' values: load_checkpoint restores both.
+  everything,
+  /// The optimizer state only, as torch.optim's state_dict: the trainer saves and restores its
+  /// parameters itself (before load_checkpoint). An f32 parameter's fp32 master is its value (but
+  /// for columns whose CPU result awaits its write-back, which the checkpoint holds) and is not
+  /// written; load_checkpoint reads it from the parameter. A bf16/fp16 parameter's master is
+  /// written. The size is then the moments (8 bytes per element, as torch.optim.AdamW's over fp32
+  /// parameters), plus 4 per element of a bf16/fp16 parameter, plus within an interval the CPU
+  /// columns' accumulated gradient (4 bytes per element) and, with overlap_step, their pending
+  /// result (in the parameter's dtype).
+  optimizer_state,
+};
+
 namespace detail {
 template <class Backend>
 class offload_worker;
@@ -334,12 +350,16 @@ class basic_coordinator {
   void reload_parameter(std::size_t i, stream_type stream);
 
   /// Writes the complete optimizer state to `path` (see detail/coordinator/checkpoint_io.hpp for
-  /// the format). Drains pending CPU work first (its results stay pending, as in an uninterrupted
-  /// run). Synchronizes with `stream`.
-  void save_checkpoint(const std::string& path, stream_type stream);
+  /// the format), and with checkpoint_contents::everything the parameters' values. Drains pending
+  /// CPU work first (its results stay pending, as in an uninterrupted run). Synchronizes with
+  /// `stream`.
+  void save_checkpoint(const std::string& path, stream_type stream,
+                       checkpoint_contents contents = checkpoint_contents::everything);
   /// Restores a checkpoint written by save_checkpoint into a coordinator with the same options and
-  /// registered parameters; resumes bit-identically. A truncated, corrupted or mismatched file is
-  /// rejected before any state changes. Synchronizes with `stream`.
+  /// registered parameters; resumes bit-identically. A checkpoint of
+  /// checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them
+  /// first. A truncated, corrupted or mismatched file is rejected before any state changes.
+  /// Synchronizes with `stream`.
   void load_checkpoint(const std::string& path, stream_type stream);
 
  private:

@@ -21,7 +21,7 @@
 namespace zenflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
-inline constexpr std::uint32_t checkpoint_version = 4;
+inline constexpr std::uint32_t checkpoint_version = 5;
 inline constexpr std::size_t checkpoint_header_bytes = 32;
 
 /// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).

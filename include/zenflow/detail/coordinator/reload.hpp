@@ -21,22 +21,6 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::discard_gradients(
   abandon_step(stream);
 }
 
-namespace detail {
-/// master[r] = values[r] upcast, for every r (`always`) or where values[r] (of `type`) differs from
-/// master[r] rounded to `type`, bit for bit.
-inline void adopt_values(std::span<const std::byte> values, dtype type, std::span<float> master, bool always) {
-  dispatch_dtype(type, [&](auto tag) {
-    using T = decltype(tag);
-    for (std::size_t r = 0; r < master.size(); ++r) {
-      T value;
-      std::memcpy(&value, values.data() + r * sizeof(T), sizeof(T));
-      const T rounded = from_float<T>(master[r]);
-      if (always || std::memcmp(&value, &rounded, sizeof(T)) != 0) master[r] = to_float(value);
-    }
-  });
-}
-}  // namespace detail
-
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(std::size_t i, stream_type stream) {
   rethrow_worker_error();
@@ -74,10 +58,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
     // write-back will write these values.
     const bool pending = pending_interval_ && p.accumulated[*pending_interval_ % 2] > 0 && !p.complement.empty();
     const std::span<float> master = host_opt_.params(p.cpu_tensor);
-    for (index_t c = p.owned.first; c < p.owned.last; ++c) {
-      if (std::binary_search(p.selection.begin(), p.selection.end(), static_cast<std::int32_t>(c))) continue;
-      detail::adopt_values(column(c), type, master.subspan((c - p.owned.first) * rows, rows), pending);
-    }
+    for (const std::int32_t c : detail::owned_cpu_columns(p.owned, p.selection))
+      detail::adopt_values(column(c + static_cast<std::int32_t>(p.owned.first)), type, master.subspan(c * rows, rows),
+                           pending);
     if (pending) {
       std::vector<std::byte> block(p.owned_local.size() * column_bytes);
       for (std::size_t j = 0; j < p.owned_local.size(); ++j) {
