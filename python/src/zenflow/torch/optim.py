@@ -316,7 +316,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 path = os.path.join(d, "checkpoint.zf")
                 self._core.save(path, stream, "optimizer_state")
                 with open(path, "rb") as f:
-                    checkpoint = f.read()
+                    # A tensor: torch.save writes its bytes as they are (pickle's protocol 2 would
+                    # write a bytes object as latin-1 text, half again as large).
+                    checkpoint = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
         sd["zenflow"] = {"format": _CHECKPOINT_FORMAT, "checkpoint": checkpoint, "mode": self._method["mode"]}
         return sd
 
@@ -339,9 +341,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             raise ValueError(f"state_dict: was written in mode {zf.get('mode')!r}, this optimizer runs "
                              f"{self._method['mode']!r}")
         checkpoint = zf.get("checkpoint")
-        if checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray)):
-            raise ValueError(f"state_dict['zenflow']['checkpoint']: must be bytes (as state_dict() wrote it), "
-                             f"got {type(checkpoint).__name__}")
+        if isinstance(checkpoint, torch.Tensor) and checkpoint.dtype == torch.uint8 and checkpoint.dim() == 1:
+            checkpoint = checkpoint.cpu().numpy().tobytes()  # (accelerate may have moved it to the device)
+        elif checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray)):
+            raise ValueError(f"state_dict['zenflow']['checkpoint']: must be a 1-D uint8 tensor (as state_dict() "
+                             f"wrote it) or bytes, got {type(checkpoint).__name__}")
         saved = state_dict.get("param_groups")
         if not isinstance(saved, list) or len(saved) != len(self.param_groups):
             raise ValueError(f"state_dict: has {len(saved) if isinstance(saved, list) else 'no'} parameter groups, "
