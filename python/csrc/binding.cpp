@@ -425,8 +425,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "A new NCCL unique id (bytes), for the first rank to broadcast to the others");
   m.def(
-      "validate_options", [](const py::dict& options) { (void)zenflow_torch::to_options(options); },
-      py::arg("options"),
+      "validate_options", [](const py::dict& options) { (void)zenflow_torch::to_options(options); }, py::arg("options"),
       "Checks the method's options as the coordinator will (zenflow_options::validate, adam_options::validate); "
       "raises ZenFlowError naming the first bad field");
   py::class_<coordinator>(m, "Coordinator")
