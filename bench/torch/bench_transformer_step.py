@@ -72,6 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--cpu-threads", type=int, default=0, help="ZenFlowAdamW's CPU Adam threads (0: all)")
+    p.add_argument("--submit-in-backward", action="store_true",
+                   help="ZenFlowAdamW hands each gradient over during backward (default: at step())")
     p.add_argument("--attn", default="sdpa", help="transformers attn_implementation (default sdpa)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -178,8 +180,8 @@ def run_mode(name, args, device, dtype):
         opt = zf.ZenFlowAdamW(zf.param_groups(model, weight_decay=args.weight_decay), lr=args.lr,
                               weight_decay=args.weight_decay, topk_ratio=args.topk_ratio,
                               update_interval=args.update_interval, cpu_threads=args.cpu_threads,
-                              **ZENFLOW_MODES[name])
-        result["options"] = opt.options
+                              submit_in_backward=args.submit_in_backward, **ZENFLOW_MODES[name])
+        result["options"] = dict(opt.options, submit_in_backward=args.submit_in_backward)
     metrics = []
     losses = []
     timer = StepTimer(cuda)

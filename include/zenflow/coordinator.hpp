@@ -18,7 +18,8 @@
 // detail/coordinator/: the schedule (coordinator_impl.hpp), state migration on reselection
 // (migration.hpp), the offload and update workers (offload_worker.hpp, update_worker.hpp, both on
 // worker_thread.hpp; the work they are handed in jobs.hpp, what they share with the trainer thread
-// in shared_state.hpp), the per-step flags (step_flags.hpp) and checkpoints (checkpoint_io.hpp).
+// in shared_state.hpp), the per-step flags (step_flags.hpp), the trainer's edits of its parameters
+// (reload.hpp) and checkpoints (checkpoint_io.hpp).
 #pragma once
 
 #include <array>
@@ -99,6 +100,22 @@ enum class missing_gradients {
   /// The parameter is skipped this step, as torch.optim.AdamW skips a parameter whose `.grad` is
   /// None: no Adam update and no step-count advance for it (see basic_coordinator::step).
   skip,
+};
+
+/// What save_checkpoint writes besides the optimizer state (load_checkpoint reads which from the
+/// file).
+enum class checkpoint_contents : std::uint8_t {
+  /// The optimizer state and the parameters' values: load_checkpoint restores both.
+  everything,
+  /// The optimizer state only, as torch.optim's state_dict: the trainer saves and restores its
+  /// parameters itself (before load_checkpoint). An f32 parameter's fp32 master is its value (but
+  /// for columns whose CPU result awaits its write-back, which the checkpoint holds) and is not
+  /// written; load_checkpoint reads it from the parameter. A bf16/fp16 parameter's master is
+  /// written. The size is then the moments (8 bytes per element, as torch.optim.AdamW's over fp32
+  /// parameters), plus 4 per element of a bf16/fp16 parameter, plus within an interval the CPU
+  /// columns' accumulated gradient (4 bytes per element) and, with overlap_step, their pending
+  /// result (in the parameter's dtype).
+  optimizer_state,
 };
 
 namespace detail {
@@ -325,13 +342,43 @@ class basic_coordinator {
   /// Gradients submitted since the last step() are dropped. Synchronizes with `stream`.
   void finish(stream_type stream);
 
+  /// Drops the gradients handed over since the last step() (they may be submitted again), as a
+  /// step() that rejects its input does, and changes nothing else: for a trainer whose iteration
+  /// stopped between backward and step() (an exception, a skipped step) or whose gradients changed
+  /// after it handed them over. Waits until the offload worker has dropped those it already took:
+  /// on return no work reads them any more. Does nothing when none was handed over.
+  void discard_gradients(stream_type stream);
+
+  /// Adopts the trainer's edit of parameter i between steps (clamped, re-initialised, rolled back
+  /// to earlier weights; the trainer's weights are the truth): reads its current values into the
+  /// fp32 master of its GPU columns (the device optimizer) and of this rank's CPU columns (the CPU
+  /// optimizer), keeping moments, step counts, the selection and the gradients accumulated so far.
+  /// An element whose value is its master rounded to the parameter's dtype keeps that master (a
+  /// bf16/fp16 parameter keeps the bits below its precision); every other element takes the value,
+  /// upcast exactly.
+  ///
+  /// A CPU update in flight (overlap_step: launched, or done and not yet written back): the edit
+  /// wins. The update completes first (its moments and step counts stay); then every element of
+  /// parameter i's CPU columns takes its value as it is now, and the update's pending write-back
+  /// writes those values to parameter i instead of the update's result (the other parameters get
+  /// theirs). To edit the updated values instead, call finish() before editing.
+  ///
+  /// May be called between steps, or between submit_gradient and step(). Data parallel: not
+  /// collective; each rank reads its own copy (edit every rank's copy alike, as with DDP).
+  /// Synchronizes with `stream`.
+  void reload_parameter(std::size_t i, stream_type stream);
+
   /// Writes the complete optimizer state to `path` (see detail/coordinator/checkpoint_io.hpp for
-  /// the format). Drains pending CPU work first (its results stay pending, as in an uninterrupted
-  /// run). Synchronizes with `stream`.
-  void save_checkpoint(const std::string& path, stream_type stream);
+  /// the format), and with checkpoint_contents::everything the parameters' values. Drains pending
+  /// CPU work first (its results stay pending, as in an uninterrupted run). Synchronizes with
+  /// `stream`.
+  void save_checkpoint(const std::string& path, stream_type stream,
+                       checkpoint_contents contents = checkpoint_contents::everything);
   /// Restores a checkpoint written by save_checkpoint into a coordinator with the same options and
-  /// registered parameters; resumes bit-identically. A truncated, corrupted or mismatched file is
-  /// rejected before any state changes. Synchronizes with `stream`.
+  /// registered parameters; resumes bit-identically. A checkpoint of
+  /// checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them
+  /// first. A truncated, corrupted or mismatched file is rejected before any state changes.
+  /// Synchronizes with `stream`.
   void load_checkpoint(const std::string& path, stream_type stream);
 
  private:

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -160,7 +161,8 @@ struct zenflow_options {
     if (select_strategy != selection_strategy::automatic) return select_strategy;
     return steps_per_epoch > 0 ? selection_strategy::epoch : selection_strategy::step;
   }
-  /// The selection interval in steps after resolving "auto" and the epoch strategy.
+  /// The selection interval in steps after resolving "auto" and the epoch strategy (validate()
+  /// rejects options whose select_interval * steps_per_epoch does not fit in 64 bits).
   [[nodiscard]] std::int64_t select_interval_steps() const noexcept {
     const bool epochs = resolved_strategy() == selection_strategy::epoch;
     if (select_interval.is_auto) return epochs ? steps_per_epoch : auto_select_steps;
@@ -184,6 +186,13 @@ struct zenflow_options {
     expects(steps_per_epoch >= 0, "steps_per_epoch", "must be >= 0, got ", steps_per_epoch);
     expects(select_strategy != selection_strategy::epoch || steps_per_epoch >= 1, "steps_per_epoch",
             "must be >= 1 with select_strategy epoch");
+    // The epoch strategy counts select_interval epochs of steps_per_epoch steps: the product must
+    // be a step count (a wrapped product would select at a wrong step, or divide by zero).
+    expects(resolved_strategy() != selection_strategy::epoch || select_interval.is_auto ||
+                select_interval.value <= std::numeric_limits<std::int64_t>::max() / steps_per_epoch,
+            "select_interval", "times steps_per_epoch (", steps_per_epoch,
+            ") must fit in a 64-bit step count (at most ", std::numeric_limits<std::int64_t>::max(), " steps), got ",
+            select_interval.value, " epochs");
     expects(auto_select_steps >= 1, "auto_select_steps", "must be >= 1, got ", auto_select_steps);
     expects(max_update_interval >= 1, "max_update_interval", "must be >= 1, got ", max_update_interval);
     expects(update_interval.is_auto || select_interval_steps() >= update_interval.value, "select_interval",

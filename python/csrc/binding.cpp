@@ -261,14 +261,6 @@ class coordinator {
     device_ = device;
   }
 
-  py::dict features() const {
-    const auto f = h().supported();
-    py::dict d;
-    d["set_adam_options"] = f.set_adam_options;
-    d["per_parameter_adam"] = f.per_parameter_adam;
-    d["skips_missing_gradients"] = f.skips_missing_gradients;
-    return d;
-  }
   std::string backend() const { return h().backend(); }
 
   std::size_t add_matrix(const std::string& name, const at::Tensor& param, int column_dim, const py::dict& adam) {
@@ -351,9 +343,24 @@ class coordinator {
     py::gil_scoped_release release;
     h().finish(to_stream(stream));
   }
-  void save(const std::string& path, std::uintptr_t stream) {
+  void discard_gradients(std::uintptr_t stream) {
     py::gil_scoped_release release;
-    h().save(path, to_stream(stream));
+    h().discard_gradients(to_stream(stream));
+  }
+  void reload_parameter(std::size_t i, std::uintptr_t stream) {
+    zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
+    py::gil_scoped_release release;
+    h().reload_parameter(i, to_stream(stream));
+  }
+  /// `contents`: "everything" (the parameters' values too) or "optimizer_state" (torch.optim's
+  /// contract: the trainer restores its parameters itself).
+  void save(const std::string& path, std::uintptr_t stream, const std::string& contents) {
+    zenflow::expects(contents == "everything" || contents == "optimizer_state", "contents",
+                     "must be everything or optimizer_state, got ", contents);
+    const auto c = contents == "everything" ? zenflow::checkpoint_contents::everything
+                                            : zenflow::checkpoint_contents::optimizer_state;
+    py::gil_scoped_release release;
+    h().save(path, c, to_stream(stream));
   }
   void load(const std::string& path, std::uintptr_t stream) {
     py::gil_scoped_release release;
@@ -438,21 +445,14 @@ PYBIND11_MODULE(_C, m) {
       },
       "A new NCCL unique id (bytes), for the first rank to broadcast to the others");
   m.def(
-      "features",
-      [] {
-        py::dict d;  // as coordinator_handle::supported()
-        d["set_adam_options"] = true;
-        d["per_parameter_adam"] = true;
-        d["skips_missing_gradients"] = true;
-        return d;
-      },
-      "What this build's coordinator supports beyond the base schedule");
+      "validate_options", [](const py::dict& options) { (void)zenflow_torch::to_options(options); }, py::arg("options"),
+      "Checks the method's options as the coordinator will (zenflow_options::validate, adam_options::validate); "
+      "raises ZenFlowError naming the first bad field");
   py::class_<coordinator>(m, "Coordinator")
       .def(py::init<const py::dict&, const py::dict&, const std::string&, const py::object&, const py::object&, double,
                     const py::object&>(),
            py::arg("options"), py::arg("config"), py::arg("device"), py::arg("group") = py::none(),
            py::arg("store") = py::none(), py::arg("timeout") = 600.0, py::arg("nccl_id") = py::none())
-      .def("features", &coordinator::features)
       .def("backend", &coordinator::backend)
       .def("add_matrix", &coordinator::add_matrix, py::arg("name"), py::arg("param"), py::arg("column_dim"),
            py::arg("adam"))
@@ -460,7 +460,9 @@ PYBIND11_MODULE(_C, m) {
       .def("submit", &coordinator::submit, py::arg("index"), py::arg("grad"), py::arg("stream"))
       .def("step", &coordinator::step, py::arg("stream"))
       .def("finish", &coordinator::finish, py::arg("stream"))
-      .def("save", &coordinator::save, py::arg("path"), py::arg("stream"))
+      .def("discard_gradients", &coordinator::discard_gradients, py::arg("stream"))
+      .def("reload_parameter", &coordinator::reload_parameter, py::arg("index"), py::arg("stream"))
+      .def("save", &coordinator::save, py::arg("path"), py::arg("stream"), py::arg("contents") = "everything")
       .def("load", &coordinator::load, py::arg("path"), py::arg("stream"))
       .def("set_adam_options", &coordinator::set_adam_options, py::arg("index"), py::arg("adam"))
       .def("metrics", &coordinator::metrics)

@@ -24,18 +24,10 @@
 
 namespace zenflow_torch {
 
-/// What the coordinator supports beyond the base schedule.
-struct features {
-  bool set_adam_options = false;         ///< hyper-parameters can change between steps
-  bool per_parameter_adam = false;       ///< each parameter has its own lr and weight_decay
-  bool skips_missing_gradients = false;  ///< step() leaves a parameter without a gradient unchanged
-};
-
 /// The coordinator behind a virtual interface (one instance per optimizer).
 class handle {
  public:
   virtual ~handle() = default;
-  [[nodiscard]] virtual features supported() const noexcept = 0;
   [[nodiscard]] virtual const char* backend() const noexcept = 0;
   virtual std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
                                  zenflow::dtype grad_type, const zenflow::adam_options& adam) = 0;
@@ -45,7 +37,9 @@ class handle {
   virtual void submit(std::size_t i, zenflow::const_vector_view grad, void* stream) = 0;
   virtual zenflow::step_metrics step(void* stream) = 0;
   virtual void finish(void* stream) = 0;
-  virtual void save(const std::string& path, void* stream) = 0;
+  virtual void discard_gradients(void* stream) = 0;
+  virtual void reload_parameter(std::size_t i, void* stream) = 0;
+  virtual void save(const std::string& path, zenflow::checkpoint_contents contents, void* stream) = 0;
   virtual void load(const std::string& path, void* stream) = 0;
   virtual void set_adam_options(std::size_t i, const zenflow::adam_options& adam) = 0;
   [[nodiscard]] virtual zenflow::step_metrics metrics() const = 0;
@@ -81,10 +75,6 @@ class coordinator_handle final : public handle {
                      const zenflow::coordinator_config& config) requires(data_parallel)
       : communicator_(std::move(communicator)), coordinator_(*communicator_, options, config) {}
 
-  [[nodiscard]] features supported() const noexcept override {
-    // step() skips a parameter without a gradient (missing_gradients::skip), as torch's AdamW.
-    return {true, true, true};
-  }
   [[nodiscard]] const char* backend() const noexcept override { return host ? "host" : "cuda"; }
 
   std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
@@ -113,7 +103,16 @@ class coordinator_handle final : public handle {
     return m;
   }
   void finish(void* stream) override { coordinator_.finish(to_stream(stream)); }
-  void save(const std::string& path, void* stream) override { coordinator_.save_checkpoint(path, to_stream(stream)); }
+  void discard_gradients(void* stream) override {
+    coordinator_.discard_gradients(to_stream(stream));
+    if constexpr (host) stream_.synchronize();
+  }
+  void reload_parameter(std::size_t i, void* stream) override {
+    coordinator_.reload_parameter(i, to_stream(stream));  // synchronizes
+  }
+  void save(const std::string& path, zenflow::checkpoint_contents contents, void* stream) override {
+    coordinator_.save_checkpoint(path, to_stream(stream), contents);
+  }
   void load(const std::string& path, void* stream) override { coordinator_.load_checkpoint(path, to_stream(stream)); }
   void set_adam_options(std::size_t i, const zenflow::adam_options& adam) override {
     coordinator_.set_adam_options(i, adam);

@@ -2,10 +2,6 @@ import pytest
 import torch
 from torch import nn
 
-from zenflow.torch import _C
-
-FEATURES = _C.features()
-
 
 class Tiny(nn.Module):
     """Embedding -> Linear -> LayerNorm -> GELU -> Linear: every kind of parameter the optimizer sees."""

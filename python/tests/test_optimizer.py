@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from zenflow.torch import ZenFlowAdamW, param_groups
-from conftest import FEATURES, batch, make_model, max_diff, train_step
+from conftest import batch, make_model, max_diff, train_step
 
 HYPER = dict(lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 # Per-step bound on |p_zenflow - p_torch| over 300 steps. zenflow's Adam forms the whole change
@@ -140,7 +140,7 @@ def test_state_dict_round_trip_bit_identical(mode, overlap):
     for step in range(25):
         train_step(model, opt, step)
     buf = io.BytesIO()
-    torch.save(opt.state_dict(), buf)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buf)  # as Trainer saves
     for step in range(25, 45):
         train_step(model, opt, step)
     opt.flush()
@@ -149,7 +149,9 @@ def test_state_dict_round_trip_bit_identical(mode, overlap):
         for p in resumed.parameters():
             p.add_(1.0)
     buf.seek(0)
-    ropt.load_state_dict(torch.load(buf, weights_only=False))
+    saved = torch.load(buf, weights_only=False)
+    resumed.load_state_dict(saved["model"])  # the model's weights first, then the optimizer's state
+    ropt.load_state_dict(saved["optimizer"])
     for step in range(25, 45):
         train_step(resumed, ropt, step)
     ropt.flush()

@@ -1,5 +1,6 @@
-// Writes the fuzzer's seed corpus: one real checkpoint per configuration of
-// tests/support/checkpoint_model.hpp, as <seeds>/<configuration>.ckpt. Also empties <corpus>, the
+// Writes the fuzzer's seed corpus: two real checkpoints per configuration of
+// tests/support/checkpoint_model.hpp, as <seeds>/<configuration>.ckpt (everything) and
+// <seeds>/<configuration>.state.ckpt (the optimizer state alone). Also empties <corpus>, the
 // directory the fuzzer adds its own inputs to, so that every run starts from the seeds alone.
 //   usage: make_checkpoint_seeds <seeds> <corpus>
 #include "../support/checkpoint_model.hpp"
@@ -22,10 +23,14 @@ int main(int argc, char** argv) {
     for (const auto& c : zenflow::testing::checkpoint_configurations()) {
       zenflow::testing::checkpoint_model model(c);
       model.train(c.steps);
-      const auto path = (seeds / (std::string(c.name) + ".ckpt")).string();
-      model.coordinator().save_checkpoint(path, &model.stream());
-      std::printf("%s: %zu bytes after %lld steps\n", path.c_str(),
-                  static_cast<std::size_t>(std::filesystem::file_size(path)), static_cast<long long>(c.steps));
+      for (const auto contents :
+           {zenflow::checkpoint_contents::everything, zenflow::checkpoint_contents::optimizer_state}) {
+        const bool everything = contents == zenflow::checkpoint_contents::everything;
+        const auto path = (seeds / (std::string(c.name) + (everything ? ".ckpt" : ".state.ckpt"))).string();
+        model.coordinator().save_checkpoint(path, &model.stream(), contents);
+        std::printf("%s: %zu bytes after %lld steps\n", path.c_str(),
+                    static_cast<std::size_t>(std::filesystem::file_size(path)), static_cast<long long>(c.steps));
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_checkpoint_seeds: %s\n", e.what());

@@ -4,8 +4,9 @@
 // its bias corrections with its own pow, which may differ from glibc's in the last bit), and the
 // CPU Adam's fp32 state must agree too. The gradients' magnitude changes by up to 7500x from
 // step to step, so a clip factor from the wrong step, or none, shows in the CPU state; one test
-// checks the CPU columns' clipped gradients against clip factors computed here. Checkpoints are
-// saved and restored through the CUDA backend.
+// checks the CPU columns' clipped gradients against clip factors computed here. An edit of the
+// parameters is reloaded on both sides alike. Checkpoints are saved and restored through the CUDA
+// backend.
 #include <zenflow/coordinator.cuh>
 
 #include <doctest/doctest.h>
@@ -148,12 +149,20 @@ run_state snapshot(const cuda_coordinator& gpu, const gpu_model& m) {
   return s;
 }
 
+/// The trainer's edit of the weight and the bias between steps (the same on both sides): the weight
+/// clamped to [-0.05, 0.05], the bias set to 0.5.
+void edit(std::vector<bfloat16>& w, std::vector<float>& b) {
+  for (auto& x : w) x = to_bfloat16(std::clamp(to_float(x), -0.05f, 0.05f));
+  std::fill(b.begin(), b.end(), 0.5f);
+}
+
 /// Runs the same gradients through the CUDA and the host coordinator and compares the weights,
 /// the bias, the update trace and the bytes moved. At `nan_step` (if >= 0) one gradient element
 /// is NaN: both must skip that step. With `has`, parameter i (0: the weight, 1: the bias) gets a
-/// gradient in step s only where has(i, s), and both step with missing_gradients::skip.
+/// gradient in step s only where has(i, s), and both step with missing_gradients::skip. Before
+/// step `edit_step` (if >= 0) both sides edit the parameters (edit()) and reload them.
 void compare_modes(const zenflow_options& options, std::int64_t steps, std::int64_t nan_step = -1,
-                   const std::function<bool(std::size_t, std::int64_t)>& has = {}) {
+                   const std::function<bool(std::size_t, std::int64_t)>& has = {}, std::int64_t edit_step = -1) {
   const auto given = [&](std::size_t i, std::int64_t s) { return !has || has(i, s); };
   const missing_gradients missing = has ? missing_gradients::skip : missing_gradients::reject;
   gpu_model m;
@@ -184,6 +193,21 @@ void compare_modes(const zenflow_options& options, std::int64_t steps, std::int6
     if (s == nan_step) g[5 * cols + 17] = to_bfloat16(std::numeric_limits<float>::quiet_NaN());
     host.synchronize();
     ZENFLOW_CUDA_TRY(cudaStreamSynchronize(stream));  // the staging copies below reuse g_dev
+    if (s == edit_step) {
+      edit(w_host, b_host);
+      std::vector<bfloat16> w_edit(w_host.size());
+      std::vector<float> b_edit(bias_size);
+      ZENFLOW_CUDA_TRY(cudaMemcpy(w_edit.data(), w_dev.data(), w_edit.size() * 2, cudaMemcpyDeviceToHost));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(b_edit.data(), b_dev.data(), bias_size * 4, cudaMemcpyDeviceToHost));
+      edit(w_edit, b_edit);
+      ZENFLOW_CUDA_TRY(cudaMemcpy(w_dev.data(), w_edit.data(), w_edit.size() * 2, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaMemcpy(b_dev.data(), b_edit.data(), bias_size * 4, cudaMemcpyHostToDevice));
+      ZENFLOW_CUDA_TRY(cudaDeviceSynchronize());
+      for (std::size_t i = 0; i < 2; ++i) {
+        gpu.reload_parameter(i, stream);
+        cpu.reload_parameter(i, &host);
+      }
+    }
     ZENFLOW_CUDA_TRY(cudaMemcpyAsync(g_dev.data(), g.data(), g.size() * 2, cudaMemcpyHostToDevice, stream));
     ZENFLOW_CUDA_TRY(cudaMemcpyAsync(gb_dev.data(), gb.data(), bias_size * 4, cudaMemcpyHostToDevice, stream));
     if (given(0, s))
@@ -355,6 +379,19 @@ TEST_CASE("cuda_coordinator follows the host coordinator: ZeRO-Offload, dense an
   sync.select_interval = interval_option::fixed(6);
   sync.full_warm_up_rounds = 2;
   compare_modes(sync, 14);
+}
+
+TEST_CASE("cuda_coordinator follows the host coordinator: an edit reloaded between steps") {
+  // ZenFlow async: before step 4 the CPU update of steps 0-2 is pending (the edit wins over it;
+  // written back at the end of step 5), GPU columns selected at step 0.
+  zenflow_options o;
+  o.topk_ratio = 0.1f;
+  o.update_interval = interval_option::fixed(3);
+  o.select_interval = interval_option::fixed(9);
+  compare_modes(o, 12, -1, {}, /*edit_step=*/4);
+  compare_modes(zenflow_options::dense(), 6, -1, {}, /*edit_step=*/3);
+  compare_modes(zenflow_options::zero_offload(), 6, -1, {}, /*edit_step=*/3);
+  compare_modes(o, 3, -1, {}, /*edit_step=*/0);  // before the first step: every column on the CPU
 }
 
 TEST_CASE("cuda_coordinator follows the host coordinator: global-norm clipping and a NaN step") {

@@ -1,6 +1,6 @@
 // The data-parallel coordinator under mpirun (2 and 3 ranks): N ranks on N micro-batches against
-// one process on their mean gradient, the CPU state each rank holds, agreement checks, failure
-// on every rank, and per-rank checkpoints.
+// one process on their mean gradient, the CPU state each rank holds, an edit of the parameters
+// reloaded on every rank, agreement checks, failure on every rank, and per-rank checkpoints.
 //
 // The gradients (support/data_parallel_model.hpp) make every sum over ranks exact, and the scores
 // of the mean gradient rank the columns as the summed scores do: the selection is the mean's
@@ -71,12 +71,23 @@ std::string shared_prefix() {
   return "/tmp/zenflow_dp_" + std::to_string(pid);
 }
 
+// The trainer's edit at a step (the same on every rank and in the reference): w1 (bf16) clamped,
+// w2 halved, the bias zeroed; then every parameter reloaded.
+template <class Model, class C, class Stream>
+void edit_and_reload(Model& m, C& c, Stream stream) {
+  for (auto& x : m.w1) x = zenflow::to_bfloat16(std::fmax(-0.125f, std::fmin(0.125f, zenflow::to_float(x))));
+  for (auto& x : m.w2) x *= 0.5f;
+  for (auto& x : m.b) x = 0.0f;
+  for (std::size_t i = 0; i < 3; ++i) c.reload_parameter(i, stream);
+}
+
 // Runs 14 steps of N ranks and of the reference (one process on the mean gradient) side by side:
 // the same selection and write-back schedule at every step, the same parameters on every rank,
 // and parameters and this rank's CPU state (master, m, v) as the reference's, bit for bit or
-// within the scenario's tolerance.
+// within the scenario's tolerance. With `edit_at` >= 0, the trainer edits the parameters before
+// that step's backward.
 template <class Model>
-void run_against_reference(const scenario& how) {
+void run_against_reference(const scenario& how, int edit_at = -1, std::int64_t select_interval = 3) {
   const int rank = world_rank(), ranks = world_size(), steps = 14;
   const auto norms = zenflow_test::mean_gradient_norms<Model>(steps, ranks, how.rank_specific);
   const float max_grad_norm = how.clip ? threshold_between(norms) : 0.0f;
@@ -85,7 +96,8 @@ void run_against_reference(const scenario& how) {
     REQUIRE(clipped >= 3);
     REQUIRE(clipped <= steps - 3);
   }
-  const auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
+  auto options = zenflow_test::data_parallel_test_options(max_grad_norm);
+  options.select_interval = zenflow::interval_option::fixed(select_interval);
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   Model dp_model, ref_model;
   dp_coordinator dp(comm, options);
@@ -98,6 +110,10 @@ void run_against_reference(const scenario& how) {
   int own_choice_differs = 0;  // selections at which this rank's own top-k was not the selection
   double worst_params = 0.0;   // the largest fraction of parameter elements beyond the tolerance
   for (int t = 0; t < steps; ++t) {
+    if (t == edit_at) {
+      edit_and_reload(dp_model, dp, &s_dp);
+      edit_and_reload(ref_model, ref, &s_ref);
+    }
     if (how.rank_specific) {
       dp_model.make_rank_specific_gradients(t, rank, ranks);
       ref_model.make_rank_specific_gradients(t, -1, ranks);
@@ -229,6 +245,13 @@ TEST_CASE("larger shapes (4x every dimension): as one process, with and without 
   using large = zenflow_test::basic_data_parallel_model<4>;
   run_against_reference<large>({.exact = world_size() == 2});
   run_against_reference<large>({.clip = true, .tolerance = 1e-3f});
+}
+
+TEST_CASE("an edit reloaded on every rank equals one process reloading it (bit for bit on 2 ranks)") {
+  // Selections at steps 1 and 7, intervals of 2 from step 1: before step 3 the CPU update of steps
+  // 1-2 is pending (the edit wins over it); the end of step 4 writes it back, and the update of
+  // steps 3-4 (from the edited master) waits until the end of step 6.
+  run_against_reference<model>({.exact = world_size() == 2}, /*edit_at=*/3, /*select_interval=*/6);
 }
 
 TEST_CASE("a parameter given a gradient on some ranks only is rejected on every rank, and the step can run again") {

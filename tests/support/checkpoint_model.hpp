@@ -140,6 +140,20 @@ class checkpoint_model {
     return all;
   }
 
+  /// Sets the model's parameters to `bytes` (a snapshot()): what a trainer restores itself before
+  /// loading a checkpoint of checkpoint_contents::optimizer_state.
+  void restore(const std::vector<std::byte>& bytes) {
+    stream_.synchronize();
+    std::size_t at = 0;
+    auto take = [&](auto& v) {
+      std::memcpy(v.data(), bytes.data() + at, v.size() * sizeof(v[0]));
+      at += v.size() * sizeof(v[0]);
+    };
+    take(w0_);
+    take(w1_);
+    take(bias_);
+  }
+
   /// The CPU optimizer's fp32 master and moments of both weights.
   std::vector<float> cpu_state() const {
     std::vector<float> all;
@@ -206,11 +220,11 @@ inline void reseal_checkpoint(std::vector<char>& bytes) {
 
 /// A checkpoint's payload as named fields, in file order, that a test can change and write back
 /// (with a matching header). Scalars keep their raw bytes; arrays their elements' raw bytes.
-/// Names: "rank", "ranks", "step", "started", "interval", "first_step", "steps", "target", "pending", "overlap",
-/// "host_steps", "device_steps", "current_count", "pending_count", "parameters", then per
+/// Names: "options", "contents", "rank", "ranks", "step", "started", "interval", "first_step", "steps", "target",
+/// "pending", "overlap", "host_steps", "device_steps", "current_count", "pending_count", "parameters", then per
 /// parameter "<name>.<field>" with the fields of checkpoint_io.hpp (host_steps, device_steps,
-/// current_count, pending_count, cpu_p, cpu_m, cpu_v, selection, compact, accumulator, pending,
-/// values; a 1-D parameter: device_steps, state, values).
+/// current_count, pending_count, master, cpu_p, cpu_m, cpu_v, selection, compact, accumulator,
+/// pending, values; a 1-D parameter: device_steps, master, state, values).
 class checkpoint_document {
  public:
   struct field {
@@ -238,6 +252,7 @@ class checkpoint_document {
       return fields_.back().bytes;
     };
     scalar("options", 40);
+    scalar("contents", 1);
     scalar("rank", 4);
     scalar("ranks", 4);
     for (const char* name :
@@ -257,6 +272,7 @@ class checkpoint_document {
         scalar(name + ".size", 8);
         scalar(name + ".type", 1);
         scalar(name + ".device_steps", 8);
+        scalar(name + ".master", 1);
         array(name + ".state", 4);
         array(name + ".values", 1);
         continue;
@@ -264,6 +280,7 @@ class checkpoint_document {
       for (const char* f : {"rows", "cols"}) scalar(name + "." + f, 8);
       for (const char* f : {"type", "grad_type"}) scalar(name + "." + f, 1);
       for (const char* f : {"host_steps", "device_steps", "current_count", "pending_count"}) scalar(name + "." + f, 8);
+      scalar(name + ".master", 1);
       for (const char* f : {"cpu_p", "cpu_m", "cpu_v", "selection", "compact", "accumulator"}) array(name + "." + f, 4);
       for (const char* f : {"pending", "values"}) array(name + "." + f, 1);
     }

@@ -39,11 +39,12 @@ const checkpoint_configuration& configuration(const std::string& name) {
 }
 
 // The checkpoint of `c` after its steps.
-std::vector<char> saved_checkpoint(const checkpoint_configuration& c) {
+std::vector<char> saved_checkpoint(const checkpoint_configuration& c,
+                                   checkpoint_contents contents = checkpoint_contents::everything) {
   const auto path = temp_path(std::string(c.name) + ".bin");
   checkpoint_model m(c);
   m.train(c.steps);
-  m.coordinator().save_checkpoint(path, &m.stream());
+  m.coordinator().save_checkpoint(path, &m.stream(), contents);
   auto bytes = read_file_bytes(path);
   std::filesystem::remove(path);
   return bytes;
@@ -116,6 +117,72 @@ TEST_CASE("every checkpointable state loads, saves back identically and resumes 
     loaded.coordinator().finish(&loaded.stream());
     CHECK(loaded.snapshot() == uninterrupted(c, 4));
   }
+}
+
+TEST_CASE("the optimizer state alone (the trainer restores its parameters) resumes bit-identically") {
+  for (const auto& c : checkpoint_configurations()) {
+    INFO("configuration " << std::string(c.name));
+    const auto file = saved_checkpoint(c, checkpoint_contents::optimizer_state);
+    checkpoint_model original(c);
+    original.train(c.steps);
+    checkpoint_model loaded(c);
+    loaded.restore(original.snapshot());  // as model.load_state_dict() does before the optimizer's
+    const auto path = temp_path("state.bin");
+    write_file_bytes(path, file);
+    REQUIRE_NOTHROW(loaded.coordinator().load_checkpoint(path, &loaded.stream()));
+    CHECK(loaded.snapshot() == original.snapshot());  // the parameters are the trainer's: untouched
+    loaded.coordinator().save_checkpoint(path, &loaded.stream(), checkpoint_contents::optimizer_state);
+    CHECK(read_file_bytes(path) == file);
+    std::filesystem::remove(path);
+    loaded.train(4);
+    loaded.coordinator().finish(&loaded.stream());
+    CHECK(loaded.snapshot() == uninterrupted(c, 4));
+    // Each column's state once, the fp32 master only where it is not the parameter's values (the
+    // bf16 w0's), no parameter values.
+    checkpoint_document d(file);
+    CHECK(d.get<std::uint8_t>("contents") == 1);
+    CHECK(d.get<std::uint8_t>("w0.master") == 1);
+    CHECK(d.get<std::uint8_t>("w1.master") == 0);
+    CHECK(d.get<std::uint8_t>("bias.master") == 0);
+    CHECK(d["w1.cpu_p"].bytes.empty());
+    CHECK(d["w0.values"].bytes.empty());
+    CHECK(d["bias.state"].bytes.size() == 2 * checkpoint_model::bias_size * sizeof(float));
+    const std::size_t k1 = d["w1.selection"].bytes.size() / sizeof(std::int32_t);
+    const std::size_t rows1 = checkpoint_model::rows1, cols1 = checkpoint_model::cols1;
+    CHECK(d["w1.compact"].bytes.size() == 2 * k1 * rows1 * sizeof(float));
+    CHECK(d["w1.cpu_m"].bytes.size() == (cols1 - k1) * rows1 * sizeof(float));
+    CHECK(file.size() < saved_checkpoint(c).size());
+  }
+}
+
+TEST_CASE("an f32 master that is not the parameter's values is written with the optimizer state") {
+  // Registered with an fp32 master of its own (the trainer keeps one), before the first step.
+  std::vector<float> w(4 * 6), master(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    master[i] = 0.001f * static_cast<float>(i) + 1e-7f;
+    w[i] = 0.001f * static_cast<float>(i);
+  }
+  auto make = [&](host_coordinator& c) {
+    c.register_parameter("w", matrix_view::row_major(w.data(), 4, 6, dtype::f32),
+                         const_matrix_view::row_major(master.data(), 4, 6, dtype::f32), dtype::f32);
+  };
+  const auto path = temp_path("own_master.bin");
+  host_stream stream;
+  {
+    host_coordinator c(checkpoint_base_options());
+    make(c);
+    c.save_checkpoint(path, &stream, checkpoint_contents::optimizer_state);
+  }
+  checkpoint_document d(read_file_bytes(path));
+  CHECK(d.get<std::uint8_t>("w.master") == 1);
+  master.assign(master.size(), 0.0f);  // another master: the file's must win
+  host_coordinator c(checkpoint_base_options());
+  make(c);
+  c.load_checkpoint(path, &stream);
+  std::filesystem::remove(path);
+  const auto loaded = c.host_optimizer().params(0);
+  for (index_t col = 0; col < 6; ++col)
+    for (index_t r = 0; r < 4; ++r) CHECK(loaded[col * 4 + r] == 0.001f * static_cast<float>(r * 6 + col) + 1e-7f);
 }
 
 TEST_CASE("save_checkpoint with no parameters frees no buffer a copy still writes") {
@@ -237,7 +304,7 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
          const std::ptrdiff_t rows = checkpoint_model::rows1;
          d.resize_by("w1.selection", -1);
          d.resize_by("w1.compact", -3 * rows);
-         d.resize_by("w1.accumulator", rows);
+         for (const char* f : {"w1.cpu_p", "w1.cpu_m", "w1.cpu_v", "w1.accumulator"}) d.resize_by(f, rows);
          d.resize_by("w1.pending", rows * 4);
        },
        "selection of 1 columns"},
@@ -246,7 +313,7 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
          const std::ptrdiff_t rows = checkpoint_model::rows1;
          d.resize_by("w1.selection", 1);
          d.resize_by("w1.compact", 3 * rows);
-         d.resize_by("w1.accumulator", -rows);
+         for (const char* f : {"w1.cpu_p", "w1.cpu_m", "w1.cpu_v"}) d.resize_by(f, -rows);
        },
        "selection of 1 columns"},
       {"pending", "a selection for one 2-D parameter only",
@@ -254,7 +321,7 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
          const std::ptrdiff_t rows = checkpoint_model::rows1;
          d.resize_by("w1.selection", -2);
          d.resize_by("w1.compact", -6 * rows);
-         d.resize_by("w1.accumulator", 2 * rows);
+         for (const char* f : {"w1.cpu_p", "w1.cpu_m", "w1.cpu_v", "w1.accumulator"}) d.resize_by(f, 2 * rows);
          d.resize_by("w1.pending", 2 * rows * 4);
        },
        "all or none"},
@@ -267,6 +334,25 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
          std::swap_ranges(s.begin(), s.begin() + 4, s.begin() + 4);
        },
        "ascending"},
+      {"pending", "contents that are neither everything nor the optimizer state",
+       [](auto& d) { d.template set<std::uint8_t>("contents", 2); }, "contents 2"},
+      {"pending", "a bf16 parameter without its fp32 master",
+       [](auto& d) {
+         d.template set<std::uint8_t>("w0.master", 0);
+         d.resize_by("w0.cpu_p", -static_cast<std::ptrdiff_t>(d["w0.cpu_p"].bytes.size() / 4));
+       },
+       "no fp32 master"},
+      {"pending", "an f32 parameter without its master in a checkpoint of everything",
+       [](auto& d) {
+         d.template set<std::uint8_t>("w1.master", 0);
+         d.resize_by("w1.cpu_p", -static_cast<std::ptrdiff_t>(d["w1.cpu_p"].bytes.size() / 4));
+       },
+       "no fp32 master"},
+      {"pending", "a master flag without the master",
+       [](auto& d) { d.resize_by("w1.cpu_p", -static_cast<std::ptrdiff_t>(d["w1.cpu_p"].bytes.size() / 4)); },
+       "inconsistent sizes"},
+      {"pending", "an accumulator with no counted step (the file omits all-zero ones)",
+       [](auto& d) { d.template set<std::int64_t>("w1.current_count", 0); }, "inconsistent sizes"},
   };
   for (const auto& k : cases) {
     INFO(std::string(k.configuration) << ": " << std::string(k.what));

@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 
 using zenflow::interval_option;
@@ -63,6 +65,33 @@ TEST_CASE("each bad value is rejected with the field's name") {
   CHECK(rejected_field([](auto& o) { o.full_warm_up_rounds = -1; }) == "full_warm_up_rounds");
   CHECK(rejected_field([](auto& o) { o.select_strategy = selection_strategy::epoch; }) == "steps_per_epoch");
   CHECK(rejected_field([](auto& o) { o.steps_per_epoch = -1; }) == "steps_per_epoch");
+  // select_interval epochs of steps_per_epoch steps that do not fit in 64 bits: rejected (a product
+  // wrapped to 0 made the selection policy divide by zero, any other wrapped value select at a
+  // wrong step), with the epoch strategy whether set or resolved from "auto".
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  for (const auto strategy : {selection_strategy::epoch, selection_strategy::automatic}) {
+    CHECK(rejected_field([&](auto& o) {
+            o.select_strategy = strategy;
+            o.steps_per_epoch = std::int64_t{1} << 62;
+            o.select_interval = interval_option::fixed(4);  // 2^64: wraps to 0
+          }) == "select_interval");
+    CHECK(rejected_field([&](auto& o) {
+            o.select_strategy = strategy;
+            o.steps_per_epoch = max / 3 + 1;
+            o.select_interval = interval_option::fixed(3);
+          }) == "select_interval");
+    CHECK(rejected_field([&](auto& o) {
+            o.select_strategy = strategy;
+            o.steps_per_epoch = max / 3;
+            o.select_interval = interval_option::fixed(3);
+          }) == "<accepted>");
+  }
+  // The step strategy does not multiply: any count is a step count.
+  CHECK(rejected_field([&](auto& o) {
+          o.select_strategy = selection_strategy::step;
+          o.steps_per_epoch = std::int64_t{1} << 62;
+          o.select_interval = interval_option::fixed(4);
+        }) == "<accepted>");
   CHECK(rejected_field([](auto& o) { o.auto_select_steps = 0; }) == "auto_select_steps");
   CHECK(rejected_field([](auto& o) { o.max_update_interval = 0; }) == "max_update_interval");
   // A bound above the selection interval is held to it (a reselection ends an interval anyway).

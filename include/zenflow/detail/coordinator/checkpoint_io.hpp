@@ -1,23 +1,32 @@
-// The coordinator's checkpoints: the file format (version 4), its reader and writer, and
-// basic_coordinator::save_checkpoint / load_checkpoint.
+// The coordinator's checkpoints: basic_coordinator::save_checkpoint / load_checkpoint and the
+// layout of the state they write (the file's header, scalars and arrays: checkpoint_format.hpp).
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"
-//   8       4     format version (uint32, little endian) = 4
+//   8       4     format version (uint32, little endian) = 5
 //   12      4     reserved (0)
 //   16      8     payload size in bytes (uint64)
 //   24      8     FNV-1a 64-bit hash of the payload
 //   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
 //                 order written by basic_coordinator::save_checkpoint (below):
-//                 options fingerprint, rank and number of ranks (data parallel: each rank writes
-//                 its own file), step and interval position, optimizer step counts, then
-//                 per parameter its name, shape, dtypes, its own step counts (CPU and GPU: the
-//                 steps that had its gradient) and accumulated-step counts (current and pending
-//                 interval), CPU fp32 master/m/v of this rank's columns, selection, GPU compact
-//                 state, accumulator and pending write-back of this rank's CPU columns, and the
-//                 model's parameter bytes.
-// Version 4 added the rank and the number of ranks (data parallel); version 3 added the
-// per-parameter counts (missing_gradients::skip). Older versions are not read.
+//                 options fingerprint, checkpoint_contents, rank and number of ranks (data
+//                 parallel: each rank writes its own file), step and interval position,
+//                 optimizer step counts, then per parameter its name, shape, dtypes, its own step
+//                 counts (CPU and GPU: the steps that had its gradient) and accumulated-step counts
+//                 (current and pending interval), whether its fp32 master is written, the CPU
+//                 fp32 master/m/v of this rank's CPU columns (its columns not on the GPU), the
+//                 selection, the GPU compact state ([master,] m, v per selected column), the
+//                 accumulator of this rank's CPU columns (empty while the interval has no counted
+//                 step: all zeros), their pending write-back, and with
+//                 checkpoint_contents::everything the model's parameter bytes.
+//                 Each column's state is written once, from the optimizer that owns it. The master
+//                 is written with checkpoint_contents::everything, for a bf16/fp16 parameter, and
+//                 for an f32 parameter whose master is not exactly its values (outside the
+//                 columns of a pending result, whose master is that result); else the loader reads
+//                 it from the parameter.
+// Version 5 added the contents, the master flag and the per-column ownership; version 4 the rank
+// and the number of ranks (data parallel); version 3 the per-parameter counts
+// (missing_gradients::skip). Older versions are not read.
 // Scalars are arithmetic or enum types only (no structs: no padding bytes reach the file); a bool
 // is one byte, 0 or 1 (any other value is rejected, never loaded as a bool).
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
@@ -29,219 +38,79 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <exception>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <numeric>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "zenflow/coordinator.hpp"
+#include "zenflow/detail/coordinator/checkpoint_format.hpp"
 #include "zenflow/error.hpp"
 
-namespace zenflow::detail {
-
-inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
-inline constexpr std::uint32_t checkpoint_version = 4;
-inline constexpr std::size_t checkpoint_header_bytes = 32;
-
-/// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).
-template <class T>
-concept checkpoint_scalar = std::is_arithmetic_v<T> || std::is_enum_v<T>;
-
-inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::byte b : data) {
-    h ^= static_cast<std::uint64_t>(b);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-class checkpoint_writer {
- public:
-  template <checkpoint_scalar T>
-  void put(const T& value) {
-    if constexpr (std::is_same_v<T, bool>) {
-      put<std::uint8_t>(value ? 1 : 0);
-    } else {
-      const auto* p = reinterpret_cast<const std::byte*>(&value);
-      payload_.insert(payload_.end(), p, p + sizeof(T));
-    }
-  }
-  template <checkpoint_scalar T>
-  requires(!std::is_same_v<T, bool>) void put_array(std::span<const T> values) {
-    put<std::uint64_t>(values.size());
-    const auto* p = reinterpret_cast<const std::byte*>(values.data());
-    payload_.insert(payload_.end(), p, p + values.size_bytes());
-  }
-  void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
-
-  /// Writes header + payload to path.tmp, then renames it to path. Throws zenflow::error; on any
-  /// failure after path.tmp was created, path.tmp is removed (path is left as it was).
-  void write(const std::string& path) const {
-    std::vector<std::byte> header(checkpoint_header_bytes);
-    std::memcpy(header.data(), checkpoint_magic, 8);
-    const std::uint32_t version = checkpoint_version, reserved = 0;
-    const std::uint64_t size = payload_.size(), hash = fnv1a64(payload_);
-    std::memcpy(header.data() + 8, &version, 4);
-    std::memcpy(header.data() + 12, &reserved, 4);
-    std::memcpy(header.data() + 16, &size, 8);
-    std::memcpy(header.data() + 24, &hash, 8);
-    const std::string tmp = path + ".tmp";
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    expects(static_cast<bool>(out), "path", "cannot open '", tmp, "' for writing");
-    // From here on path.tmp is ours: whatever fails (a write, the close, the rename) removes it.
-    struct remove_unless_renamed {
-      const std::string& file;
-      bool renamed = false;
-      ~remove_unless_renamed() {
-        if (!renamed) std::remove(file.c_str());
-      }
-    } cleanup{tmp};
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
-    out.write(reinterpret_cast<const char*>(payload_.data()), static_cast<std::streamsize>(payload_.size()));
-    out.close();
-    expects(static_cast<bool>(out), "path", "writing '", tmp, "' failed");
-    expects(std::rename(tmp.c_str(), path.c_str()) == 0, "path", "cannot rename '", tmp, "' to '", path, "'");
-    cleanup.renamed = true;
-  }
-
- private:
-  std::vector<std::byte> payload_;
-};
-
-class checkpoint_reader {
- public:
-  /// Reads and verifies the whole file; throws zenflow::error("checkpoint", ...) if it is not a
-  /// complete, uncorrupted zenflow checkpoint of a supported version.
-  explicit checkpoint_reader(const std::string& path) {
-    // A directory opens as a stream on Linux and reports a nonsense size; so would a FIFO or a
-    // device: only a regular file (or a link to one) can be a checkpoint.
-    std::error_code status_error;
-    const auto status = std::filesystem::status(path, status_error);
-    expects(std::filesystem::exists(status), "checkpoint", "cannot open '", path,
-            "': ", status_error ? status_error.message() : std::string("no such file"));
-    expects(std::filesystem::is_regular_file(status), "checkpoint", "'", path, "' is not a regular file");
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    expects(static_cast<bool>(in), "checkpoint", "cannot open '", path, "'");
-    const std::streamoff end = in.tellg();
-    expects(end >= 0, "checkpoint", "cannot determine the size of '", path, "'");
-    const auto file_size = static_cast<std::size_t>(end);
-    expects(file_size >= checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated (", file_size,
-            " bytes, the header alone is ", checkpoint_header_bytes, ")");
-    std::vector<std::byte> file(file_size);
-    in.seekg(0);
-    in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(file_size));
-    expects(static_cast<bool>(in), "checkpoint", "reading '", path, "' failed");
-    expects(std::memcmp(file.data(), checkpoint_magic, 8) == 0, "checkpoint", "'", path,
-            "' is not a zenflow checkpoint (bad magic)");
-    std::uint32_t version;
-    std::uint64_t size, hash;
-    std::memcpy(&version, file.data() + 8, 4);
-    std::memcpy(&size, file.data() + 16, 8);
-    std::memcpy(&hash, file.data() + 24, 8);
-    expects(version == checkpoint_version, "checkpoint", "format version ", version, " is not supported (expected ",
-            checkpoint_version, ")");
-    expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path,
-            "' is truncated or has trailing data (", file_size - checkpoint_header_bytes,
-            " payload bytes, header says ", size, ")");
-    payload_.assign(file.begin() + checkpoint_header_bytes, file.end());
-    expects(fnv1a64(payload_) == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
-  }
-
-  template <checkpoint_scalar T>
-  T get() {
-    if constexpr (std::is_same_v<T, bool>) {
-      const auto byte = get<std::uint8_t>();
-      expects(byte <= 1, "checkpoint", "a flag holds ", static_cast<int>(byte), " (expected 0 or 1)");
-      return byte == 1;
-    } else {
-      expects(sizeof(T) <= payload_.size() - pos_, "checkpoint", "payload ends early");
-      T value;
-      std::memcpy(&value, payload_.data() + pos_, sizeof(T));
-      pos_ += sizeof(T);
-      return value;
-    }
-  }
-  template <checkpoint_scalar T>
-  requires(!std::is_same_v<T, bool>) std::vector<T> get_array() {
-    const auto n = get<std::uint64_t>();
-    expects(n <= (payload_.size() - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
-    std::vector<T> values(n);
-    if (n != 0)
-      std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));  // an empty vector's data() may be null
-    pos_ += n * sizeof(T);
-    return values;
-  }
-  std::string get_string() {
-    auto chars = get_array<char>();
-    return {chars.begin(), chars.end()};
-  }
-  [[nodiscard]] bool at_end() const noexcept { return pos_ == payload_.size(); }
-
- private:
-  std::vector<std::byte> payload_;
-  std::size_t pos_ = 0;
-};
-
-/// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
-/// struct padding reaches the file).
-inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
-  w.put(static_cast<std::uint8_t>(o.mode));
-  w.put(o.topk_ratio);
-  w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
-  w.put(o.select_interval_steps());
-  w.put(o.update_interval.is_auto);
-  w.put(o.update_interval.value);
-  w.put(o.full_warm_up_rounds);
-  w.put(o.overlap_step);
-  w.put(o.max_update_interval);
-}
-inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
-  bool same = r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.mode);
-  same = (r.get<float>() == o.topk_ratio) && same;
-  same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
-  same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
-  same = (r.get<bool>() == o.update_interval.is_auto) && same;
-  same = (r.get<std::int64_t>() == o.update_interval.value) && same;
-  same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
-  same = (r.get<bool>() == o.overlap_step) && same;
-  same = (r.get<std::int64_t>() == o.max_update_interval) && same;
-  expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
-          "overlap_step)");
-}
-
-/// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
-/// never outlive the buffers declared before this guard. Never throws.
-template <class Backend>
-class synchronize_on_unwind {
- public:
-  explicit synchronize_on_unwind(typename Backend::stream_type stream) noexcept : stream_(stream) {}
-  synchronize_on_unwind(const synchronize_on_unwind&) = delete;
-  synchronize_on_unwind& operator=(const synchronize_on_unwind&) = delete;
-  ~synchronize_on_unwind() {
-    if (std::uncaught_exceptions() <= exceptions_) return;
-    try {
-      Backend::synchronize(stream_);
-    } catch (...) {
-    }
-  }
-
- private:
-  typename Backend::stream_type stream_;
-  int exceptions_ = std::uncaught_exceptions();
-};
-
-}  // namespace zenflow::detail
-
 namespace zenflow {
+
+namespace detail {
+/// This rank's CPU columns: the columns of `owned` not in `selection` (ascending), as columns of
+/// its CPU tensor (column c is c - owned.first).
+inline std::vector<std::int32_t> owned_cpu_columns(column_range owned, std::span<const std::int32_t> selection) {
+  std::vector<std::int32_t> out;
+  for (index_t c = owned.first; c < owned.last; ++c)
+    if (!std::binary_search(selection.begin(), selection.end(), static_cast<std::int32_t>(c)))
+      out.push_back(static_cast<std::int32_t>(c - owned.first));
+  return out;
+}
+/// The listed columns (rows values each, column-contiguous) of `all`, in list order.
+inline std::vector<float> pick_columns(std::span<const float> all, std::size_t rows,
+                                       std::span<const std::int32_t> columns) {
+  std::vector<float> out;
+  out.reserve(columns.size() * rows);
+  for (const std::int32_t c : columns) out.insert(out.end(), all.begin() + c * rows, all.begin() + (c + 1) * rows);
+  return out;
+}
+/// The inverse of pick_columns: writes `in` into the listed columns of `all`.
+inline void put_columns(std::span<float> all, std::size_t rows, std::span<const std::int32_t> columns,
+                        std::span<const float> in) {
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    std::copy(in.begin() + j * rows, in.begin() + (j + 1) * rows, all.begin() + columns[j] * rows);
+}
+/// Packed [master, m, v] per column without the masters: [m, v] per column.
+inline std::vector<float> without_master(std::span<const float> packed, std::size_t rows) {
+  std::vector<float> out;
+  for (std::size_t at = 0; at < packed.size(); at += 3 * rows)
+    out.insert(out.end(), packed.begin() + at + rows, packed.begin() + at + 3 * rows);
+  return out;
+}
+/// Whether `master` is exactly the values (elements of `type`, upcast), bit for bit.
+inline bool is_value_of(std::span<const std::byte> values, dtype type, std::span<const float> master) {
+  bool same = true;
+  dispatch_dtype(type, [&](auto tag) {
+    using T = decltype(tag);
+    for (std::size_t r = 0; r < master.size() && same; ++r) {
+      T v;
+      std::memcpy(&v, values.data() + r * sizeof(T), sizeof(T));
+      const float x = to_float(v);
+      same = std::memcmp(&x, &master[r], sizeof(float)) == 0;
+    }
+  });
+  return same;
+}
+/// master[r] = values[r] upcast, for every r (`always`) or where values[r] (of `type`) differs from
+/// master[r] rounded to `type`, bit for bit.
+inline void adopt_values(std::span<const std::byte> values, dtype type, std::span<float> master, bool always) {
+  dispatch_dtype(type, [&](auto tag) {
+    using T = decltype(tag);
+    for (std::size_t r = 0; r < master.size(); ++r) {
+      T value;
+      std::memcpy(&value, values.data() + r * sizeof(T), sizeof(T));
+      const T rounded = from_float<T>(master[r]);
+      if (always || std::memcmp(&value, &rounded, sizeof(T)) != 0) master[r] = to_float(value);
+    }
+  });
+}
+}  // namespace detail
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::copy_all_columns(const parameter& p,
@@ -270,7 +139,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::copy_all_columns(c
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(const std::string& path,
-                                                                              stream_type stream) {
+                                                                              stream_type stream,
+                                                                              checkpoint_contents contents) {
   const device_scope scope(device_);
   rethrow_worker_error();
   for (const auto& p : params_)
@@ -286,6 +156,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
   Backend::synchronize(stream);
   detail::checkpoint_writer w;
   detail::put_options(w, options_);
+  w.put(contents);
   w.put<std::int32_t>(rank_);
   w.put<std::int32_t>(ranks_);
   w.put(step_);
@@ -306,60 +177,89 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
   }
   w.put<std::uint64_t>(params_.size());
+  const bool everything = contents == checkpoint_contents::everything;
   for (const auto& p : params_) {
     w.put_string(p.name);
     w.put(p.is_vector);
     w.put(p.adam.lr);  // the rest of the hyper-parameters is options().adam
     w.put(p.adam.weight_decay);
     if (p.is_vector) {
+      const auto size = static_cast<std::size_t>(p.vector.size);
       w.put(p.vector.size);
       w.put(p.vector.type);
       w.put<std::int64_t>(device_opt_.step_count(p.device_index));
-      std::vector<float> state(3 * static_cast<std::size_t>(p.vector.size));
+      std::vector<float> state(3 * size);  // [master, m, v]
       device_opt_.export_state(p.device_index, state);
-      w.put_array<float>(state);
-      std::vector<std::byte> bytes(p.vector.size * dtype_size(p.vector.type));
+      std::vector<std::byte> bytes(size * dtype_size(p.vector.type));
       Backend::copy_async(bytes.data(), p.vector.data, bytes.size(), stream);
       Backend::synchronize(stream);
-      w.put_array<std::byte>(bytes);
+      const bool master =
+          everything || !detail::is_value_of(bytes, p.vector.type, std::span<const float>(state).first(size));
+      w.put(master);
+      w.put_array<float>(std::span<const float>(state).subspan(master ? 0 : size));
+      w.put_array<std::byte>(everything ? std::span<const std::byte>(bytes) : std::span<const std::byte>{});
       continue;
     }
+    const auto rows = static_cast<std::size_t>(p.matrix.rows);
+    const std::size_t esize = dtype_size(p.matrix.type), k = p.selection.size();
     w.put(p.matrix.rows);
     w.put(p.matrix.cols);
     w.put(p.matrix.type);
     w.put(p.grad_type);
     w.put<std::int64_t>(p.cpu_steps);
     w.put<std::int64_t>(p.device_index != npos ? device_opt_.step_count(p.device_index) : 0);
+    std::int64_t current = 0, pending_count = 0;
     {
       detail::state_lock lock(shared_.mutex);  // drained above; the lock orders the workers' writes
-      w.put<std::int64_t>(started_ ? p.accumulated[interval_.index % 2] : 0);
-      w.put<std::int64_t>(pending_interval_ ? p.accumulated[*pending_interval_ % 2] : 0);
+      current = started_ ? p.accumulated[interval_.index % 2] : 0;
+      pending_count = pending_interval_ ? p.accumulated[*pending_interval_ % 2] : 0;
     }
-    w.put_array<float>(host_opt_.params(p.cpu_tensor));
-    w.put_array<float>(host_opt_.exp_avg(p.cpu_tensor));
-    w.put_array<float>(host_opt_.exp_avg_sq(p.cpu_tensor));
-    w.put_array<std::int32_t>(p.selection);
-    std::vector<float> compact;
-    if (p.device_index != npos) {
-      compact.resize(3 * p.selection.size() * static_cast<std::size_t>(p.matrix.rows));
-      device_opt_.export_state(p.device_index, compact);
-    }
-    w.put_array<float>(compact);
-    w.put_array<float>(p.accumulator[interval_.index % 2]);
+    w.put(current);
+    w.put(pending_count);
+    std::vector<float> compact(3 * k * rows);  // [master, m, v] per selected column
+    if (p.device_index != npos) device_opt_.export_state(p.device_index, compact);
     std::vector<std::byte> pending;
     if (pending_interval_) {
       // This rank's block of the write-back staging (the whole of it in one process).
-      const std::size_t esize = dtype_size(p.matrix.type);
       const std::byte* staged = p.writeback_dev[*pending_interval_ % 2].data() + rank_ * p.block * esize;
       pending.resize(owned_piece_elements(p) * esize);
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(pending.data(), staged, pending.size(), stream);
       Backend::synchronize(stream);
     }
-    std::vector<std::byte> values(static_cast<std::size_t>(p.matrix.rows * p.matrix.cols) * dtype_size(p.matrix.type));
+    std::vector<std::byte> values(rows * static_cast<std::size_t>(p.matrix.cols) * esize);
     copy_all_columns(p, values, transfer_direction::device_to_host, stream);
+    // This rank's CPU columns (its owned columns not on the GPU), as columns of its CPU tensor.
+    const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.selection);
+    const auto cpu_master = detail::pick_columns(host_opt_.params(p.cpu_tensor), rows, cpu_columns);
+    // The master is written unless it is the parameter's values (an f32 parameter's, everywhere but
+    // in the columns whose pending result holds it).
+    bool master = everything;
+    if (!master) {
+      auto column = [&](std::int32_t c) {
+        return std::span<const std::byte>(values).subspan(c * rows * esize, rows * esize);
+      };
+      const bool in_pending = pending_interval_ && pending_count > 0;
+      for (std::size_t j = 0; j < cpu_columns.size() && !master; ++j)
+        master = !detail::is_value_of(in_pending
+                                          ? std::span<const std::byte>(pending).subspan(j * rows * esize, rows * esize)
+                                          : column(cpu_columns[j] + static_cast<std::int32_t>(p.owned.first)),
+                                      p.matrix.type, std::span<const float>(cpu_master).subspan(j * rows, rows));
+      for (std::size_t l = 0; l < k && !master; ++l)
+        master = !detail::is_value_of(column(p.selection[l]), p.matrix.type,
+                                      std::span<const float>(compact).subspan(3 * l * rows, rows));
+    }
+    w.put(master);
+    w.put_array<float>(master ? std::span<const float>(cpu_master) : std::span<const float>{});
+    w.put_array<float>(detail::pick_columns(host_opt_.exp_avg(p.cpu_tensor), rows, cpu_columns));
+    w.put_array<float>(detail::pick_columns(host_opt_.exp_avg_sq(p.cpu_tensor), rows, cpu_columns));
+    w.put_array<std::int32_t>(p.selection);
+    w.put_array<float>(master ? compact : detail::without_master(compact, rows));
+    // Nothing is accumulated without a counted step: an empty accumulator is all zeros.
+    w.put_array<float>(current > 0 ? std::span<const float>(p.accumulator[interval_.index % 2])
+                                   : std::span<const float>{});
     w.put_array<std::byte>(pending);
-    w.put_array<std::byte>(values);
+    w.put_array<std::byte>(everything ? std::span<const std::byte>(values) : std::span<const std::byte>{});
   }
   w.write(path);
 }
@@ -374,6 +274,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   // follows the validation cannot fail on the file's content (only on a backend error).
   detail::checkpoint_reader r(path);
   detail::check_options(r, options_);
+  const auto contents = r.get<checkpoint_contents>();
+  expects(contents == checkpoint_contents::everything || contents == checkpoint_contents::optimizer_state, "checkpoint",
+          "holds contents ", static_cast<int>(contents), " (0: everything, 1: optimizer state)");
+  const bool everything = contents == checkpoint_contents::everything;
   {
     const auto rank = r.get<std::int32_t>(), ranks = r.get<std::int32_t>();
     expects(rank == rank_ && ranks == ranks_, "checkpoint", "was written by rank ", rank, " of ", ranks,
@@ -386,6 +290,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     std::vector<std::byte> pending, values;
     adam_options adam;
     std::int64_t host_steps = 0, device_steps = 0, current_count = 0, pending_count = 0;
+    bool master = true;  // the fp32 master is in the file (else it is the parameter's values)
   };
   const auto step = r.get<std::int64_t>();
   const auto started = r.get<bool>();
@@ -457,10 +362,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       s.device_steps = r.get<std::int64_t>();
       expects(s.device_steps >= 0 && s.device_steps <= device_steps, "checkpoint", "parameter '", name,
               "' holds GPU step count ", s.device_steps, " (the optimizer's is ", device_steps, ")");
+      s.master = r.get<bool>();
       s.vector_state = r.get_array<float>();
       s.values = r.get_array<std::byte>();
-      expects(s.vector_state.size() == 3 * static_cast<std::size_t>(p.vector.size) &&
-                  s.values.size() == p.vector.size * dtype_size(p.vector.type),
+      expects(s.master || (!everything && p.vector.type == dtype::f32), "checkpoint", "parameter '", name,
+              "' has no fp32 master");
+      expects(s.vector_state.size() == (s.master ? 3 : 2) * static_cast<std::size_t>(p.vector.size) &&
+                  s.values.size() == (everything ? p.vector.size * dtype_size(p.vector.type) : 0),
               "checkpoint", "parameter '", name, "' has state of the wrong size");
       continue;
     }
@@ -472,8 +380,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     s.device_steps = r.get<std::int64_t>();
     s.current_count = r.get<std::int64_t>();
     s.pending_count = r.get<std::int64_t>();
+    s.master = r.get<bool>();
+    expects(s.master || (!everything && type == dtype::f32), "checkpoint", "parameter '", name, "' has no fp32 master");
     const std::size_t n = static_cast<std::size_t>(rows * cols);
-    const std::size_t owned_n = static_cast<std::size_t>(rows * p.owned.size());
     s.cpu_p = r.get_array<float>();
     s.cpu_m = r.get_array<float>();
     s.cpu_v = r.get_array<float>();
@@ -511,16 +420,15 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
             "checkpoint", "parameter '", name, "' holds accumulated step counts ", s.current_count, " and ",
             s.pending_count, " inconsistent with the interval's ", current_count, " and ", pending_count);
     cpu_columns += cpu_cols;
-    // The accumulator and staging buffers exist from the first step on.
-    expects(s.cpu_p.size() == owned_n && s.cpu_m.size() == owned_n && s.cpu_v.size() == owned_n &&
-                s.compact.size() == 3 * k * rows && s.accumulator.size() == (started ? owned_cpu_cols * rows : 0) &&
-                s.pending.size() == (pending < 0 ? 0 : owned_cpu_cols * rows * dtype_size(type)) &&
-                s.values.size() == n * dtype_size(type),
+    // The CPU state of this rank's CPU columns; an accumulator while the interval has counted
+    // steps (the staging buffers exist from the first step on).
+    const std::size_t cpu_n = owned_cpu_cols * static_cast<std::size_t>(rows);
+    expects(s.cpu_p.size() == (s.master ? cpu_n : 0) && s.cpu_m.size() == cpu_n && s.cpu_v.size() == cpu_n &&
+                s.compact.size() == (s.master ? 3 : 2) * k * rows &&
+                s.accumulator.size() == (s.current_count > 0 ? cpu_n : 0) &&
+                s.pending.size() == (pending < 0 ? 0 : cpu_n * dtype_size(type)) &&
+                s.values.size() == (everything ? n * dtype_size(type) : 0),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
-    // Nothing accumulated without a counted step.
-    expects(s.current_count > 0 ||
-                std::all_of(s.accumulator.begin(), s.accumulator.end(), [](float x) { return x == 0.0f; }),
-            "checkpoint", "parameter '", name, "' holds an accumulated gradient but no accumulated step");
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
   // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
@@ -567,14 +475,49 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     p.adam = s.adam;
     p.device_adam.reset();  // handed to the device optimizer at the next step
     if (p.is_vector) {
-      device_opt_.import_state(p.device_index, s.vector_state);
-      Backend::copy_async(p.vector.data, s.values.data(), s.values.size(), stream);
+      const auto size = static_cast<std::size_t>(p.vector.size);
+      if (everything) {
+        Backend::copy_async(p.vector.data, s.values.data(), s.values.size(), stream);
+      } else if (!s.master) {  // the master is the parameter's values
+        s.values.resize(size * sizeof(float));
+        Backend::copy_async(s.values.data(), p.vector.data, s.values.size(), stream);
+      }
       Backend::synchronize(stream);
+      if (!s.master) {
+        s.vector_state.insert(s.vector_state.begin(), size, 0.0f);
+        detail::adopt_values(s.values, dtype::f32, std::span<float>(s.vector_state).first(size), true);
+      }
+      device_opt_.import_state(p.device_index, s.vector_state);
       continue;
     }
-    std::copy(s.cpu_p.begin(), s.cpu_p.end(), std::span<float>(host_opt_.params(p.cpu_tensor)).begin());
-    std::copy(s.cpu_m.begin(), s.cpu_m.end(), std::span<float>(host_opt_.exp_avg(p.cpu_tensor)).begin());
-    std::copy(s.cpu_v.begin(), s.cpu_v.end(), std::span<float>(host_opt_.exp_avg_sq(p.cpu_tensor)).begin());
+    const auto rows = static_cast<std::size_t>(p.matrix.rows);
+    const std::size_t column_bytes = rows * dtype_size(p.matrix.type);
+    const auto cpu_columns = detail::owned_cpu_columns(p.owned, s.selection);
+    if (!s.master) {
+      // An f32 parameter's master is its values, except where its pending result (f32, exact) holds it.
+      s.values.resize(static_cast<std::size_t>(p.matrix.cols) * column_bytes);
+      copy_all_columns(p, s.values, transfer_direction::device_to_host, stream);
+      const bool from_pending = pending >= 0 && s.pending_count > 0;
+      s.cpu_p.resize(cpu_columns.size() * rows);
+      for (std::size_t j = 0; j < cpu_columns.size(); ++j) {
+        const std::size_t at = from_pending ? j * column_bytes : (cpu_columns[j] + p.owned.first) * column_bytes;
+        detail::adopt_values(std::span<const std::byte>(from_pending ? s.pending : s.values).subspan(at, column_bytes),
+                             dtype::f32, std::span<float>(s.cpu_p).subspan(j * rows, rows), true);
+      }
+      std::vector<float> packed(s.selection.size() * 3 * rows);
+      for (std::size_t l = 0; l < s.selection.size(); ++l) {
+        detail::adopt_values(std::span<const std::byte>(s.values).subspan(s.selection[l] * column_bytes, column_bytes),
+                             dtype::f32, std::span<float>(packed).subspan(3 * l * rows, rows), true);
+        std::copy_n(s.compact.begin() + static_cast<std::ptrdiff_t>(2 * l * rows), 2 * rows,
+                    packed.begin() + static_cast<std::ptrdiff_t>((3 * l + 1) * rows));
+      }
+      s.compact = std::move(packed);
+    }
+    // This rank's CPU columns; those on the GPU keep what the CPU tensor holds (never read: a
+    // column leaving the GPU brings its state).
+    detail::put_columns(host_opt_.params(p.cpu_tensor), rows, cpu_columns, s.cpu_p);
+    detail::put_columns(host_opt_.exp_avg(p.cpu_tensor), rows, cpu_columns, s.cpu_m);
+    detail::put_columns(host_opt_.exp_avg_sq(p.cpu_tensor), rows, cpu_columns, s.cpu_v);
     if (!s.selection.empty()) {
       device_buffer compact_dev(s.compact.size() * sizeof(float));
       Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);
@@ -590,8 +533,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     if (started) {
       p.selection = s.selection;
       p.complement = complement_columns(p.selection, p.matrix.cols);
-      setup_buffers(p, stream);
-      p.accumulator[interval.index % 2] = std::move(s.accumulator);
+      setup_buffers(p, stream);  // zeroes the accumulators: an empty one in the file is all zeros
+      if (!s.accumulator.empty()) p.accumulator[interval.index % 2] = std::move(s.accumulator);
       p.accumulated[interval.index % 2] = s.current_count;
       if (pending >= 0) p.accumulated[pending % 2] = s.pending_count;
     }
@@ -602,7 +545,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
                           s.pending.data(), s.pending.size(), stream);
       Backend::synchronize(stream);
     }
-    copy_all_columns(p, s.values, transfer_direction::host_to_device, stream);
+    if (everything) copy_all_columns(p, s.values, transfer_direction::host_to_device, stream);
   }
   device_opt_.set_step_count(device_steps);
   for (std::size_t i = 0; i < params_.size(); ++i)

@@ -21,6 +21,7 @@
 #include "zenflow/detail/coordinator/jobs.hpp"
 #include "zenflow/detail/coordinator/migration.hpp"
 #include "zenflow/detail/coordinator/offload_worker.hpp"
+#include "zenflow/detail/coordinator/reload.hpp"
 #include "zenflow/detail/coordinator/update_worker.hpp"
 
 namespace zenflow {

@@ -28,17 +28,25 @@ _ZENFLOW_BLOCK_KEYS = ("topk_ratio", "select_strategy", "select_interval", "upda
 _ZENFLOW_BLOCK_IGNORED = ("offload", "pt_reserved_cores_perc", "auto_ratio")
 
 
+# Counts are 64-bit in the library.
+INT64_MAX = 2**63 - 1
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _interval(name, value):
-    if value == "auto":
+    if isinstance(value, str) and value == "auto":
         return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: must be \"auto\" or an integer >= 1, got {value!r}")
+    if not _is_int(value) or not 1 <= value <= INT64_MAX:
+        raise ValueError(f"{name}: must be \"auto\" or an integer in [1, {INT64_MAX}], got {value!r}")
     return value
 
 
 def _count(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    if not _is_int(value) or not minimum <= value <= INT64_MAX:
+        raise ValueError(f"{name}: must be an integer in [{minimum}, {INT64_MAX}], got {value!r}")
     return value
 
 
@@ -64,7 +72,7 @@ def method_options(given):
     """
     o = dict(METHOD_DEFAULTS)
     o.update({k: v for k, v in given.items() if v is not None})
-    if o["mode"] not in MODES:
+    if not isinstance(o["mode"], str) or o["mode"] not in MODES:
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {o['mode']!r}")
     o["topk_ratio"] = _number("topk_ratio", o["topk_ratio"], 0.0, True, 1.0)
     o["update_interval"] = _interval("update_interval", o["update_interval"])
@@ -75,7 +83,7 @@ def method_options(given):
         o["overlap_step"] = False
     if o["mode"] == "dense":
         o["topk_ratio"] = 1.0
-    if o["select_strategy"] not in ("auto", "step", "epoch"):
+    if not isinstance(o["select_strategy"], str) or o["select_strategy"] not in ("auto", "step", "epoch"):
         raise ValueError(f"select_strategy: must be auto, step or epoch, got {o['select_strategy']!r}")
     o["select_interval"] = _interval("select_interval", o["select_interval"])
     o["full_warm_up_rounds"] = _count("full_warm_up_rounds", o["full_warm_up_rounds"], 0)
@@ -87,7 +95,14 @@ def method_options(given):
 
 
 def _auto(value):
-    return None if value == "auto" else value
+    return None if isinstance(value, str) and value == "auto" else value
+
+
+def _block(name, value):
+    """A config block: a dict (None when absent)."""
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{name}: must be a dict (a JSON object), got {type(value).__name__} {value!r}")
+    return value
 
 
 def deepspeed_options(config):
@@ -109,8 +124,8 @@ def deepspeed_options(config):
     if not isinstance(config, dict):
         raise ValueError(f"config: must be a dict or the path of a JSON file, got {type(config).__name__}")
     whole = "zero_optimization" in config or "optimizer" in config
-    zero = config.get("zero_optimization", {}) if whole else {}
-    block = zero.get("zenflow") if whole else config
+    zero = (_block("zero_optimization", config.get("zero_optimization")) or {}) if whole else {}
+    block = _block("zero_optimization.zenflow", zero.get("zenflow")) if whole else config
     out = {}
     if block is not None:
         out["mode"] = "zenflow"
@@ -131,21 +146,26 @@ def deepspeed_options(config):
             elif _auto(value) is not None:
                 out[key] = value
     elif whole:
-        device = (zero.get("offload_optimizer") or {}).get("device", "none")
+        device = (_block("zero_optimization.offload_optimizer", zero.get("offload_optimizer")) or {}).get("device", "none")
         out["mode"] = "zero_offload" if device == "cpu" else "dense"
     if whole:
-        opt = config.get("optimizer")
+        opt = _block("optimizer", config.get("optimizer"))
         if opt is not None:
             kind = str(opt.get("type", "AdamW")).lower()
             if kind not in ("adam", "adamw"):
                 raise ValueError(f"optimizer.type: must be Adam or AdamW, got {opt.get('type')!r}")
-            params = opt.get("params", {})
+            params = _block("optimizer.params", opt.get("params")) or {}
             if kind == "adam" and params.get("adam_w_mode", True) is False:
                 raise ValueError("optimizer.params.adam_w_mode: only AdamW (decoupled weight decay) is "
                                  "supported")
             for key in ("lr", "betas", "eps", "weight_decay"):
                 if _auto(params.get(key)) is not None:
-                    out[key] = tuple(params[key]) if key == "betas" else params[key]
+                    value = params[key]
+                    if key == "betas":
+                        if not isinstance(value, (list, tuple)):
+                            raise ValueError(f"optimizer.params.betas: must be a list of two numbers, got {value!r}")
+                        value = tuple(value)
+                    out[key] = value
         if _auto(config.get("gradient_clipping")) is not None:
             out["max_grad_norm"] = config["gradient_clipping"]
         if _auto(config.get("gradient_accumulation_steps")) is not None:

@@ -1,19 +1,29 @@
-"""ZenFlowAdamW: the zenflow coordinator behind torch.optim.Optimizer's interface."""
+"""ZenFlowAdamW: the zenflow coordinator behind torch.optim.Optimizer's interface.
+
+torch.optim's contract comes first: step() reads ``.grad`` as it is when step() is called,
+zero_grad() drops what a step has not consumed, and a weight the user edited between steps is the
+weight the optimizer continues from (tensor version counters tell which were edited).
+"""
 
 import atexit
 import math
 import os
+import struct
 import tempfile
+import warnings
 import weakref
 
 import torch
 from torch import nn
 
 from . import _C
-from ._config import METHOD_DEFAULTS, deepspeed_options, method_options
+from ._config import INT64_MAX, METHOD_DEFAULTS, deepspeed_options, method_options
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_CHECKPOINT_FORMAT = 1
+# Format of state_dict()["zenflow"]: 2 holds the optimizer state alone (the parameters are the
+# model's, as with torch.optim); 1 (the library's checkpoint with the parameters' values) is not read.
+_CHECKPOINT_FORMAT = 2
+_FLOAT32_MAX = 3.4028234663852886e38
 
 # Optimizers still open; closed (CPU work completed and written back) at interpreter exit.
 _open = weakref.WeakSet()
@@ -56,7 +66,8 @@ def param_groups(model, weight_decay=1e-2, no_decay=(nn.LayerNorm,), **group_opt
 
 
 class ZenFlowAdamW(torch.optim.Optimizer):
-    r"""AdamW whose optimizer state lives in CPU memory, updated the ZenFlow way.
+    r"""AdamW whose optimizer state lives in CPU memory, updated the ZenFlow way; otherwise it works
+    like ``torch.optim.AdamW``.
 
     Arguments follow ``torch.optim.AdamW`` (lr, betas, eps, weight_decay; per parameter group),
     then the method's options under DeepSpeed's names:
@@ -71,16 +82,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         defaults are the library's (``include/zenflow/options.hpp``).
     max_grad_norm
         clip the global gradient norm of the step (both paths together) to this; 0: no clipping.
+        ``torch.nn.utils.clip_grad_norm_`` before ``step()`` works as well.
     zenflow_config
         a DeepSpeed config (dict or JSON path) or its ``zenflow`` block; see
         :func:`zenflow.torch.deepspeed_options`. Explicit arguments must agree with it.
-    gradient_accumulation_steps
-        backward passes per step: gradients are handed over during the last one.
     submit_in_backward
-        hand each gradient over from ``register_post_accumulate_grad_hook`` as backward produces
-        it, so the offload overlaps backward (default). Set False to hand them over in ``step()``,
-        after code that changes ``.grad`` between backward and step (``clip_grad_norm_``,
-        ``GradScaler.unscale_``).
+        False (default): ``step()`` hands every ``.grad`` over as it is then, after whatever
+        accumulated, scaled, unscaled or clipped it. True: each gradient is handed over from
+        ``register_post_accumulate_grad_hook`` as backward produces it, so that its offload
+        overlaps backward; ``step()`` then checks (identity and version counter) that nothing
+        changed a gradient after it was handed over, and if something did, it drops the step's
+        hand-overs, hands the gradients over again as they are and warns once, naming the parameter.
+    gradient_accumulation_steps
+        with ``submit_in_backward``, the backward passes per step: gradients are handed over
+        during the last one (an earlier hand-over would be dropped again). No effect otherwise;
+        correctness never depends on it (accepted from DeepSpeed configs).
     cpu_threads, record_trace
         the CPU Adam's thread pool size (0: every core this process may use); keep a record per
         CPU update (:meth:`trace`).
@@ -98,15 +114,20 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         Construction is collective: every rank constructs the optimizer, which registers the
         parameters and, as DDP does, copies the first rank's parameter values to the others.
 
+    ``params`` may be ``model.parameters()``, ``model.named_parameters()`` (errors then name each
+    parameter by its module path) or parameter groups of either.
+
     Columns: the importance selector scores *columns* (input channels) of 2-D parameters. With
     ``column_dim=1`` (default; ``nn.Linear.weight`` [out, in]) column j is ``W[:, j]``; with
     ``column_dim=0`` (``nn.Embedding.weight`` [num, dim], see :func:`param_groups`) column j is
     the embedding ``W[j, :]``. Parameters with more dimensions are seen as
     ``[size(0), numel / size(0)]``; 1-D (and 0-D) parameters are always updated on the device.
 
-    Parameters must be contiguous float32/bfloat16/float16 tensors, all on the CPU or all on one
-    CUDA device. The optimizer registers them (copying their values as the fp32 master) at the
-    first backward or step: load pretrained weights before that.
+    Parameters must be contiguous float32/bfloat16/float16 tensors with storage of their own, all
+    on the CPU or all on one CUDA device. The optimizer registers them (their values become the
+    fp32 master) at the first ``step()``. Edit them in place whenever you like (``p.clamp_()``,
+    ``nn.init``, ``model.load_state_dict``): the next ``step()`` (or :meth:`flush`,
+    :meth:`state_dict`) adopts the edit; do not replace a parameter's ``.data``.
 
     With ``overlap_step`` the CPU columns' update of an interval reaches the parameters up to one
     interval later; call :meth:`flush` before evaluating or saving the model's weights.
@@ -116,7 +137,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  amsgrad=False, maximize=False, mode=None, topk_ratio=None, select_strategy=None,
                  select_interval=None, update_interval=None, full_warm_up_rounds=None, overlap_step=None,
                  steps_per_epoch=None, auto_select_steps=None, max_update_interval=None, max_grad_norm=None,
-                 zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=True, cpu_threads=0,
+                 zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
                  record_trace=False, column_dim=1, process_group=None, timeout=600.0):
         if amsgrad:
             raise ValueError("amsgrad: not supported by zenflow's Adam")
@@ -142,47 +163,43 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                         raise ValueError(f"{key}: {adam[key]!r} contradicts zenflow_config's {value!r}")
                     adam[key] = value
         self._method = method_options(given)
-        if isinstance(adam["gradient_accumulation_steps"], bool) or \
-                not isinstance(adam["gradient_accumulation_steps"], int) or adam["gradient_accumulation_steps"] < 1:
-            raise ValueError(f"gradient_accumulation_steps: must be an integer >= 1, "
-                             f"got {adam['gradient_accumulation_steps']!r}")
-        if not isinstance(cpu_threads, int) or cpu_threads < 0:
-            raise ValueError(f"cpu_threads: must be an integer >= 0, got {cpu_threads!r}")
-        self.gradient_accumulation_steps = adam["gradient_accumulation_steps"]
-        self.submit_in_backward = bool(submit_in_backward)
+        steps = adam["gradient_accumulation_steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= INT64_MAX:
+            raise ValueError(f"gradient_accumulation_steps: must be an integer in [1, {INT64_MAX}], got {steps!r}")
+        if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or not 0 <= cpu_threads <= 4096:
+            raise ValueError(f"cpu_threads: must be an integer in [0, 4096] (0: every core), got {cpu_threads!r}")
+        if not isinstance(submit_in_backward, bool):
+            raise ValueError(f"submit_in_backward: must be True or False, got {submit_in_backward!r}")
+        if hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 1e9:
+            raise ValueError(f"timeout: must be a number of seconds in (0, 1e9] or a timedelta, got {timeout!r}")
+        defaults = {"lr": adam["lr"], "betas": adam["betas"], "eps": adam["eps"],
+                    "weight_decay": adam["weight_decay"], "column_dim": column_dim}
+        _check_hyper(defaults, "")
+        # Every option as the coordinator will check it, now rather than at the first step.
+        _C.validate_options(dict(self._method, adam=_adam(defaults)))
+        self.gradient_accumulation_steps = steps
+        self.submit_in_backward = submit_in_backward
         self._config = {"cpu_threads": cpu_threads, "pin_threads": False, "d2h_slot_bytes": 4 << 20,
                         "d2h_slots": 4, "h2d_slot_bytes": 4 << 20, "h2d_slots": 2,
                         "record_trace": bool(record_trace)}
+        self._timeout = float(timeout)
         self._core = None
         self._closed = False
         self._hooks = []
         self._process_group = process_group
         self._own_group = None
-        if hasattr(timeout, "total_seconds"):
-            timeout = timeout.total_seconds()
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout: must be a number of seconds > 0 or a timedelta, got {timeout!r}")
-        self._timeout = float(timeout)
-        defaults = {"lr": adam["lr"], "betas": adam["betas"], "eps": adam["eps"],
-                    "weight_decay": adam["weight_decay"], "column_dim": column_dim}
-        super().__init__(params, defaults)
-        self._params = [p for g in self.param_groups for p in g["params"]]
-        self._names = []
-        for gi, g in enumerate(self.param_groups):
-            names = g.get("param_names")
-            for pi, _ in enumerate(g["params"]):
-                self._names.append(names[pi] if names else f"param_groups[{gi}].params[{pi}]")
-        self._check_params()
-        self._submitted = [None] * len(self._params)
-        self._backward_count = [0] * len(self._params)
+        self._params = []        # every parameter, in group order
+        self._names = []         # its module path (named parameters) or param_groups[g].params[k]
+        self._handed = {}        # parameter index -> (gradient, its version) handed over in backward
+        self._rehand = False     # this step's gradients go over in step() (a hand-over was dropped)
+        self._warned = False
+        self._backward_count = []
+        self._versions = []      # each parameter's version counter when the optimizer last wrote it
         self._metrics = {}
         self._pushed = None
-        ref = weakref.ref(self)
-        for i, p in enumerate(self._params):
-            # A frozen parameter (requires_grad False: skipped while it has no gradient) cannot
-            # take a hook; should it get a gradient later, step() hands it over.
-            if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(_hook(ref, i)))
+        super().__init__(params, defaults)  # calls add_param_group per group
         _open.add(self)
         if process_group is not None:
             self._built()  # collective: every rank registers now, from the first rank's values
@@ -195,127 +212,185 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     # -- torch.optim.Optimizer ----------------------------------------------------------------
 
     def add_param_group(self, param_group):
-        if getattr(self, "_core", None) is not None:
-            raise ValueError("add_param_group: parameters must be added before the first backward or step")
-        param_group = dict(param_group)
+        """torch's add_param_group, before the first ``step()``. A group that is rejected (a bad
+        value, a parameter of an unsupported kind or sharing memory with another) is not added."""
+        if self._core is not None:
+            raise ValueError("add_param_group: parameters must be added before the first step() (they are "
+                             "registered with the library then)")
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group: must be a dict, got {type(param_group).__name__}")
+        gi = len(self.param_groups)
         super().add_param_group(param_group)
-        g = self.param_groups[-1]
-        _check_hyper(g, len(self.param_groups) - 1)
-        if hasattr(self, "_params"):  # after __init__
-            start = len(self._params)
-            self._params.extend(g["params"])
+        g = self.param_groups[gi]
+        try:
+            _check_hyper(g, f"param_groups[{gi}].")
             names = g.get("param_names")
-            self._names.extend(names[k] if names else f"param_groups[{len(self.param_groups) - 1}].params[{k}]"
-                               for k in range(len(g["params"])))
-            self._check_params()
-            self._submitted.extend([None] * len(g["params"]))
-            self._backward_count.extend([0] * len(g["params"]))
+            new_names = [names[k] if names else f"param_groups[{gi}].params[{k}]" for k in range(len(g["params"]))]
+            self._check_params(list(g["params"]), new_names)
+        except Exception:
+            del self.param_groups[gi:]
+            raise
+        start = len(self._params)
+        self._params.extend(g["params"])
+        self._names.extend(new_names)
+        self._backward_count.extend([0] * len(g["params"]))
+        if self.submit_in_backward:
             ref = weakref.ref(self)
             for i in range(start, len(self._params)):
+                # A frozen parameter (requires_grad False) cannot take a hook; step() hands over
+                # a gradient it gets anyway.
                 if self._params[i].requires_grad:
                     self._hooks.append(self._params[i].register_post_accumulate_grad_hook(_hook(ref, i)))
 
     def zero_grad(self, set_to_none=True):
+        """torch's zero_grad; also drops the gradients handed over during backward that no step()
+        consumed (an iteration interrupted between backward and step)."""
+        self._drop_hand_overs()
+        self._rehand = False
         self._backward_count = [0] * len(self._params)
         super().zero_grad(set_to_none=set_to_none)
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Ends the training step: hands over the gradients not handed over during backward, then
-        runs the coordinator's step (device update of the selected columns and 1-D parameters,
-        offload of the rest, the CPU schedule). Returns the closure's loss."""
+        """Ends the training step with the gradients in ``.grad`` now (a parameter whose ``.grad``
+        is None is skipped, as torch.optim.AdamW skips it): adopts the parameters edited since the
+        optimizer last wrote them, then runs the coordinator's step (device update of the selected
+        columns and 1-D parameters, offload of the rest, the CPU schedule). Returns the closure's
+        loss. A step that raises changes nothing."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         core = self._built()
-        features = self._features
-        # Check everything first: a step that raises changes nothing here.
-        missing = []
+        # Check everything first.
         for i, p in enumerate(self._params):
-            if p.data_ptr() != self._data_ptrs[i]:
-                raise ValueError(f"params: {self._names[i]}'s storage changed after registration "
-                                 f"(was param.data replaced?)")
-            if p.grad is None:
-                missing.append(i)
-            elif self._submitted[i] is None or self._submitted[i] is not p.grad:
+            self._check_storage(i)
+            if p.grad is not None:
                 self._check_grad(i, p.grad)
-        if missing and not features["skips_missing_gradients"]:
-            raise ValueError(f"grad: {self._names[missing[0]]} has no gradient in this step "
-                             f"({len(missing)} parameter(s) without one). This build's coordinator needs "
-                             f"every parameter's gradient every step: leave frozen or unused parameters "
-                             f"out of the optimizer")
+        for gi, g in enumerate(self.param_groups):
+            _check_hyper(g, f"param_groups[{gi}].")
         changes = self._hyper_changes()
-        if changes and not features["set_adam_options"]:
-            gi, _ = changes[0]
-            raise ValueError(f"param_groups[{gi}]: lr, betas, eps or weight_decay changed, and this build's "
-                             f"coordinator has fixed Adam hyper-parameters (it has no set_adam_options)")
-        # Apply.
+        stream = self._stream()
+        self._adopt_edits(core, stream)
+        self._verify_hand_overs()
         for gi, adam in changes:
             for i in self._group_index[gi]:
                 core.set_adam_options(i, adam)
             self._pushed[gi] = adam
-        stream = self._stream()
-        for i, p in enumerate(self._params):
-            if p.grad is not None and self._submitted[i] is not p.grad:
-                core.submit(i, p.grad, stream)
-                self._submitted[i] = p.grad
-        self._metrics = core.step(stream)
-        self._submitted = [None] * len(self._params)
-        self._backward_count = [0] * len(self._params)
+        try:
+            for i, p in enumerate(self._params):
+                if p.grad is not None and i not in self._handed:
+                    core.submit(i, p.grad, stream)
+            self._metrics = core.step(stream)
+        except Exception:
+            try:  # a step() that rejects its input dropped them already; a rejected submit did not
+                core.discard_gradients(stream)
+            except Exception:  # noqa: BLE001 -- a failed coordinator: the first error goes on
+                pass
+            raise
+        finally:
+            # Consumed, or dropped by the coordinator (a rejected step drops the step's gradients).
+            self._handed = {}
+            self._rehand = False
+            self._backward_count = [0] * len(self._params)
+        self._record_versions()
         return loss
 
     def state_dict(self):
-        """torch's state dict plus ``"zenflow"``: the library's checkpoint (bytes) of the whole
-        optimizer state and of the parameters' values; pending CPU work stays pending, so a run
-        resumed from it continues bit-identically."""
+        """torch's state dict (param groups) plus ``"zenflow"``: the optimizer state (as
+        torch.optim's, it holds no parameter values: save the model's ``state_dict()`` too). Per
+        element: the moments (8 bytes) and, for a bfloat16/float16 parameter, its fp32 master (4);
+        within an interval the CPU columns' accumulated gradient (4) and with ``overlap_step`` their
+        pending result (the parameter's dtype). Pending CPU work stays pending: a run resumed from
+        it continues bit-identically. Adopts edited parameters first, as step() does."""
+        if self._closed:
+            raise ValueError("state_dict: the optimizer is closed (close() freed its state); call state_dict() "
+                             "before close()")
         sd = super().state_dict()
         checkpoint = None
         if self._core is not None:
+            stream = self._stream()
+            self._adopt_edits(self._core, stream)
+            self._drop_hand_overs()  # step() hands those gradients over again
             with tempfile.TemporaryDirectory(prefix="zenflow-") as d:
                 path = os.path.join(d, "checkpoint.zf")
-                self._core.save(path, self._stream())
+                self._core.save(path, stream, "optimizer_state")
                 with open(path, "rb") as f:
-                    checkpoint = f.read()
+                    # A tensor: torch.save writes its bytes as they are (pickle's protocol 2 would
+                    # write a bytes object as latin-1 text, half again as large).
+                    checkpoint = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
         sd["zenflow"] = {"format": _CHECKPOINT_FORMAT, "checkpoint": checkpoint, "mode": self._method["mode"]}
         return sd
 
     def load_state_dict(self, state_dict):
         """Restores a state dict from :meth:`state_dict` of an optimizer with the same options and
-        parameters (the parameters' values are restored too). Rejected, with nothing changed, if
-        it does not match."""
+        parameters. As with torch.optim, the parameters' values are the model's: load the model's
+        ``state_dict()`` first (loaded afterwards, they count as an edit, see :meth:`step`).
+        Rejected, with nothing changed, if it does not match."""
+        if self._closed:
+            raise ValueError("load_state_dict: the optimizer is closed")
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"state_dict: must be a dict (from state_dict()), got {type(state_dict).__name__}")
         state_dict = dict(state_dict)
         zf = state_dict.pop("zenflow", None)
         if not isinstance(zf, dict) or zf.get("format") != _CHECKPOINT_FORMAT:
-            raise ValueError("state_dict: has no zenflow checkpoint of format "
-                             f"{_CHECKPOINT_FORMAT} (was it written by ZenFlowAdamW.state_dict?)")
+            found = zf.get("format") if isinstance(zf, dict) else None
+            raise ValueError(f"state_dict: has no zenflow checkpoint of format {_CHECKPOINT_FORMAT} (found "
+                             f"{found!r}; was it written by this version's ZenFlowAdamW.state_dict?)")
         if zf.get("mode") != self._method["mode"]:
             raise ValueError(f"state_dict: was written in mode {zf.get('mode')!r}, this optimizer runs "
                              f"{self._method['mode']!r}")
-        old_groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        checkpoint = zf.get("checkpoint")
+        if isinstance(checkpoint, torch.Tensor) and checkpoint.dtype == torch.uint8 and checkpoint.dim() == 1:
+            checkpoint = checkpoint.cpu().numpy().tobytes()  # (accelerate may have moved it to the device)
+        elif checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray)):
+            raise ValueError(f"state_dict['zenflow']['checkpoint']: must be a 1-D uint8 tensor (as state_dict() "
+                             f"wrote it) or bytes, got {type(checkpoint).__name__}")
+        saved = state_dict.get("param_groups")
+        if not isinstance(saved, list) or len(saved) != len(self.param_groups):
+            raise ValueError(f"state_dict: has {len(saved) if isinstance(saved, list) else 'no'} parameter groups, "
+                             f"this optimizer {len(self.param_groups)}")
+        for gi, (g, s) in enumerate(zip(self.param_groups, saved)):
+            if not isinstance(s, dict):
+                raise ValueError(f"state_dict: param_groups[{gi}] is a {type(s).__name__}, not a dict")
+            _check_hyper(dict(g, **{k: v for k, v in s.items() if k != "params"}), f"param_groups[{gi}].")
+            if s.get("column_dim", 1) != g.get("column_dim", 1):
+                raise ValueError(f"state_dict: param_groups[{gi}].column_dim is {s.get('column_dim', 1)!r}, this "
+                                 f"optimizer's {g.get('column_dim', 1)!r}")
+        old_groups, old_state = self.param_groups, self.state  # torch replaces both
         super().load_state_dict(state_dict)
-        old_core = self._core
+        old_core, old_pushed = self._core, self._pushed
         try:
             self._core = None
-            self._check_params()
-            if zf["checkpoint"] is not None:
+            if checkpoint is not None:
                 core = self._built()
                 with tempfile.TemporaryDirectory(prefix="zenflow-") as d:
                     path = os.path.join(d, "checkpoint.zf")
                     with open(path, "wb") as f:
-                        f.write(zf["checkpoint"])
+                        f.write(checkpoint)
                     core.load(path, self._stream())
         except Exception:
             if self._core is not None:
                 self._core.close()
-            self._core = old_core
-            for g, old in zip(self.param_groups, old_groups):
-                g.update(old)
+            self._core, self._pushed = old_core, old_pushed
+            self.param_groups, self.state = old_groups, old_state
             raise
+        finally:
+            self._handed = {}
+            self._rehand = False
         if old_core is not None:
             old_core.close()
-        self._submitted = [None] * len(self._params)
         self._backward_count = [0] * len(self._params)
+        self._record_versions()
+
+    def __deepcopy__(self, memo):
+        raise TypeError("ZenFlowAdamW cannot be copied: its state lives in the library's coordinator (worker "
+                        "threads, pinned buffers). Build a new ZenFlowAdamW over the copied model's parameters and "
+                        "load_state_dict(opt.state_dict()) into it")
+
+    def __getstate__(self):
+        raise TypeError("ZenFlowAdamW cannot be pickled: its state lives in the library's coordinator. Save "
+                        "opt.state_dict() (torch.save takes it) and load it into a new ZenFlowAdamW")
 
     # -- zenflow --------------------------------------------------------------------------------
 
@@ -332,19 +407,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def gpu_columns(self, param):
         """Columns of ``param`` (a tensor of this optimizer) updated on the device now."""
-        for i, p in enumerate(self._params):
-            if p is param:
-                return self._core.gpu_columns(i) if self._core is not None else []
-        raise ValueError("param: not a parameter of this optimizer")
+        i = self._index_of(param)
+        return self._core.gpu_columns(i) if self._core is not None else []
 
     def owned_columns(self, param):
         """(first, last): the columns of 2-D ``param`` whose CPU state this rank holds (all of them
         in one process; 1/N of them per rank with a process group). (0, 0) for a 1-D one."""
-        core = self._built()
-        for i, p in enumerate(self._params):
-            if p is param:
-                return tuple(core.owned_columns(i))
-        raise ValueError("param: not a parameter of this optimizer")
+        i = self._index_of(param)
+        return tuple(self._built().owned_columns(i))
 
     @property
     def options(self):
@@ -353,26 +423,31 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def flush(self):
         """Completes all CPU work and writes it into the parameters (before evaluating or saving
-        the model's weights); training may go on. Synchronizes."""
+        the model's weights); training may go on. Adopts edited parameters first. Synchronizes."""
         if self._core is not None:
-            self._core.finish(self._stream())
+            stream = self._stream()
+            self._adopt_edits(self._core, stream)
+            self._core.finish(stream)  # drops gradients handed over since the last step
+            self._handed = {}          # step() hands them over again from .grad
+            self._record_versions()
 
     def close(self):
         """flush(), then stops the coordinator's threads and frees its state. Idempotent; also
         called at interpreter exit and by ``with``."""
         if self._closed:
             return
-        self._closed = True
         try:
             if self._core is not None:
                 self.flush()
         finally:
+            self._closed = True
             for h in self._hooks:
                 h.remove()
             self._hooks = []
             if self._core is not None:
                 self._core.close()
                 self._core = None
+            self._handed = {}
             _open.discard(self)
 
     def __enter__(self):
@@ -389,10 +464,16 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _check_params(self):
-        devices = set()
+    def _index_of(self, param):
         for i, p in enumerate(self._params):
-            name = self._names[i]
+            if p is param:
+                return i
+        raise ValueError("param: not a parameter of this optimizer")
+
+    def _check_params(self, new, names):
+        """Checks parameters about to join the optimizer, against each other and the others."""
+        devices = {p.device for p in self._params}
+        for p, name in zip(new, names):
             if not isinstance(p, torch.Tensor):
                 raise ValueError(f"params: {name} is a {type(p).__name__}, not a tensor")
             if p.is_sparse or p.layout != torch.strided:
@@ -408,17 +489,29 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if p.device.type == "cuda" and not _C.with_cuda:
                 raise ValueError(f"params: {name} is a CUDA tensor, but zenflow.torch was built without its "
                                  f"CUDA backend: {_C.cuda_reason}")
-            if not p.requires_grad and not _C.features()["skips_missing_gradients"]:
-                raise ValueError(f"params: {name} has requires_grad=False; leave frozen parameters out of "
-                                 f"the optimizer")
             devices.add(p.device)
         if len(devices) > 1:
             raise ValueError(f"params: all parameters must be on one device, got "
                              f"{', '.join(sorted(map(str, devices)))}")
-        for gi, g in enumerate(self.param_groups):
-            cd = g.get("column_dim", 1)
-            if cd not in (0, 1):
-                raise ValueError(f"param_groups[{gi}]: column_dim must be 0 or 1, got {cd!r}")
+        # The coordinator updates each parameter's memory in place: no two may overlap.
+        spans = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), p, name)
+                 for p, name in zip(self._params + list(new), self._names + list(names))]
+        spans.sort(key=lambda s: s[0])
+        for (a0, a1, a, an), (b0, b1, b, bn) in zip(spans, spans[1:]):
+            if b0 < a1:
+                if a is b:
+                    raise ValueError(f"params: {an} is given twice")
+                raise ValueError(f"params: {an} and {bn} share storage (one is a view of the other, or both of "
+                                 f"one tensor); each parameter must own its memory. Tied weights: give the one "
+                                 f"shared Parameter once")
+
+    def _check_storage(self, i):
+        if self._core is not None and self._params[i].data_ptr() != self._data_ptrs[i]:
+            p = self._params[i]
+            raise ValueError(f"params: {self._names[i]}'s storage was replaced after the first step (param.data = "
+                             f"..., or a module's .to()/.half() conversion; it is now {tuple(p.shape)} "
+                             f"{p.dtype}): the optimizer updates the memory it registered. Change the values in "
+                             f"place instead (with torch.no_grad(): param.copy_(new)), or build a new optimizer")
 
     def _check_grad(self, i, grad):
         p, name = self._params[i], self._names[i]
@@ -434,6 +527,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if not grad.is_contiguous():
             raise ValueError(f"grad: {name}'s gradient is not contiguous")
 
+    def _grad_ok(self, i, grad):
+        try:
+            self._check_storage(i)
+            self._check_grad(i, grad)
+        except ValueError:
+            return False
+        return True
+
     def _device(self):
         return self._params[0].device if self._params else torch.device("cpu")
 
@@ -441,13 +542,64 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         d = self._device()
         return torch.cuda.current_stream(d).cuda_stream if d.type == "cuda" else 0
 
-    def _adam(self, g):
-        return {"lr": float(g["lr"]), "beta1": float(g["betas"][0]), "beta2": float(g["betas"][1]),
-                "eps": float(g["eps"]), "weight_decay": float(g["weight_decay"]), "adamw_mode": True}
-
     def _hyper_changes(self):
-        return [(gi, self._adam(g)) for gi, g in enumerate(self.param_groups)
-                if self._adam(g) != self._pushed[gi]]
+        changes = []
+        for gi, g in enumerate(self.param_groups):
+            adam = _adam(g)
+            if adam == self._pushed[gi]:
+                continue
+            first = self._pushed[0]
+            for key, field in (("beta1", "betas"), ("beta2", "betas"), ("eps", "eps")):
+                if adam[key] != first[key]:
+                    raise ValueError(f"param_groups[{gi}].{field}: {key} changed to {adam[key]!r} (was {first[key]!r}); "
+                                     f"betas and eps are fixed for the run and every group (the device kernel shares "
+                                     f"them): only lr and weight_decay may change (OneCycleLR: cycle_momentum=False)")
+            changes.append((gi, adam))
+        return changes
+
+    def _record_versions(self):
+        self._versions = [p._version for p in self._params]
+
+    def _adopt_edits(self, core, stream):
+        """Parameters whose version counter moved since the optimizer last wrote them were edited
+        (in place, by the user): their values become the fp32 master (the coordinator's rule)."""
+        for i, p in enumerate(self._params):
+            v = p._version
+            if v != self._versions[i]:
+                core.reload_parameter(i, stream)
+                self._versions[i] = v
+
+    def _drop_hand_overs(self):
+        """Drops the gradients handed over during backward that no step consumed."""
+        if self._handed and self._core is not None:
+            self._core.discard_gradients(self._stream())
+        self._handed = {}
+
+    def _verify_hand_overs(self):
+        """submit_in_backward: a gradient changed after its hand-over (version counter, identity)
+        is handed over again, with the whole step's (the coordinator drops them all at once)."""
+        if not self._handed and not self._rehand:
+            return
+        cause = None
+        for i, (grad, version) in self._handed.items():
+            now = self._params[i].grad
+            if now is None:
+                cause = (i, "was set to None")
+            elif now is not grad:
+                cause = (i, "is another tensor now (a further backward pass, or an assignment to .grad)")
+            elif now._version != version:
+                cause = (i, "was changed in place (clip_grad_norm_, GradScaler.unscale_, a further backward pass)")
+            if cause:
+                break
+        if cause or self._rehand:
+            self._drop_hand_overs()
+            if cause and not self._warned:
+                self._warned = True
+                warnings.warn(f"grad: {self._names[cause[0]]}'s gradient {cause[1]} after it was handed over during "
+                              f"backward (submit_in_backward=True): this step's gradients were handed over again, "
+                              f"as they are now, which costs the overlap. Leave .grad unchanged between backward and "
+                              f"step() (clip with max_grad_norm=...), or use submit_in_backward=False (the default). "
+                              f"Warned once.", stacklevel=3)
 
     def _built(self):
         if self._closed:
@@ -457,8 +609,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if not self._params:
             raise ValueError("params: the optimizer has no parameters")
         for gi, g in enumerate(self.param_groups):
-            _check_hyper(g, gi)
-        adams = [self._adam(g) for g in self.param_groups]
+            _check_hyper(g, f"param_groups[{gi}].")
+        adams = [_adam(g) for g in self.param_groups]
         options = dict(self._method, adam=adams[0])
         device = self._device()
         if self._process_group is not None:
@@ -468,14 +620,6 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 core = _C.Coordinator(options, self._config, "cuda")
         else:
             core = _C.Coordinator(options, self._config, "cpu")
-        self._features = core.features()
-        if not self._features["per_parameter_adam"]:
-            for gi, a in enumerate(adams):
-                if a != adams[0]:
-                    core.close()
-                    raise ValueError(f"param_groups[{gi}]: lr, betas, eps or weight_decay differ from "
-                                     f"param_groups[0]'s, and this build's coordinator has one set for all "
-                                     f"parameters (no per-parameter Adam options)")
         self._group_index = []
         # The coordinator writes through the registered storage until it is closed: keep that
         # storage alive even if a parameter's .data is replaced (which step() then rejects).
@@ -500,6 +644,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._data_ptrs = [p.data_ptr() for p in self._registered]
         self._pushed = adams
         self._core = core
+        self._record_versions()
         return core
 
     def _data_parallel_core(self, options, device):
@@ -536,16 +681,27 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return _C.Coordinator(options, self._config, "cpu", self._own_group, store, self._timeout)
 
     def _hand_over(self, i, param):
-        """The post-accumulate-grad hook of parameter i."""
-        if self._closed or not self.submit_in_backward:
+        """The post-accumulate-grad hook of parameter i (submit_in_backward): hands the gradient
+        over during the last of gradient_accumulation_steps backward passes. Whatever it cannot
+        hand over is left to step() (which checks it and names any problem)."""
+        if self._closed or self._rehand:
             return
         self._backward_count[i] += 1
-        if self._backward_count[i] < self.gradient_accumulation_steps or param.grad is None:
+        grad = param.grad
+        if self._backward_count[i] < self.gradient_accumulation_steps or grad is None:
             return
-        core = self._built()
-        self._check_grad(i, param.grad)
-        core.submit(i, param.grad, self._stream())
-        self._submitted[i] = param.grad
+        if i in self._handed:  # a further backward pass adds to a gradient already handed over
+            self._rehand = True
+            return
+        if not self._grad_ok(i, grad):
+            return
+        try:
+            core = self._built()
+            core.submit(i, grad, self._stream())
+        except ValueError:
+            self._rehand = True  # step() hands everything over and reports what is wrong
+            return
+        self._handed[i] = (grad, grad._version)
 
 
 def _hook(ref, i):
@@ -556,18 +712,49 @@ def _hook(ref, i):
     return hook
 
 
-def _check_hyper(g, gi):
-    lr = g["lr"]
-    lr = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
-    if not (math.isfinite(lr) and lr >= 0.0):
-        raise ValueError(f"param_groups[{gi}]: lr must be finite and >= 0, got {g['lr']!r}")
+def _float32(where, name, value, low, low_open, high=None, high_open=False, as_number=None):
+    """`value` (a real number, or a one-element tensor) checked as a float32 in the range."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise ValueError(f"{where}{name}: must be a real number or a one-element tensor, got {value!r}")
+        x = float(value.item())
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        x = float(value)
+    else:
+        raise ValueError(f"{where}{name}: must be a number (a float or a one-element tensor), got "
+                         f"{value!r} ({type(value).__name__})")
+    try:
+        f32 = struct.unpack("f", struct.pack("f", x))[0] if abs(x) <= _FLOAT32_MAX else math.inf
+    except OverflowError:
+        f32 = math.inf
+    ok = math.isfinite(f32) and (f32 > low if low_open else f32 >= low)
+    ok = ok and (high is None or (f32 < high if high_open else f32 <= high))
+    if not ok:
+        hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
+        raise ValueError(f"{where}{name}: must be in {'(' if low_open else '['}{low}, {hi} as a float32, got {value!r}")
+    return x
+
+
+def _check_hyper(g, where):
+    """A parameter group's (or the defaults') Adam options: each named with its value and range."""
+    _float32(where, "lr", g["lr"], 0.0, False)
     betas = g["betas"]
-    if len(betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in betas):
-        raise ValueError(f"param_groups[{gi}]: betas must be two values in [0, 1), got {betas!r}")
-    if not (math.isfinite(float(g["eps"])) and float(g["eps"]) > 0.0):
-        raise ValueError(f"param_groups[{gi}]: eps must be finite and > 0, got {g['eps']!r}")
-    if not (math.isfinite(float(g["weight_decay"])) and float(g["weight_decay"]) >= 0.0):
-        raise ValueError(f"param_groups[{gi}]: weight_decay must be finite and >= 0, got {g['weight_decay']!r}")
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise ValueError(f"{where}betas: must be two numbers in [0, 1), got {betas!r}")
+    for k, b in enumerate(betas):
+        _float32(where, f"betas[{k}]", b, 0.0, False, 1.0, True)
+    _float32(where, "eps", g["eps"], 0.0, True)
+    _float32(where, "weight_decay", g["weight_decay"], 0.0, False)
+    cd = g.get("column_dim", 1)
+    if isinstance(cd, bool) or cd not in (0, 1):
+        raise ValueError(f"{where}column_dim: must be 0 or 1, got {cd!r}")
+
+
+def _adam(g):
+    def number(x):
+        return float(x.item() if isinstance(x, torch.Tensor) else x)
+    return {"lr": number(g["lr"]), "beta1": number(g["betas"][0]), "beta2": number(g["betas"][1]),
+            "eps": number(g["eps"]), "weight_decay": number(g["weight_decay"]), "adamw_mode": True}
 
 
 # The defaults of the method, for documentation tools.

@@ -1,0 +1,215 @@
+// The coordinator's checkpoint file: its header, scalars and arrays, the writer and the reader,
+// and the option fields a checkpoint must be resumed with (checkpoint_io.hpp writes and reads the
+// coordinator's state through them; the layout of that state is documented there).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "zenflow/error.hpp"
+#include "zenflow/options.hpp"
+
+namespace zenflow::detail {
+
+inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
+inline constexpr std::uint32_t checkpoint_version = 5;
+inline constexpr std::size_t checkpoint_header_bytes = 32;
+
+/// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).
+template <class T>
+concept checkpoint_scalar = std::is_arithmetic_v<T> || std::is_enum_v<T>;
+
+inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : data) {
+    h ^= static_cast<std::uint64_t>(b);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+class checkpoint_writer {
+ public:
+  template <checkpoint_scalar T>
+  void put(const T& value) {
+    if constexpr (std::is_same_v<T, bool>) {
+      put<std::uint8_t>(value ? 1 : 0);
+    } else {
+      const auto* p = reinterpret_cast<const std::byte*>(&value);
+      payload_.insert(payload_.end(), p, p + sizeof(T));
+    }
+  }
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) void put_array(std::span<const T> values) {
+    put<std::uint64_t>(values.size());
+    const auto* p = reinterpret_cast<const std::byte*>(values.data());
+    payload_.insert(payload_.end(), p, p + values.size_bytes());
+  }
+  void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
+
+  /// Writes header + payload to path.tmp, then renames it to path. Throws zenflow::error; on any
+  /// failure after path.tmp was created, path.tmp is removed (path is left as it was).
+  void write(const std::string& path) const {
+    std::vector<std::byte> header(checkpoint_header_bytes);
+    std::memcpy(header.data(), checkpoint_magic, 8);
+    const std::uint32_t version = checkpoint_version, reserved = 0;
+    const std::uint64_t size = payload_.size(), hash = fnv1a64(payload_);
+    std::memcpy(header.data() + 8, &version, 4);
+    std::memcpy(header.data() + 12, &reserved, 4);
+    std::memcpy(header.data() + 16, &size, 8);
+    std::memcpy(header.data() + 24, &hash, 8);
+    const std::string tmp = path + ".tmp";
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    expects(static_cast<bool>(out), "path", "cannot open '", tmp, "' for writing");
+    // From here on path.tmp is ours: whatever fails (a write, the close, the rename) removes it.
+    struct remove_unless_renamed {
+      const std::string& file;
+      bool renamed = false;
+      ~remove_unless_renamed() {
+        if (!renamed) std::remove(file.c_str());
+      }
+    } cleanup{tmp};
+    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
+    out.write(reinterpret_cast<const char*>(payload_.data()), static_cast<std::streamsize>(payload_.size()));
+    out.close();
+    expects(static_cast<bool>(out), "path", "writing '", tmp, "' failed");
+    expects(std::rename(tmp.c_str(), path.c_str()) == 0, "path", "cannot rename '", tmp, "' to '", path, "'");
+    cleanup.renamed = true;
+  }
+
+ private:
+  std::vector<std::byte> payload_;
+};
+
+class checkpoint_reader {
+ public:
+  /// Reads and verifies the whole file; throws zenflow::error("checkpoint", ...) if it is not a
+  /// complete, uncorrupted zenflow checkpoint of a supported version.
+  explicit checkpoint_reader(const std::string& path) {
+    // A directory opens as a stream on Linux and reports a nonsense size; so would a FIFO or a
+    // device: only a regular file (or a link to one) can be a checkpoint.
+    std::error_code status_error;
+    const auto status = std::filesystem::status(path, status_error);
+    expects(std::filesystem::exists(status), "checkpoint", "cannot open '", path,
+            "': ", status_error ? status_error.message() : std::string("no such file"));
+    expects(std::filesystem::is_regular_file(status), "checkpoint", "'", path, "' is not a regular file");
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    expects(static_cast<bool>(in), "checkpoint", "cannot open '", path, "'");
+    const std::streamoff end = in.tellg();
+    expects(end >= 0, "checkpoint", "cannot determine the size of '", path, "'");
+    const auto file_size = static_cast<std::size_t>(end);
+    expects(file_size >= checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated (", file_size,
+            " bytes, the header alone is ", checkpoint_header_bytes, ")");
+    std::vector<std::byte> file(file_size);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(file_size));
+    expects(static_cast<bool>(in), "checkpoint", "reading '", path, "' failed");
+    expects(std::memcmp(file.data(), checkpoint_magic, 8) == 0, "checkpoint", "'", path,
+            "' is not a zenflow checkpoint (bad magic)");
+    std::uint32_t version;
+    std::uint64_t size, hash;
+    std::memcpy(&version, file.data() + 8, 4);
+    std::memcpy(&size, file.data() + 16, 8);
+    std::memcpy(&hash, file.data() + 24, 8);
+    expects(version == checkpoint_version, "checkpoint", "format version ", version, " is not supported (expected ",
+            checkpoint_version, ")");
+    expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path,
+            "' is truncated or has trailing data (", file_size - checkpoint_header_bytes,
+            " payload bytes, header says ", size, ")");
+    payload_.assign(file.begin() + checkpoint_header_bytes, file.end());
+    expects(fnv1a64(payload_) == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
+  }
+
+  template <checkpoint_scalar T>
+  T get() {
+    if constexpr (std::is_same_v<T, bool>) {
+      const auto byte = get<std::uint8_t>();
+      expects(byte <= 1, "checkpoint", "a flag holds ", static_cast<int>(byte), " (expected 0 or 1)");
+      return byte == 1;
+    } else {
+      expects(sizeof(T) <= payload_.size() - pos_, "checkpoint", "payload ends early");
+      T value;
+      std::memcpy(&value, payload_.data() + pos_, sizeof(T));
+      pos_ += sizeof(T);
+      return value;
+    }
+  }
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) std::vector<T> get_array() {
+    const auto n = get<std::uint64_t>();
+    expects(n <= (payload_.size() - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
+    std::vector<T> values(n);
+    if (n != 0)
+      std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));  // an empty vector's data() may be null
+    pos_ += n * sizeof(T);
+    return values;
+  }
+  std::string get_string() {
+    auto chars = get_array<char>();
+    return {chars.begin(), chars.end()};
+  }
+  [[nodiscard]] bool at_end() const noexcept { return pos_ == payload_.size(); }
+
+ private:
+  std::vector<std::byte> payload_;
+  std::size_t pos_ = 0;
+};
+
+/// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
+/// struct padding reaches the file).
+inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
+  w.put(static_cast<std::uint8_t>(o.mode));
+  w.put(o.topk_ratio);
+  w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
+  w.put(o.select_interval_steps());
+  w.put(o.update_interval.is_auto);
+  w.put(o.update_interval.value);
+  w.put(o.full_warm_up_rounds);
+  w.put(o.overlap_step);
+  w.put(o.max_update_interval);
+}
+inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
+  bool same = r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.mode);
+  same = (r.get<float>() == o.topk_ratio) && same;
+  same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
+  same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
+  same = (r.get<bool>() == o.update_interval.is_auto) && same;
+  same = (r.get<std::int64_t>() == o.update_interval.value) && same;
+  same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
+  same = (r.get<bool>() == o.overlap_step) && same;
+  same = (r.get<std::int64_t>() == o.max_update_interval) && same;
+  expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
+          "overlap_step)");
+}
+
+/// Waits for `stream` if the scope is left by an exception, so that copies already enqueued
+/// never outlive the buffers declared before this guard. Never throws.
+template <class Backend>
+class synchronize_on_unwind {
+ public:
+  explicit synchronize_on_unwind(typename Backend::stream_type stream) noexcept : stream_(stream) {}
+  synchronize_on_unwind(const synchronize_on_unwind&) = delete;
+  synchronize_on_unwind& operator=(const synchronize_on_unwind&) = delete;
+  ~synchronize_on_unwind() {
+    if (std::uncaught_exceptions() <= exceptions_) return;
+    try {
+      Backend::synchronize(stream_);
+    } catch (...) {
+    }
+  }
+
+ private:
+  typename Backend::stream_type stream_;
+  int exceptions_ = std::uncaught_exceptions();
+};
+
+}  // namespace zenflow::detail

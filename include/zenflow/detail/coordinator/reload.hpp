@@ -1,0 +1,79 @@
+// The trainer's edits of its parameters between steps (basic_coordinator::discard_gradients and
+// reload_parameter): the values in the trainer's tensors are the truth, so an edited parameter's
+// values become the fp32 master of the optimizer that updates each of its columns.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "zenflow/coordinator.hpp"
+#include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/types.hpp"
+
+namespace zenflow {
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::discard_gradients(stream_type stream) {
+  rethrow_worker_error();
+  abandon_step(stream);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(std::size_t i, stream_type stream) {
+  rethrow_worker_error();
+  parameter& p = at(i);
+  // The CPU update in flight writes the CPU master (and its result's staging): it completes first.
+  (void)host_optimizer();
+  or_fail([&] {
+    if (p.is_vector) {
+      const auto rows = static_cast<std::size_t>(p.vector.size);
+      std::vector<std::byte> values(rows * dtype_size(p.vector.type));
+      Backend::copy_async(values.data(), p.vector.data, values.size(), stream);
+      Backend::synchronize(stream);
+      std::vector<float> state(3 * rows);  // [master, m, v]
+      device_opt_.export_state(p.device_index, state);
+      detail::adopt_values(values, p.vector.type, std::span<float>(state).first(rows), false);
+      device_opt_.import_state(p.device_index, state);
+      return;
+    }
+    const auto rows = static_cast<std::size_t>(p.matrix.rows);
+    const dtype type = p.matrix.type;
+    const std::size_t column_bytes = rows * dtype_size(type);
+    // Every column's values, column c at c * column_bytes.
+    std::vector<std::byte> values(static_cast<std::size_t>(p.matrix.cols) * column_bytes);
+    copy_all_columns(p, values, transfer_direction::device_to_host, stream);
+    auto column = [&](index_t c) { return std::span<const std::byte>(values).subspan(c * column_bytes, column_bytes); };
+    if (p.device_index != npos) {  // the GPU columns: packed [master, m, v] per selected column
+      std::vector<float> packed(3 * rows * p.selection.size());
+      device_opt_.export_state(p.device_index, packed);
+      for (std::size_t l = 0; l < p.selection.size(); ++l)
+        detail::adopt_values(column(p.selection[l]), type, std::span<float>(packed).subspan(3 * l * rows, rows), false);
+      device_opt_.import_state(p.device_index, packed);
+    }
+    // This rank's CPU columns. With a pending result for this parameter (its CPU columns are the
+    // complement the update ran on) the edit wins: every element takes its value, and the
+    // write-back will write these values.
+    const bool pending = pending_interval_ && p.accumulated[*pending_interval_ % 2] > 0 && !p.complement.empty();
+    const std::span<float> master = host_opt_.params(p.cpu_tensor);
+    for (const std::int32_t c : detail::owned_cpu_columns(p.owned, p.selection))
+      detail::adopt_values(column(c + static_cast<std::int32_t>(p.owned.first)), type, master.subspan(c * rows, rows),
+                           pending);
+    if (pending) {
+      std::vector<std::byte> block(p.owned_local.size() * column_bytes);
+      for (std::size_t j = 0; j < p.owned_local.size(); ++j) {
+        const auto c = column(p.owned_local[j] + p.owned.first);
+        std::copy(c.begin(), c.end(), block.begin() + static_cast<std::ptrdiff_t>(j * column_bytes));
+      }
+      std::byte* staged =
+          p.writeback_dev[*pending_interval_ % 2].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(type);
+      detail::synchronize_on_unwind<Backend> guard(stream);
+      Backend::copy_async(staged, block.data(), block.size(), stream);
+      Backend::synchronize(stream);
+    }
+  });
+}
+
+}  // namespace zenflow
