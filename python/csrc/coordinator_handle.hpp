@@ -2,9 +2,10 @@
 // host_coordinator) and the CUDA translation unit (nvcc, cuda_coordinator) share one interface.
 //
 // The handle takes zenflow views and an opaque stream (`void*`): a cudaStream_t for the CUDA
-// backend; ignored by the host backend, which owns the host_stream that plays the GPU stream and
-// synchronizes it at the end of every call that enqueued work (torch's CPU tensors are read by the
-// next forward pass right away).
+// backend; ignored by the host backend, which owns the host_stream that plays the GPU stream (its
+// device work on `cpu_threads` threads, as many as the CPU Adam's) and synchronizes it at the end
+// of every call that enqueued work (torch's CPU tensors are read by the next forward pass right
+// away).
 #pragma once
 
 #include <chrono>
@@ -69,12 +70,14 @@ class coordinator_handle final : public handle {
  public:
   coordinator_handle(const zenflow::zenflow_options& options,
                      const zenflow::coordinator_config& config) requires(!data_parallel)
-      : coordinator_(options, config) {}
+      : stream_(make_stream(config)), coordinator_(options, config) {}
   /// One rank of a data-parallel group; `communicator` lives as long as the handle.
   template <class C = Communicator>
   coordinator_handle(std::unique_ptr<C> communicator, const zenflow::zenflow_options& options,
                      const zenflow::coordinator_config& config) requires(data_parallel)
-      : communicator_(std::move(communicator)), coordinator_(*communicator_, options, config) {}
+      : stream_(make_stream(config)),
+        communicator_(std::move(communicator)),
+        coordinator_(*communicator_, options, config) {}
 
   [[nodiscard]] features supported() const noexcept override {
     // step() skips a parameter without a gradient (missing_gradients::skip), as torch's AdamW.
@@ -128,6 +131,12 @@ class coordinator_handle final : public handle {
   }
 
  private:
+  static auto make_stream(const zenflow::coordinator_config& config) {
+    if constexpr (host)
+      return zenflow::host_stream(config.cpu_threads);
+    else
+      return std::monostate{};
+  }
   stream_type to_stream(void* stream) {
     if constexpr (host) {
       (void)stream;
