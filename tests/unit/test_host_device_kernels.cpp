@@ -489,33 +489,38 @@ TEST_CASE("gather_columns and scatter_columns on every path equal the per-elemen
           fill(src, rng, 3.0f);
           src.set(0, cols - 1, std::numeric_limits<float>::quiet_NaN());
           src.set(rows - 1, 0, -std::numeric_limits<float>::infinity());
-          // Any order; for the gather, repeats too.
-          std::vector<std::int32_t> columns = pick(cols, (cols + 1) / 2, rng);
-          std::shuffle(columns.begin(), columns.end(), rng);
-          columns.push_back(columns.front());
-          const float scale = 0.3f;
-          const std::size_t dsz = zenflow::dtype_size(dt);
-          std::vector<std::byte> expect(columns.size() * rows * dsz);
-          for (std::size_t i = 0; i < columns.size(); ++i)
-            for (index_t r = 0; r < rows; ++r)
-              sa::store_from_float(expect.data(), dt, static_cast<index_t>(i) * rows + r,
-                                   src.get(r, columns[i]) * scale);
-          // Scatter: a column listed twice takes the later value.
-          strided dst0 = strided::make(dt, rows, cols, (layout + 2) % 5);
-          fill(dst0, rng, 1.0f);
-          std::vector<float> values(columns.size() * rows);
-          for (auto& x : values) x = std::normal_distribution<float>(0.0f, 100.0f)(rng);
-          strided dst_expect = dst0;
-          for (std::size_t i = 0; i < columns.size(); ++i)
-            for (index_t r = 0; r < rows; ++r) dst_expect.set(r, columns[i], values[i * rows + r]);
-          for (const auto& e : ex.all) {
-            CAPTURE(describe(e));
-            std::vector<std::byte> got(expect.size());
-            zenflow::gather_columns(src.cview(), columns, got.data(), dt, scale, e);
-            CHECK(got == expect);
-            strided dst = dst0;
-            zenflow::scatter_columns(values.data(), dtype::f32, columns, dst.view(), e);
-            CHECK(dst.bytes == dst_expect.bytes);
+          // Column lists: ascending with gaps (within and beyond a SIMD window), every column in
+          // order, and any order with a repeat (a scattered repeat keeps the later value).
+          std::vector<std::vector<std::int32_t>> lists = {pick(cols, (cols + 1) / 2, rng), pick(cols, cols, rng),
+                                                          pick(cols, (cols + 1) / 2, rng)};
+          if (cols > 40) lists.push_back(pick(cols, cols / 20 + 1, rng));
+          std::shuffle(lists[2].begin(), lists[2].end(), rng);
+          lists[2].push_back(lists[2].front());
+          for (const auto& columns : lists) {
+            const float scale = 0.3f;
+            const std::size_t dsz = zenflow::dtype_size(dt);
+            std::vector<std::byte> expect(columns.size() * rows * dsz);
+            for (std::size_t i = 0; i < columns.size(); ++i)
+              for (index_t r = 0; r < rows; ++r)
+                sa::store_from_float(expect.data(), dt, static_cast<index_t>(i) * rows + r,
+                                     src.get(r, columns[i]) * scale);
+            // Scatter: a column listed twice takes the later value.
+            strided dst0 = strided::make(dt, rows, cols, (layout + 2) % 5);
+            fill(dst0, rng, 1.0f);
+            std::vector<float> values(columns.size() * rows);
+            for (auto& x : values) x = std::normal_distribution<float>(0.0f, 100.0f)(rng);
+            strided dst_expect = dst0;
+            for (std::size_t i = 0; i < columns.size(); ++i)
+              for (index_t r = 0; r < rows; ++r) dst_expect.set(r, columns[i], values[i * rows + r]);
+            for (const auto& e : ex.all) {
+              CAPTURE(describe(e));
+              std::vector<std::byte> got(expect.size());
+              zenflow::gather_columns(src.cview(), columns, got.data(), dt, scale, e);
+              CHECK(got == expect);
+              strided dst = dst0;
+              zenflow::scatter_columns(values.data(), dtype::f32, columns, dst.view(), e);
+              CHECK(dst.bytes == dst_expect.bytes);
+            }
           }
         }
 }

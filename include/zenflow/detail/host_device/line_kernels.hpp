@@ -14,6 +14,7 @@
 // `max_simd_offset` runs the scalar version (select_copy_line).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -136,6 +137,150 @@ ZENFLOW_TARGET_AVX512 void copy_line(const void* src, line ls, void* dst, line l
   for (; q + 16 <= n; q += 16) copy16<false, S, D, Scale>(s, ls, d, ld, q, sc, 0xffff);
   if (q < n) copy16<true, S, D, Scale>(s, ls, d, ld, q, sc, static_cast<__mmask16>((1u << (n - q)) - 1u));
 }
+
+/// r[c] becomes column c of the 16 x 16 block whose row i was r[i].
+ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE void transpose(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+  }
+}
+
+/// True when the 16 entries of `index` from its start are consecutive (or there is no index).
+ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE bool consecutive(const std::int32_t* index) {
+  if (index == nullptr) return true;
+  const __m512i i = _mm512_loadu_si512(index);
+  const __m512i want = _mm512_add_epi32(_mm512_set1_epi32(index[0]),
+                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  return _mm512_cmpneq_epi32_mask(i, want) == 0;
+}
+
+/// How a tile reaches 16 listed entries of a row: consecutive (a plain load or store), within a
+/// window of 32 elements from the first (two masked loads and a permutation; for a store, strictly
+/// ascending: two masked expanding stores), or anywhere (a gather or a scatter).
+struct listed16 {
+  enum kind_t { run, window, spread } kind = run;
+  __m512i off;               // entries - entry 0
+  __mmask16 lo = 0, hi = 0;  // window: the lanes loaded or stored at entry 0 and entry 0 + 16
+  int lo_count = 0;          // store window: entries that fall in the first 16 elements
+};
+ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE listed16 classify(const std::int32_t* index, bool store) {
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  listed16 l;
+  l.off = lanes;
+  if (index == nullptr) return l;
+  l.off = _mm512_sub_epi32(_mm512_loadu_si512(index), _mm512_set1_epi32(index[0]));
+  if (_mm512_cmpneq_epi32_mask(l.off, lanes) == 0) return l;
+  l.kind = listed16::spread;
+  if (_mm512_cmpge_epu32_mask(l.off, _mm512_set1_epi32(32)) != 0) return l;  // negative or too far
+  if (store) {
+    const __m512i next = _mm512_permutexvar_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(1)), l.off);
+    if ((_mm512_cmpgt_epi32_mask(next, l.off) & 0x7fff) != 0x7fff) return l;  // a repeat or out of order
+    const auto bits =
+        static_cast<std::uint32_t>(_mm512_reduce_or_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), l.off)));
+    l.lo = static_cast<__mmask16>(bits & 0xffffu);
+    l.hi = static_cast<__mmask16>(bits >> 16);
+    l.lo_count = __builtin_popcount(bits & 0xffffu);
+  } else {
+    const int last = _mm512_reduce_max_epi32(l.off);
+    l.lo = static_cast<__mmask16>(last >= 15 ? 0xffffu : (1u << (last + 1)) - 1u);
+    l.hi = static_cast<__mmask16>(last >= 16 ? (1u << (last - 15)) - 1u : 0u);
+  }
+  l.kind = listed16::window;
+  return l;
+}
+
+template <class S>
+ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE __m512 load_listed(const S* row, const listed16& l) {
+  switch (l.kind) {
+    case listed16::run:
+      return k::load<false>(row, 0xffff);
+    case listed16::window:
+      return _mm512_permutex2var_ps(k::load<true>(row, l.lo), l.off, k::load<true>(row + 16, l.hi));
+    default:
+      return gather(row, l.off, 0xffff);
+  }
+}
+template <class D>
+ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE void store_listed(D* row, __m512 x, const listed16& l) {
+  switch (l.kind) {
+    case listed16::run:
+      k::store<false>(row, x, 0xffff);
+      break;
+    case listed16::window: {
+      const __m512i rest = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(l.lo_count));
+      k::store<true>(row, _mm512_maskz_expand_ps(l.lo, x), l.lo);
+      k::store<true>(row + 16, _mm512_maskz_expand_ps(l.hi, _mm512_permutexvar_ps(rest, x)), l.hi);
+      break;
+    }
+    default:
+      scatter(row, l.off, x, 0xffff);  // lanes in order: a repeated entry keeps the last
+  }
+}
+
+template <class S, class D, bool Scale>
+ZENFLOW_TARGET_AVX512 void transpose_tiles(const void* src, index_t s_outer, const std::int32_t* s_index, void* dst,
+                                           index_t d_outer, const std::int32_t* d_index, index_t outer, index_t inner,
+                                           float scale) noexcept {
+  const S* s = static_cast<const S*>(src);
+  D* d = static_cast<D*>(dst);
+  const __m512 sc = _mm512_set1_ps(scale);
+  // The source rows' span over the whole block (elements from a row's start), for prefetching.
+  index_t span_lo = 0, span_hi = inner - 1;
+  if (s_index != nullptr) {
+    span_lo = *std::min_element(s_index, s_index + inner);
+    span_hi = *std::max_element(s_index, s_index + inner);
+  }
+  const bool prefetch = span_hi - span_lo < 1024;
+  // Blocks of 32 inner entries, each swept over every outer one: a destination row is written
+  // 128 bytes at a time, in order; the source rows are prefetched whole on the first sweep (so
+  // that memory serves them in long runs), and come from the cache on the next ones.
+  for (index_t bb = 0; bb < inner; bb += 32) {
+    const index_t b_end = std::min(inner, bb + 32);
+    for (index_t a0 = 0; a0 < outer; a0 += 16) {
+      if (prefetch && a0 + 32 < outer) {
+        if (bb == 0)
+          for (index_t a = a0 + 32; a < std::min(outer, a0 + 48); ++a)
+            for (index_t e = span_lo; e <= span_hi + 15; e += 64 / static_cast<index_t>(sizeof(S)))
+              _mm_prefetch(reinterpret_cast<const char*>(s + a * s_outer + e), _MM_HINT_T0);
+        const index_t e = d_index != nullptr ? d_index[a0 + 32] : a0 + 32;
+        for (index_t b = bb; b < b_end; ++b)
+          _mm_prefetch(reinterpret_cast<const char*>(d + b * d_outer + e), _MM_HINT_ET0);
+      }
+      const listed16 dl = classify(d_index != nullptr ? d_index + a0 : nullptr, true);
+      D* d_base = d + (d_index != nullptr ? d_index[a0] : a0);
+      for (index_t b0 = bb; b0 < b_end; b0 += 16) {
+        const listed16 sl = classify(s_index != nullptr ? s_index + b0 : nullptr, false);
+        const S* s_base = s + (s_index != nullptr ? s_index[b0] : b0);
+        __m512 r[16];
+        for (int a = 0; a < 16; ++a) {
+          r[a] = load_listed(s_base + (a0 + a) * s_outer, sl);
+          if constexpr (Scale) r[a] = _mm512_mul_ps(r[a], sc);
+        }
+        transpose(r);
+        for (int b = 0; b < 16; ++b) store_listed(d_base + (b0 + b) * d_outer, r[b], dl);
+      }
+    }
+  }
+}
 }  // namespace avx512
 
 namespace avx2 {
@@ -198,6 +343,69 @@ ZENFLOW_TARGET_AVX2 void copy_line(const void* src, line ls, void* dst, line ld,
     d[ld.offset(q)] = from_float<D>(x);
   }
 }
+
+/// r[c] becomes column c of the 8 x 8 block whose row i was r[i].
+ZENFLOW_TARGET_AVX2 ZENFLOW_LINE_INLINE void transpose(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // u[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+ZENFLOW_TARGET_AVX2 ZENFLOW_LINE_INLINE bool consecutive(const std::int32_t* index) {
+  if (index == nullptr) return true;
+  const __m256i i = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index));
+  const __m256i want = _mm256_add_epi32(_mm256_set1_epi32(index[0]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_movemask_epi8(_mm256_cmpeq_epi32(i, want)) == -1;
+}
+
+template <class S, class D, bool Scale>
+ZENFLOW_TARGET_AVX2 void transpose_tiles(const void* src, index_t s_outer, const std::int32_t* s_index, void* dst,
+                                         index_t d_outer, const std::int32_t* d_index, index_t outer, index_t inner,
+                                         float scale) noexcept {
+  const S* s = static_cast<const S*>(src);
+  D* d = static_cast<D*>(dst);
+  const __m256 sc = _mm256_set1_ps(scale);
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (index_t a0 = 0; a0 < outer; a0 += 8)
+    for (index_t b0 = 0; b0 < inner; b0 += 8) {
+      __m256 r[8];
+      const bool s_run = consecutive(s_index != nullptr ? s_index + b0 : nullptr);
+      const S* s_row = s + (s_index != nullptr ? s_index[b0] : b0);
+      const __m256i s_off = s_run ? lanes
+                                  : _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s_index + b0)),
+                                                     _mm256_set1_epi32(s_index[b0]));
+      for (int a = 0; a < 8; ++a) {
+        const S* row = s_row + (a0 + a) * s_outer;
+        r[a] = s_run ? k::load(row) : gather(row, s_off);
+        if constexpr (Scale) r[a] = _mm256_mul_ps(r[a], sc);
+      }
+      transpose(r);
+      const bool d_run = consecutive(d_index != nullptr ? d_index + a0 : nullptr);
+      const index_t d_first = d_index != nullptr ? d_index[a0] : a0;
+      const __m256i d_off = d_run ? lanes
+                                  : _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d_index + a0)),
+                                                     _mm256_set1_epi32(d_index[a0]));
+      for (int b = 0; b < 8; ++b) {
+        D* row = d + (b0 + b) * d_outer + d_first;
+        if (d_run)
+          k::store(row, r[b]);
+        else
+          scatter(row, d_off, r[b]);
+      }
+    }
+}
 }  // namespace avx2
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -212,6 +420,49 @@ void copy_line_erased(const void* src, line ls, void* dst, line ld, index_t n, f
   if constexpr (Isa == cpu_isa::avx2) return avx2::copy_line<S, D, Scale>(src, ls, dst, ld, n, scale);
 #endif
   copy_line_scalar<S, D, Scale>(src, ls, dst, ld, n, scale);
+}
+
+/// Copies the whole tiles of an outer x inner block: source element (a, b) at
+/// src + a * s_outer + (s_index ? s_index[b] : b) to destination element (b, a) at
+/// dst + b * d_outer + (d_index ? d_index[a] : a) (elements), converting (and scaling) as
+/// copy_line does: a transposition, 16 x 16 (AVX-512) or 8 x 8 (AVX2) at a time, the side with
+/// an index gathered or scattered along its rows where the listed entries are not consecutive.
+/// outer and inner are multiples of transpose_tile(isa); offsets stay below max_simd_offset.
+using transpose_tiles_fn = void (*)(const void* src, index_t s_outer, const std::int32_t* s_index, void* dst,
+                                    index_t d_outer, const std::int32_t* d_index, index_t outer, index_t inner,
+                                    float scale);
+
+/// The tile edge of a path's transposition (0: the path has none, as the scalar one).
+constexpr index_t transpose_tile(cpu_isa isa) noexcept {
+  return isa == cpu_isa::avx512 ? 16 : isa == cpu_isa::avx2 ? 8 : 0;
+}
+
+template <cpu_isa Isa, class S, class D, bool Scale>
+void transpose_tiles_erased(const void* src, index_t s_outer, const std::int32_t* s_index, void* dst, index_t d_outer,
+                            const std::int32_t* d_index, index_t outer, index_t inner, float scale) noexcept {
+#if ZENFLOW_CPU_ADAM_X86
+  if constexpr (Isa == cpu_isa::avx512)
+    return avx512::transpose_tiles<S, D, Scale>(src, s_outer, s_index, dst, d_outer, d_index, outer, inner, scale);
+  if constexpr (Isa == cpu_isa::avx2)
+    return avx2::transpose_tiles<S, D, Scale>(src, s_outer, s_index, dst, d_outer, d_index, outer, inner, scale);
+#endif
+  (void)src, (void)s_outer, (void)s_index, (void)dst, (void)d_outer, (void)d_index, (void)outer, (void)inner,
+      (void)scale;
+}
+
+/// The tile transposition of a path that has one (transpose_tile(isa) > 0).
+inline transpose_tiles_fn select_transpose_tiles(cpu_isa isa, dtype src, dtype dst, bool scale) noexcept {
+  return dispatch_dtype(src, [&](auto s) -> transpose_tiles_fn {
+    return dispatch_dtype(dst, [&](auto d) -> transpose_tiles_fn {
+      using S = decltype(s);
+      using D = decltype(d);
+      if (isa == cpu_isa::avx512)
+        return scale ? &transpose_tiles_erased<cpu_isa::avx512, S, D, true>
+                     : &transpose_tiles_erased<cpu_isa::avx512, S, D, false>;
+      return scale ? &transpose_tiles_erased<cpu_isa::avx2, S, D, true>
+                   : &transpose_tiles_erased<cpu_isa::avx2, S, D, false>;
+    });
+  });
 }
 
 template <cpu_isa Isa>
