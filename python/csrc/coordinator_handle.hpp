@@ -70,14 +70,12 @@ class coordinator_handle final : public handle {
  public:
   coordinator_handle(const zenflow::zenflow_options& options,
                      const zenflow::coordinator_config& config) requires(!data_parallel)
-      : stream_(make_stream(config)), coordinator_(options, config) {}
+      : stream_(config), coordinator_(options, config) {}
   /// One rank of a data-parallel group; `communicator` lives as long as the handle.
   template <class C = Communicator>
   coordinator_handle(std::unique_ptr<C> communicator, const zenflow::zenflow_options& options,
                      const zenflow::coordinator_config& config) requires(data_parallel)
-      : stream_(make_stream(config)),
-        communicator_(std::move(communicator)),
-        coordinator_(*communicator_, options, config) {}
+      : stream_(config), communicator_(std::move(communicator)), coordinator_(*communicator_, options, config) {}
 
   [[nodiscard]] features supported() const noexcept override {
     // step() skips a parameter without a gradient (missing_gradients::skip), as torch's AdamW.
@@ -107,7 +105,7 @@ class coordinator_handle final : public handle {
     // A parameter whose .grad is None this step is skipped, as torch.optim.AdamW skips it (the
     // Python layer checked the gradients that are there).
     zenflow::step_metrics m = coordinator_.step(to_stream(stream), zenflow::missing_gradients::skip);
-    if constexpr (host) stream_.synchronize();
+    if constexpr (host) stream_.stream.synchronize();
     return m;
   }
   void finish(void* stream) override { coordinator_.finish(to_stream(stream)); }
@@ -131,16 +129,10 @@ class coordinator_handle final : public handle {
   }
 
  private:
-  static auto make_stream(const zenflow::coordinator_config& config) {
-    if constexpr (host)
-      return zenflow::host_stream(config.cpu_threads);
-    else
-      return std::monostate{};
-  }
   stream_type to_stream(void* stream) {
     if constexpr (host) {
       (void)stream;
-      return &stream_;
+      return &stream_.stream;
     } else {
       return static_cast<stream_type>(stream);
     }
@@ -148,7 +140,14 @@ class coordinator_handle final : public handle {
 
   // The host "GPU stream" and the communicator outlive the coordinator, whose destructor waits for
   // events on the stream and for its collectives.
-  [[no_unique_address]] std::conditional_t<host, zenflow::host_stream, std::monostate> stream_;
+  struct host_stream_of {  // the host backend's "GPU stream", its device work on cpu_threads threads
+    explicit host_stream_of(const zenflow::coordinator_config& config) : stream(config.cpu_threads) {}
+    zenflow::host_stream stream;
+  };
+  struct no_stream {
+    explicit no_stream(const zenflow::coordinator_config&) {}
+  };
+  [[no_unique_address]] std::conditional_t<host, host_stream_of, no_stream> stream_;
   [[no_unique_address]] std::conditional_t<
       data_parallel, std::unique_ptr<std::conditional_t<data_parallel, Communicator, int>>, std::monostate>
       communicator_;
