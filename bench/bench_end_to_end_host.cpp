@@ -287,7 +287,7 @@ std::vector<std::int32_t> every_tenth(index_t cols, bool selected) {
 template <class T>
 void sparse_step(benchmark::State& state, bool dense) {
   const index_t rows = piece_rows, cols = piece_cols;
-  const auto sel = dense ? every_tenth(cols, true) : every_tenth(cols, true);
+  const auto sel = every_tenth(cols, true);
   std::vector<std::int32_t> all(static_cast<std::size_t>(cols));
   std::iota(all.begin(), all.end(), 0);
   const auto& columns = dense ? all : sel;
