@@ -4,17 +4,43 @@
 // no-offload roofline, measured in the same binary). On a machine without a GPU this is the
 // host-only version of the GPU end-to-end benchmark; the "GPU" and the CPU optimizer share the
 // same cores, so it shows the schedule's behaviour, not GPU speed-ups.
+//
+// Then each piece of the host backend's "device" work (what the host_stream runs in place of GPU
+// kernels, on the stream's pool: every CPU this process may use) as a fraction of a memory
+// roofline over the same bytes, measured alternately with it in the same run on the same pool:
+//   piece_sparse_step/dense     every column, row-major f32 parameter and gradient: 32 B/element
+//                               (read gradient, master, m, v; write master, m, v, parameter)
+//                               vs an Adam-shaped stream (4 contiguous arrays read, 4 written)
+//   piece_sparse_step/topk      10% of the columns, bf16 parameter and gradient: 28 B/element,
+//                               vs the same stream with 2-byte gradient and parameter
+//   piece_statistics            sum of squares and non-finite count of f32 gradients: 4 B/element,
+//                               vs a read-only stream
+//   piece_gather/scatter        90% of the columns of a row-major f32 matrix to/from a compact
+//                               column-contiguous buffer (x scale on the way out): 8 B/element,
+//                               vs a contiguous scaled copy
+//   piece_export/import         migration packing of a row-major [rows][k] state to/from the
+//                               packed per-column format: 24 B/element, vs a contiguous copy
+// Bar: roofline_fraction >= 0.8. Size: a 4096 x 4096 matrix (ZENFLOW_BENCH_ROWS / _COLS override).
 #include <benchmark/benchmark.h>
 
 #include <zenflow/coordinator.hpp>
+#include <zenflow/gradient_stats.hpp>
+#include <zenflow/sparse_adam.hpp>
 #include "end_to_end_modes.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
+#include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace {
 
@@ -69,9 +95,9 @@ struct stack {
 void BM_end_to_end(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(0));
   stack model;
-  zenflow::host_stream stream;
+  zenflow::host_stream stream(1);  // one core plays the GPU
   zenflow::coordinator_config config;
-  config.cpu_threads = 1;  // the other core plays the GPU
+  config.cpu_threads = 1;  // the other core the CPU
   config.d2h_slot_bytes = 1 << 20;
   config.h2d_slot_bytes = 1 << 20;
   zenflow::host_coordinator c(zenflow_bench::mode_options(mode, 1e-3f), config);
@@ -120,8 +146,272 @@ void BM_end_to_end(benchmark::State& state) {
   state.SetLabel(zenflow_bench::mode_name(mode));
 }
 
+// ---------------------------------------------------------------------------------------------
+// The pieces of the host backend's device work against same-run rooflines.
+// ---------------------------------------------------------------------------------------------
+
+index_t env_size(const char* name, index_t fallback) {
+  if (const char* s = std::getenv(name)) return std::strtoll(s, nullptr, 10);
+  return fallback;
+}
+const index_t piece_rows = env_size("ZENFLOW_BENCH_ROWS", 4096), piece_cols = env_size("ZENFLOW_BENCH_COLS", 4096);
+
+// 2 MiB-aligned, huge-page-advised, touched buffers (as the CPU Adam's state).
+template <class T>
+struct buffer {
+  struct deleter {
+    void operator()(T* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<T[], deleter> data;
+  explicit buffer(std::size_t n) {
+    const std::size_t a = std::size_t{2} << 20, bytes = std::max(a, (n * sizeof(T) + a - 1) / a * a);
+    data.reset(static_cast<T*>(std::aligned_alloc(a, bytes)));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(data.get(), bytes, MADV_HUGEPAGE);
+#endif
+    std::uint32_t x = 12345;
+    for (std::size_t i = 0; i < n; ++i) {
+      x = x * 1664525u + 1013904223u;
+      data[i] = zenflow::from_float<T>(1e-3f * (static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f));
+    }
+  }
+  T* get() const {
+    return data.get();
+  }
+};
+
+// Roofline streams: the same loads and stores with trivial arithmetic, AVX-512 when the CPU has it.
+#if ZENFLOW_CPU_ADAM_X86
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 bug 105593, see kernels.hpp
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+namespace k512 = zenflow::detail::avx512;
+template <class G, class O>
+ZENFLOW_TARGET_AVX512 void adam_stream_512(float* p, const G* g, float* m, float* v, O* out, std::size_t n) {
+  for (std::size_t i = 0; i + 16 <= n; i += 16) {
+    const __m512 gv = k512::load<false>(g + i, 0xffff);
+    const __m512 pv = _mm512_add_ps(k512::load<false>(p + i, 0xffff), gv);
+    _mm512_storeu_ps(p + i, pv);
+    _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gv));
+    _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), gv));
+    k512::store<false, true>(out + i, pv, 0xffff);  // streamed, as the step's parameter copy
+  }
+  _mm_sfence();
+}
+ZENFLOW_TARGET_AVX512 double read_stream_512(const float* x, std::size_t n) {
+  __m512 a = _mm512_setzero_ps(), b = a;
+  for (std::size_t i = 0; i + 32 <= n; i += 32) {
+    a = _mm512_add_ps(a, _mm512_loadu_ps(x + i));
+    b = _mm512_add_ps(b, _mm512_loadu_ps(x + i + 16));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+}
+ZENFLOW_TARGET_AVX512 void copy_stream_512(const float* x, float* y, std::size_t n, float scale) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (std::size_t i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), s));
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+template <class G, class O>
+void adam_stream(float* p, const G* g, float* m, float* v, O* out, std::size_t n) {
+#if ZENFLOW_CPU_ADAM_X86
+  if (zenflow::detect_cpu_isa() == zenflow::cpu_isa::avx512) return adam_stream_512(p, g, m, v, out, n);
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = zenflow::to_float(g[i]);
+    p[i] += x, m[i] += x, v[i] += x;
+    out[i] = zenflow::from_float<O>(p[i]);
+  }
+}
+double read_stream(const float* x, std::size_t n) {
+#if ZENFLOW_CPU_ADAM_X86
+  if (zenflow::detect_cpu_isa() == zenflow::cpu_isa::avx512) return read_stream_512(x, n);
+#endif
+  double s = 0.0;
+  for (std::size_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+void copy_stream(const float* x, float* y, std::size_t n, float scale) {
+#if ZENFLOW_CPU_ADAM_X86
+  if (zenflow::detect_cpu_isa() == zenflow::cpu_isa::avx512) return copy_stream_512(x, y, n, scale);
+#endif
+  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+}
+
+// Runs fn(offset, count) over [0, n) in pieces of 64K elements on the pool.
+template <class Fn>
+void chunked(zenflow::thread_pool& pool, std::size_t n, Fn&& fn) {
+  constexpr std::size_t chunk = std::size_t{1} << 16;
+  pool.parallel_for((n + chunk - 1) / chunk, [&](std::size_t k) {
+    const std::size_t lo = k * chunk;
+    fn(lo, std::min(n, lo + chunk) - lo);
+  });
+}
+
+// The piece and its roofline alternately, each timed on its own (see bench_cpu_adam.cpp).
+template <class Piece, class Roof>
+void run_paired(benchmark::State& state, double elements, double bytes_per_element, Piece&& piece, Roof&& roof) {
+  double piece_seconds = 0, roof_seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    piece();
+    const auto t1 = std::chrono::steady_clock::now();
+    roof();
+    const auto t2 = std::chrono::steady_clock::now();
+    piece_seconds += std::chrono::duration<double>(t1 - t0).count();
+    roof_seconds += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const auto it = static_cast<double>(state.iterations());
+  state.counters["GB_per_s"] = elements * bytes_per_element * it / piece_seconds * 1e-9;
+  state.counters["roofline_GB_per_s"] = elements * bytes_per_element * it / roof_seconds * 1e-9;
+  state.counters["roofline_fraction"] = roof_seconds / piece_seconds;
+  state.counters["ms"] = piece_seconds / it * 1e3;
+}
+
+zenflow::thread_pool& piece_pool() {
+  static zenflow::thread_pool pool;  // every CPU this process may use, as a host_stream's
+  return pool;
+}
+
+std::vector<std::int32_t> every_tenth(index_t cols, bool selected) {
+  std::vector<std::int32_t> out;
+  for (std::int32_t c = 0; c < cols; ++c)
+    if ((c % 10 == 3) == selected) out.push_back(c);
+  return out;
+}
+
+template <class T>
+void sparse_step(benchmark::State& state, bool dense) {
+  const index_t rows = piece_rows, cols = piece_cols;
+  const auto sel = every_tenth(cols, true);
+  std::vector<std::int32_t> all(static_cast<std::size_t>(cols));
+  std::iota(all.begin(), all.end(), 0);
+  const auto& columns = dense ? all : sel;
+  const auto n = static_cast<std::size_t>(rows) * columns.size();
+  constexpr zenflow::dtype t = std::is_same_v<T, float> ? zenflow::dtype::f32 : zenflow::dtype::bf16;
+  buffer<T> param(static_cast<std::size_t>(rows * cols)), grad(static_cast<std::size_t>(rows * cols));
+  zenflow::host_sparse_adam opt(zenflow::adam_options{});
+  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  opt.add_matrix(zenflow::matrix_view::row_major(param.get(), rows, cols, t), columns, std::vector<float>(3 * n, 1e-3f),
+                 exec);
+  const auto g = zenflow::const_matrix_view::row_major(grad.get(), rows, cols, t);
+  buffer<float> rp(n), rm(n), rv(n);
+  buffer<T> rg(n), rout(n);
+  run_paired(
+      state, static_cast<double>(n), 12 + 12 + 2 * sizeof(T),
+      [&] {
+        opt.step({&g, 1}, {}, 1.0f, nullptr, nullptr, false, exec);
+      },
+      [&] {
+        chunked(piece_pool(), n, [&](std::size_t lo, std::size_t c) {
+          adam_stream(rp.get() + lo, rg.get() + lo, rm.get() + lo, rv.get() + lo, rout.get() + lo, c);
+        });
+      });
+}
+void piece_sparse_step_dense(benchmark::State& state) {
+  sparse_step<float>(state, true);
+}
+void piece_sparse_step_topk(benchmark::State& state) {
+  sparse_step<bfloat16>(state, false);
+}
+
+void piece_statistics(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(piece_rows * piece_cols);
+  buffer<float> grad(n), roof(n);
+  const auto g = zenflow::const_matrix_view::row_major(grad.get(), piece_rows, piece_cols, zenflow::dtype::f32);
+  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  std::vector<double> sink(1024);
+  run_paired(
+      state, static_cast<double>(n), 4,
+      [&] {
+        benchmark::DoNotOptimize(zenflow::host_gradient_stats({&g, 1}, {}, exec));
+      },
+      [&] {
+        chunked(piece_pool(), n,
+                [&](std::size_t lo, std::size_t c) { sink[lo / (1 << 16) % 1024] = read_stream(roof.get() + lo, c); });
+        benchmark::DoNotOptimize(sink.data());
+      });
+}
+
+void gather_scatter(benchmark::State& state, bool gather) {
+  const index_t rows = piece_rows, cols = piece_cols;
+  const auto columns = every_tenth(cols, false);  // the 90% a ZenFlow step offloads
+  const auto n = static_cast<std::size_t>(rows) * columns.size();
+  buffer<float> matrix(static_cast<std::size_t>(rows * cols)), compact(n), rx(n), ry(n);
+  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  const auto m = zenflow::matrix_view::row_major(matrix.get(), rows, cols, zenflow::dtype::f32);
+  run_paired(
+      state, static_cast<double>(n), 8,
+      [&] {
+        if (gather)
+          zenflow::gather_columns(m, columns, compact.get(), zenflow::dtype::f32, 0.5f, exec);
+        else
+          zenflow::scatter_columns(compact.get(), zenflow::dtype::f32, columns, m, exec);
+      },
+      [&] {
+        chunked(piece_pool(), n,
+                [&](std::size_t lo, std::size_t c) { copy_stream(rx.get() + lo, ry.get() + lo, c, 0.5f); });
+      });
+}
+void piece_gather(benchmark::State& state) {
+  gather_scatter(state, true);
+}
+void piece_scatter(benchmark::State& state) {
+  gather_scatter(state, false);
+}
+
+void export_import(benchmark::State& state, bool do_export) {
+  const index_t rows = piece_rows, cols = piece_cols;
+  std::vector<std::int32_t> all(static_cast<std::size_t>(cols));
+  std::iota(all.begin(), all.end(), 0);
+  const auto n = static_cast<std::size_t>(rows * cols);
+  buffer<float> param(n), packed(3 * n), rx(3 * n), ry(3 * n);
+  zenflow::host_sparse_adam opt(zenflow::adam_options{});
+  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  opt.add_matrix(zenflow::matrix_view::row_major(param.get(), rows, cols, zenflow::dtype::f32), all,
+                 std::span<const float>(packed.get(), 3 * n), exec);
+  const std::span<float> p(packed.get(), 3 * n);
+  run_paired(
+      state, static_cast<double>(n), 24,
+      [&] {
+        if (do_export)
+          opt.export_state(0, p, exec);
+        else
+          opt.import_state(0, p, exec);
+      },
+      [&] {
+        chunked(piece_pool(), 3 * n,
+                [&](std::size_t lo, std::size_t c) { copy_stream(rx.get() + lo, ry.get() + lo, c, 1.0f); });
+      });
+}
+void piece_export(benchmark::State& state) {
+  export_import(state, true);
+}
+void piece_import(benchmark::State& state) {
+  export_import(state, false);
+}
+
 }  // namespace
 
 // Dense first: it is the roofline the other modes are reported against.
 BENCHMARK(BM_end_to_end)->DenseRange(0, 3)->Iterations(40)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(piece_sparse_step_dense)
+    ->Name("piece_sparse_step/dense")
+    ->UseRealTime()
+    ->MinTime(1.0)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_sparse_step_topk)
+    ->Name("piece_sparse_step/topk")
+    ->UseRealTime()
+    ->MinTime(1.0)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_statistics)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_gather)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_scatter)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_export)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_import)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

@@ -12,6 +12,22 @@
 // (lr*wd)*p, not p * (1 - lr*wd): the float nearest to 1 - 1e-5 is off by up to 0.6% of the decay.
 // Every operation is a single IEEE-rounded fp32 operation (fma, sqrt and division included), so
 // any implementation that keeps this order is bit-identical to every other.
+//
+// The one rule on fused multiply-adds, which every implementation of zenflow's element math
+// follows (this file, the CPU Adam's scalar and SIMD kernels, the host backend's device work, the
+// CUDA kernels):
+//   - a product is fused with an addition exactly where the definition says fma: fma_rn on the
+//     host and the device, _mm*_fmadd_ps in the SIMD kernels;
+//   - every other product is rounded on its own: mul_rn (__fmul_rn on the device, which nvcc never
+//     contracts), _mm*_mul_ps. Such a product is never the operand of a plain addition or
+//     subtraction that a compiler could contract with it (-ffp-contract=fast on an FMA target, or
+//     nvcc's default --fmad=true): it is an fma's addend, a factor, a conversion's input, or stored;
+//   - the one exception is a product that is exact, so that fusing it cannot change a bit: the
+//     gradient statistics add g*g in double, where the square of a float is exact (24 significant
+//     bits squared fit in 53), so sum + g*g and fma(g, g, sum) are the same value.
+// A build may therefore target FMA (or not) without changing a result. The host build does not
+// target it (-march is left to the user): std::fma is then the libm call, which the SIMD paths
+// reproduce with their fused instructions.
 #pragma once
 
 #include <cmath>

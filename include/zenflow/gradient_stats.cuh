@@ -21,8 +21,10 @@ struct gradient_stats_device {
 /// Sum of squares and non-finite count of many DEVICE tensors, written to `out` (device memory)
 /// on `stream`; no host synchronization. Each block of 16384 consecutive elements of one tensor
 /// (inner dimension fastest) writes a double partial (fixed-order warp and block reduction); a
-/// single-block kernel then adds the partials in order: the result is bitwise reproducible. Same
-/// definition as host_gradient_stats (within double rounding of the different order). Uses a
+/// single-block kernel then adds the partials in order: the result is bitwise reproducible run to
+/// run. The same blocks as host_gradient_stats (16384 elements of one tensor, in the same memory
+/// order), summed inside a block in another fixed order: the two agree within double rounding
+/// (the non-finite counts exactly). Uses a
 /// stream-ordered scratch allocation (cudaMallocAsync / cudaFreeAsync); launches
 /// ceil(tensors / 48) + 1 kernels. Throws ("grads" / "vectors" / "out") for malformed, host or null
 /// input before any work.

@@ -10,6 +10,13 @@
 // error is sticky, as in CUDA) until `synchronize()` rethrows it to the caller and clears it.
 // `host_event::synchronize()` rethrows an error raised on the stream before the record. The
 // destructor drains queued work and joins the thread: work never outlives the stream.
+//
+// The stream is the host backend's "device", and its parallelism is the device's: work that runs
+// on the stream (the sparse Adam step, gradient statistics, column gathers and scatters, state
+// migration) spreads over `execution()`'s thread pool, whose participants are the stream's own
+// worker and `threads - 1` helpers (started at the first `execution()`, so a stream that only
+// copies, as the coordinator's own offload and write-back streams, starts none). Results never
+// depend on the thread count or the SIMD path.
 #pragma once
 
 #include <condition_variable>
@@ -22,9 +29,21 @@
 #include <thread>
 #include <utility>
 
+#include "zenflow/detail/cpu_adam/isa.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/thread_pool.hpp"
 
 namespace zenflow {
+
+/// How host "device" work runs (host_sparse_adam, host_gradient_stats, gather_columns,
+/// scatter_columns): spread over `pool` (nullptr: the calling thread alone) with the SIMD path
+/// `isa` (automatic: the best this CPU has; a path the CPU lacks throws `zenflow::error`, "isa").
+/// Every result is bit-identical whatever the pool's size and the path. Work too small to be
+/// worth waking the pool (a few tens of thousands of elements) runs on the calling thread.
+struct host_execution {
+  thread_pool* pool = nullptr;
+  cpu_isa isa = cpu_isa::automatic;
+};
 
 class host_stream;
 
@@ -66,7 +85,9 @@ class host_event {
 /// An in-order asynchronous work queue served by one thread: the host backend's "GPU stream".
 class host_stream {
  public:
-  host_stream() : worker_([this] { run(); }) {}
+  /// `threads`: participants of the stream's device work (the worker included); 0: the CPUs this
+  /// process may run on. Starts the worker thread only.
+  explicit host_stream(std::size_t threads = 0) : threads_(threads), worker_([this] { run(); }) {}
   host_stream(const host_stream&) = delete;
   host_stream& operator=(const host_stream&) = delete;
 
@@ -119,6 +140,17 @@ class host_stream {
     std::lock_guard lock(mutex_);
     return queue_.empty() && !busy_;
   }
+
+  /// Where the stream's device work runs: its pool (started at the first call) and the detected
+  /// SIMD path. Meant for work running on the stream, and for synchronous device work of a caller
+  /// that synchronized the stream first (the pool runs one job at a time). Throws
+  /// `zenflow::error` if the pool's threads cannot be started.
+  [[nodiscard]] host_execution execution() {
+    std::call_once(pool_started_, [this] { pool_ = std::make_unique<thread_pool>(threads_); });
+    return {pool_.get(), cpu_isa::automatic};
+  }
+  /// Participants of the stream's device work (the constructor's `threads`, 0 resolved).
+  [[nodiscard]] std::size_t threads() const { return threads_ != 0 ? threads_ : detail::allowed_cpus().size(); }
 
  private:
   friend class host_event;
@@ -191,7 +223,10 @@ class host_stream {
   bool busy_ = false;
   bool stopping_ = false;
   std::exception_ptr error_;
-  std::thread worker_;  // last: started after every other member is constructed
+  std::size_t threads_ = 0;
+  std::once_flag pool_started_;
+  std::unique_ptr<thread_pool> pool_;  // destroyed after the worker has been joined
+  std::thread worker_;                 // last: started after every other member is constructed
 };
 
 inline void host_event::record(host_stream& stream) {

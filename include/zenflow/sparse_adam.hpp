@@ -7,7 +7,10 @@
 // written (byte-for-byte unchanged): the CPU optimizer owns them.
 //
 // This header is the host backend (the "device memory" is host memory; plain C++20). The CUDA
-// backend, with the same API plus streams, is `cuda_sparse_adam` in sparse_adam.cuh.
+// backend, with the same API plus streams, is `cuda_sparse_adam` in sparse_adam.cuh. The host
+// backend's calls take a host_execution (host_stream.hpp): the thread pool they spread over (none:
+// the calling thread) and the SIMD path (the CPU Adam's AVX-512 / AVX2 / scalar, chosen at run
+// time); neither changes a bit of any result.
 //
 // Packed migration format (reselection, add_matrix, export/import_state): for n columns of a
 // parameter with `rows` rows, for each column in list order,
@@ -34,6 +37,7 @@
 
 #include "zenflow/adam_math.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/host_stream.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/types.hpp"
 #include "zenflow/view.hpp"
@@ -41,7 +45,9 @@
 namespace zenflow {
 
 /// Host backend of the sparse-column Adam; models `zenflow::device_optimizer`. Not thread-safe:
-/// one caller at a time. Every call is synchronous.
+/// one caller at a time. Every call is synchronous; calls that take a host_execution spread their
+/// work over its pool, all parameters of a step in one parallel pass, and throw
+/// `zenflow::error` ("exec.isa") for a SIMD path this CPU lacks before changing anything.
 class host_sparse_adam {
  public:
   /// Throws zenflow::error for invalid options.
@@ -52,7 +58,7 @@ class host_sparse_adam {
   /// strictly ascending. `initial_state_packed`: the packed state of those columns (at least
   /// 3 * rows * k floats, normally from the CPU master). Returns the parameter's index.
   std::size_t add_matrix(matrix_view param, std::span<const std::int32_t> initial_selection,
-                         std::span<const float> initial_state_packed);
+                         std::span<const float> initial_state_packed, const host_execution& exec = {});
   /// Registers a 1-D parameter, always fully updated here, with its fp32 master (size floats);
   /// moments start at 0. Returns the parameter's index.
   std::size_t add_vector(vector_view param, std::span<const float> initial_master);
@@ -90,15 +96,15 @@ class host_sparse_adam {
   /// One Adam/AdamW step of every parameter: selected columns of every matrix, all of every
   /// vector, from the current gradients (host views with the parameters' shapes, any layout and
   /// dtype; a view with data == nullptr: no gradient for that parameter this step, which is left
-  /// as it is and does not count the step). Effective gradient scale = grad_scale * (*scale_ptr if scale_ptr). Nothing is
-  /// modified and the step count does not advance (returns false) if `skip_flag` points to a
-  /// nonzero value, if the effective scale is not finite or negative, or, with `check_finite`,
-  /// if any gradient value the step reads is NaN or infinite once scaled (as the CPU Adam checks:
-  /// a finite value that overflows when scaled skips too). Returns whether the step was applied.
-  /// With no parameter registered there is nothing to step: returns false, the count stays.
+  /// as it is and does not count the step). Effective gradient scale = grad_scale * (*scale_ptr if scale_ptr). Nothing
+  /// is modified and the step count does not advance (returns false) if `skip_flag` points to a nonzero value, if the
+  /// effective scale is not finite or negative, or, with `check_finite`, if any gradient value the step reads is NaN or
+  /// infinite once scaled (as the CPU Adam checks: a finite value that overflows when scaled skips too). Returns
+  /// whether the step was applied. With no parameter registered there is nothing to step: returns false, the count
+  /// stays.
   bool step(std::span<const const_matrix_view> matrix_grads, std::span<const const_vector_view> vector_grads,
             float grad_scale = 1.0f, const float* scale_ptr = nullptr, const int* skip_flag = nullptr,
-            bool check_finite = false);
+            bool check_finite = false, const host_execution& exec = {});
 
   /// How many columns leave (= how many enter) when parameter i moves to `new_selection`.
   [[nodiscard]] index_t migration_count(std::size_t i, std::span<const std::int32_t> new_selection) const;
@@ -109,13 +115,13 @@ class host_sparse_adam {
   /// may alias (entering_in is fully read before leaving_out is written). Nothing is zeroed or
   /// truncated. Validates everything first.
   void reselect(std::size_t i, std::span<const std::int32_t> new_selection, std::span<const float> entering_in,
-                std::span<float> leaving_out);
+                std::span<float> leaving_out, const host_execution& exec = {});
 
   /// Packed state of the current selection of parameter i (at least 3 * rows * k floats).
-  void export_state(std::size_t i, std::span<float> packed_out) const;
+  void export_state(std::size_t i, std::span<float> packed_out, const host_execution& exec = {}) const;
   /// Replaces the state of the current selection of parameter i from packed form. Does not
   /// write the parameter (the next step does).
-  void import_state(std::size_t i, std::span<const float> packed_in);
+  void import_state(std::size_t i, std::span<const float> packed_in, const host_execution& exec = {});
 
  private:
   struct entry {
@@ -131,7 +137,7 @@ class host_sparse_adam {
   };
   const entry& at(std::size_t i, const char* argument = "i") const;
   entry& at(std::size_t i, const char* argument = "i");
-  std::size_t add_entry(entry e, std::span<const float> packed);
+  std::size_t add_entry(entry e, std::span<const float> packed, const host_execution& exec);
 
   adam_options options_;
   std::int64_t step_ = 0;
@@ -142,14 +148,17 @@ class host_sparse_adam {
 
 /// Gathers columns of `src` (host) into a compact column-contiguous buffer: the i-th listed
 /// column goes to dst + i * rows (elements of `dst_type`), each value src * scale rounded to
-/// nearest even. `columns` may be in any order; each index must be in [0, cols). Synchronous.
+/// nearest even. `columns` may be in any order; each index must be in [0, cols). Synchronous; on
+/// exec's pool.
 void gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
-                    float scale = 1.0f);
+                    float scale = 1.0f, const host_execution& exec = {});
 /// Scatters a compact column-contiguous buffer (i-th listed column at src + i * rows, elements of
 /// `src_type`) into columns `columns` of `dst` (host), converted to dst's dtype rounding to
 /// nearest even. Other columns are untouched. A column listed twice is written twice, the later
-/// entry last (cuda_scatter_columns leaves the winner unspecified: list each column once). Synchronous.
-void scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns, matrix_view dst);
+/// entry last (cuda_scatter_columns leaves the winner unspecified: list each column once). Synchronous;
+/// on exec's pool.
+void scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns, matrix_view dst,
+                     const host_execution& exec = {});
 /// The columns of [0, cols) not in `selection` (strictly ascending, in range), ascending.
 std::vector<std::int32_t> complement_columns(std::span<const std::int32_t> selection, index_t cols);
 

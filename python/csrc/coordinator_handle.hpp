@@ -2,9 +2,10 @@
 // host_coordinator) and the CUDA translation unit (nvcc, cuda_coordinator) share one interface.
 //
 // The handle takes zenflow views and an opaque stream (`void*`): a cudaStream_t for the CUDA
-// backend; ignored by the host backend, which owns the host_stream that plays the GPU stream and
-// synchronizes it at the end of every call that enqueued work (torch's CPU tensors are read by the
-// next forward pass right away).
+// backend; ignored by the host backend, which owns the host_stream that plays the GPU stream (its
+// device work on `cpu_threads` threads, as many as the CPU Adam's) and synchronizes it at the end
+// of every call that enqueued work (torch's CPU tensors are read by the next forward pass right
+// away).
 #pragma once
 
 #include <chrono>
@@ -68,12 +69,12 @@ class coordinator_handle final : public handle {
  public:
   coordinator_handle(const zenflow::zenflow_options& options,
                      const zenflow::coordinator_config& config) requires(!data_parallel)
-      : coordinator_(options, config) {}
+      : stream_(config), coordinator_(options, config) {}
   /// One rank of a data-parallel group; `communicator` lives as long as the handle.
   template <class C = Communicator>
   coordinator_handle(std::unique_ptr<C> communicator, const zenflow::zenflow_options& options,
                      const zenflow::coordinator_config& config) requires(data_parallel)
-      : communicator_(std::move(communicator)), coordinator_(*communicator_, options, config) {}
+      : stream_(config), communicator_(std::move(communicator)), coordinator_(*communicator_, options, config) {}
 
   [[nodiscard]] const char* backend() const noexcept override { return host ? "host" : "cuda"; }
 
@@ -99,7 +100,7 @@ class coordinator_handle final : public handle {
     // A parameter whose .grad is None this step is skipped, as torch.optim.AdamW skips it (the
     // Python layer checked the gradients that are there).
     zenflow::step_metrics m = coordinator_.step(to_stream(stream), zenflow::missing_gradients::skip);
-    if constexpr (host) stream_.synchronize();
+    if constexpr (host) stream_.stream.synchronize();
     return m;
   }
   void finish(void* stream) override { coordinator_.finish(to_stream(stream)); }
@@ -139,7 +140,7 @@ class coordinator_handle final : public handle {
   stream_type to_stream(void* stream) {
     if constexpr (host) {
       (void)stream;
-      return &stream_;
+      return &stream_.stream;
     } else {
       return static_cast<stream_type>(stream);
     }
@@ -147,7 +148,14 @@ class coordinator_handle final : public handle {
 
   // The host "GPU stream" and the communicator outlive the coordinator, whose destructor waits for
   // events on the stream and for its collectives.
-  [[no_unique_address]] std::conditional_t<host, zenflow::host_stream, std::monostate> stream_;
+  struct host_stream_of {  // the host backend's "GPU stream", its device work on cpu_threads threads
+    explicit host_stream_of(const zenflow::coordinator_config& config) : stream(config.cpu_threads) {}
+    zenflow::host_stream stream;
+  };
+  struct no_stream {
+    explicit no_stream(const zenflow::coordinator_config&) {}
+  };
+  [[no_unique_address]] std::conditional_t<host, host_stream_of, no_stream> stream_;
   [[no_unique_address]] std::conditional_t<
       data_parallel, std::unique_ptr<std::conditional_t<data_parallel, Communicator, int>>, std::monostate>
       communicator_;

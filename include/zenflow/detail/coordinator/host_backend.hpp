@@ -1,7 +1,10 @@
 // The host execution backend of the coordinator: "device" memory is host memory and a
 // host_stream plays the GPU stream, so the whole asynchronous schedule runs (and is tested) on a
 // machine without a GPU. Every "device" operation is enqueued on the stream and runs in stream
-// order, asynchronously to the caller, exactly where the CUDA backend would launch a kernel.
+// order, asynchronously to the caller, exactly where the CUDA backend would launch a kernel, and
+// spreads over the stream's thread pool (host_stream::execution) with the CPU Adam's SIMD paths,
+// as a kernel spreads over the GPU: one parallel pass per operation, all parameters of a sparse
+// step in one, small operations on the stream's thread alone.
 #pragma once
 
 #include <cstddef>
@@ -84,8 +87,8 @@ struct host_backend {
                               stream_type stream) {
     std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
     std::vector<const_vector_view> v(vectors.begin(), vectors.end());
-    stream->enqueue([m = std::move(m), v = std::move(v), max_norm, flags, flags_host] {
-      const gradient_stats stats = host_gradient_stats(m, v);
+    stream->enqueue([m = std::move(m), v = std::move(v), max_norm, flags, flags_host, stream] {
+      const gradient_stats stats = host_gradient_stats(m, v, stream->execution());
       *flags = *flags_host = make_step_flags(stats.sum_of_squares, stats.nonfinite_count > 0, max_norm);
     });
   }
@@ -94,8 +97,8 @@ struct host_backend {
                           std::span<const const_vector_view> vectors, const step_flags* flags, stream_type stream) {
     std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
     std::vector<const_vector_view> v(vectors.begin(), vectors.end());
-    stream->enqueue([&opt, m = std::move(m), v = std::move(v), flags] {
-      opt.step(m, v, 1.0f, &flags->scale, &flags->skip, false);
+    stream->enqueue([&opt, m = std::move(m), v = std::move(v), flags, stream] {
+      opt.step(m, v, 1.0f, &flags->scale, &flags->skip, false, stream->execution());
     });
   }
 
@@ -108,12 +111,12 @@ struct host_backend {
   /// dst (compact) = grad's `columns` * flags->scale, in `dst_type`.
   static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* /*columns_dev*/,
                      void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {
-    stream->enqueue([=] { gather_columns(grad, columns, dst, dst_type, flags->scale); });
+    stream->enqueue([=] { gather_columns(grad, columns, dst, dst_type, flags->scale, stream->execution()); });
   }
   /// param's `columns` = compact src (converted to the parameter's dtype).
   static void scatter(const void* src, dtype src_type, std::span<const std::int32_t> columns,
                       const std::int32_t* /*columns_dev*/, matrix_view param, stream_type stream) {
-    stream->enqueue([=] { scatter_columns(src, src_type, columns, param); });
+    stream->enqueue([=] { scatter_columns(src, src_type, columns, param, stream->execution()); });
   }
 
   // --- data parallel (data_parallel_backend) ---
@@ -128,8 +131,8 @@ struct host_backend {
                                  stream_type stream) {
     std::vector<const_matrix_view> m(matrices.begin(), matrices.end());
     std::vector<const_vector_view> v(vectors.begin(), vectors.end());
-    stream->enqueue([m = std::move(m), v = std::move(v), out] {
-      const gradient_stats stats = host_gradient_stats(m, v);
+    stream->enqueue([m = std::move(m), v = std::move(v), out, stream] {
+      const gradient_stats stats = host_gradient_stats(m, v, stream->execution());
       out[0] = stats.sum_of_squares;
       out[1] = static_cast<double>(stats.nonfinite_count);
     });
@@ -149,12 +152,12 @@ struct host_backend {
   static void reselect(device_optimizer_type& opt, std::size_t index, std::span<const std::int32_t> selection,
                        std::span<const float> entering, std::span<float> leaving, stream_type stream) {
     stream->synchronize();
-    opt.reselect(index, selection, entering, leaving);
+    opt.reselect(index, selection, entering, leaving, stream->execution());
   }
   static std::size_t add_matrix(device_optimizer_type& opt, matrix_view param, std::span<const std::int32_t> selection,
                                 std::span<const float> packed, stream_type stream) {
     stream->synchronize();
-    return opt.add_matrix(param, selection, packed);
+    return opt.add_matrix(param, selection, packed, stream->execution());
   }
   static std::size_t add_vector(device_optimizer_type& opt, vector_view param, std::span<const float> initial) {
     return opt.add_vector(param, initial);

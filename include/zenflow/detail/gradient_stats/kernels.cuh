@@ -61,7 +61,7 @@ ZENFLOW_DEVICE void stats_chunk_sum(const stats_tensor& t, long long chunk, doub
       ++bad;
     } else {
       const double v = x;
-      sum += v * v;
+      sum += v * v;  // exact square: nvcc's contraction to fma(v, v, sum) changes no bit (adam_math.hpp)
     }
   };
   constexpr int V = vec_elems<T>;

@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <array>
 
+#include "zenflow/detail/cpu_adam/kernels.hpp"
+#include "zenflow/detail/host_device/columns.hpp"
+#include "zenflow/detail/host_device/parallel.hpp"
 #include "zenflow/detail/sparse_adam/checks.hpp"
 #include "zenflow/detail/sparse_adam/element.hpp"
+#include "zenflow/detail/sparse_adam/host_step.hpp"
 #include "zenflow/sparse_adam.hpp"
 
 namespace zenflow {
@@ -23,7 +27,7 @@ inline host_sparse_adam::entry& host_sparse_adam::at(std::size_t i, const char* 
   return const_cast<entry&>(std::as_const(*this).at(i, argument));
 }
 
-inline std::size_t host_sparse_adam::add_entry(entry e, std::span<const float> packed) {
+inline std::size_t host_sparse_adam::add_entry(entry e, std::span<const float> packed, const host_execution& exec) {
   const std::size_t n = static_cast<std::size_t>(e.rows) * e.selection.size();
   e.master.assign(n, 0.0f);
   e.exp_avg.assign(n, 0.0f);
@@ -35,12 +39,13 @@ inline std::size_t host_sparse_adam::add_entry(entry e, std::span<const float> p
   const std::size_t index = entries_.size() - 1;
   (entries_.back().is_vector ? vectors_ : matrices_).push_back(index);
   if (!entries_.back().is_vector) ++matrix_count_;
-  if (!packed.empty()) import_state(index, packed);
+  if (!packed.empty()) import_state(index, packed, exec);
   return index;
 }
 
 inline std::size_t host_sparse_adam::add_matrix(matrix_view param, std::span<const std::int32_t> initial_selection,
-                                                std::span<const float> initial_state_packed) {
+                                                std::span<const float> initial_state_packed,
+                                                const host_execution& exec) {
   detail::sparse_adam::check_param_matrix(param, memory_space::host, "param");
   detail::sparse_adam::check_selection(initial_selection, param.cols, "initial_selection");
   detail::sparse_adam::check_buffer(initial_state_packed.size(),
@@ -51,7 +56,8 @@ inline std::size_t host_sparse_adam::add_matrix(matrix_view param, std::span<con
   e.selection.assign(initial_selection.begin(), initial_selection.end());
   e.rows = param.rows;
   e.state_row_major = detail::sparse_adam::state_row_major_for(param.row_stride, param.col_stride);
-  return add_entry(std::move(e), initial_state_packed);
+  (void)detail::host_device::checked_isa(exec, "exec.isa");
+  return add_entry(std::move(e), initial_state_packed, exec);
 }
 
 inline std::size_t host_sparse_adam::add_vector(vector_view param, std::span<const float> initial_master) {
@@ -63,7 +69,7 @@ inline std::size_t host_sparse_adam::add_vector(vector_view param, std::span<con
   e.param = matrix_view(param.data, param.size, 1, param.stride, 1, param.type, param.space);
   e.selection = {0};
   e.rows = param.size;
-  const std::size_t index = add_entry(std::move(e), {});
+  const std::size_t index = add_entry(std::move(e), {}, {});
   std::copy_n(initial_master.begin(), param.size, entries_[index].master.begin());
   return index;
 }
@@ -110,15 +116,79 @@ inline void host_sparse_adam::set_step_count(std::size_t i, std::int64_t step) {
   e.steps = step;
 }
 
+namespace detail::sparse_adam {
+/// Entry `e`'s part in a host step with gradient `g` (see host_step.hpp).
+inline host_step_item make_host_step_item(float* master, float* m, float* v, std::span<const std::int32_t> selection,
+                                          index_t rows, bool state_row_major, const matrix_view& param,
+                                          const const_matrix_view& g, cpu_isa isa, const adam_step_constants& c) {
+  const auto k = static_cast<index_t>(selection.size());
+  // One slot or one row: both layouts list the state in the same order; take the longer lines.
+  const bool row_major = k == 1 ? false : rows == 1 ? true : state_row_major;
+  host_step_item it;
+  it.master = master;
+  it.m = m;
+  it.v = v;
+  it.g = static_cast<const std::byte*>(g.data);
+  it.g_size = dtype_size(g.type);
+  it.p = static_cast<std::byte*>(param.data);
+  it.p_size = dtype_size(param.type);
+  if (row_major) {  // line a = row a, position b = slot b (column selection[b])
+    it.lines = rows, it.line_len = k;
+    it.g_lines = {nullptr, g.row_stride}, it.g_pos = {selection.data(), g.col_stride};
+    it.p_lines = {nullptr, param.row_stride}, it.p_pos = {selection.data(), param.col_stride};
+  } else {  // line a = slot a (column selection[a]), position b = row b
+    it.lines = k, it.line_len = rows;
+    it.g_lines = {selection.data(), g.col_stride}, it.g_pos = {nullptr, g.row_stride};
+    it.p_lines = {selection.data(), param.col_stride}, it.p_pos = {nullptr, param.row_stride};
+  }
+  if (it.g_pos.stride == 1 && it.p_pos.stride == 1) {
+    it.runs.push_back(0);
+    if (it.g_pos.index != nullptr)  // runs of consecutive columns
+      for (index_t b = 1; b < it.line_len; ++b)
+        if (selection[static_cast<std::size_t>(b)] != selection[static_cast<std::size_t>(b - 1)] + 1)
+          it.runs.push_back(b);
+    it.runs.push_back(it.line_len);
+    // Short runs cost a kernel call each: gather them instead.
+    it.direct = it.line_len >= 16 * static_cast<index_t>(it.runs.size() - 1);
+  }
+  const index_t last = it.line_len - 1;
+  const bool g_simd = it.g_pos.offset(last) < host_device::max_simd_offset;
+  const bool p_simd = it.p_pos.offset(last) < host_device::max_simd_offset;
+  it.c = c;
+  it.adam_direct = select_adam_range(isa, g.type, true, param.type);
+  it.scan_direct = select_nonfinite_range(isa, g.type);
+  it.gather_g = host_device::select_copy_line(isa, g.type, dtype::f32, false, g_simd);
+  it.scatter_p = host_device::select_copy_line(isa, dtype::f32, param.type, false, p_simd);
+  return it;
+}
+
+/// The compact state of `rows` x `k` slots as one side of a column copy.
+inline host_device::column_side state_side(const float* data, index_t rows, index_t k, bool row_major,
+                                           const std::int32_t* slots = nullptr, index_t max_slot = -1) {
+  return {data, dtype::f32, row_major ? k : 1, row_major ? 1 : rows, slots, slots != nullptr ? max_slot : k - 1};
+}
+/// Part `part` of a packed buffer of n columns as one side of a column copy.
+inline host_device::column_side packed_side(const float* packed, index_t rows, int part, index_t n) {
+  return {packed + static_cast<std::size_t>(part) * static_cast<std::size_t>(rows),
+          dtype::f32,
+          1,
+          part_count * rows,
+          nullptr,
+          n - 1};
+}
+}  // namespace detail::sparse_adam
+
 inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_grads,
                                    std::span<const const_vector_view> vector_grads, float grad_scale,
-                                   const float* scale_ptr, const int* skip_flag, bool check_finite) {
+                                   const float* scale_ptr, const int* skip_flag, bool check_finite,
+                                   const host_execution& exec) {
   namespace sa = detail::sparse_adam;
   expects(matrix_grads.size() == matrices_.size(), "matrix_grads", "has ", matrix_grads.size(),
           " views, expected one per matrix parameter (", matrices_.size(), ")");
   expects(vector_grads.size() == vectors_.size(), "vector_grads", "has ", vector_grads.size(),
           " views, expected one per vector parameter (", vectors_.size(), ")");
   expects(is_finite_bits(grad_scale) && grad_scale >= 0.0f, "grad_scale", "must be finite and >= 0, got ", grad_scale);
+  const cpu_isa isa = detail::host_device::checked_isa(exec, "exec.isa");
   // Each parameter's gradient, as a matrix view (a vector is one column).
   std::vector<const_matrix_view> grads(entries_.size());
   // A view with data == nullptr: no gradient for that parameter this step.
@@ -140,45 +210,26 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   const float scale = sa::effective_scale(grad_scale, scale_ptr);
   if (!sa::usable_scale(scale)) return false;
 
-  // Visits (state index, parameter offset, gradient value) of every updated element, in the
-  // order of the compact state (rows inner for the column layout, slots inner for the row one).
-  auto for_each_element = [&](std::size_t i, auto&& f) {
-    const entry& e = entries_[i];
-    const const_matrix_view& g = grads[i];
-    const sa::state_layout layout{e.rows, static_cast<index_t>(e.selection.size()), e.state_row_major};
-    const index_t outer = layout.row_major ? layout.rows : layout.k;
-    const index_t inner = layout.row_major ? layout.k : layout.rows;
-    for (index_t a = 0; a < outer; ++a)
-      for (index_t b = 0; b < inner; ++b) {
-        const index_t r = layout.row_major ? a : b;
-        const index_t j = layout.row_major ? b : a;
-        const index_t c = e.selection[static_cast<std::size_t>(j)];
-        f(layout.index(r, j), e.param.offset(r, c), sa::load_as_float(g.data, g.type, g.offset(r, c)));
-      }
-  };
-  if (check_finite)
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      if (grads[i].data == nullptr) continue;
-      bool finite = true;
-      // The scaled value, as the CPU Adam checks it: a finite gradient that overflows when scaled
-      // skips the step too.
-      for_each_element(i, [&](index_t, index_t, float g) { finite &= is_finite_bits(sa::scaled(g, scale)); });
-      if (!finite) return false;
-    }
-
+  // Every parameter with a gradient in one pass (its constants from its own step count).
+  std::vector<sa::host_step_item> items;
+  std::size_t total = 0;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     entry& e = entries_[i];
     if (grads[i].data == nullptr) continue;  // no gradient: untouched, its count stays
-    const adam_step_constants c = make_adam_step_constants(e.options, e.steps + 1, scale);
-    dispatch_dtype(e.param.type, [&](auto tag) {
-      using T = decltype(tag);
-      T* p = static_cast<T*>(e.param.data);
-      for_each_element(i, [&](index_t s, index_t offset, float g) {
-        sa::update_element(p[offset], e.master[s], e.exp_avg[s], e.exp_avg_sq[s], g, c);
-      });
-    });
-    ++e.steps;
+    items.push_back(sa::make_host_step_item(e.master.data(), e.exp_avg.data(), e.exp_avg_sq.data(), e.selection, e.rows,
+                                            e.state_row_major, e.param, grads[i], isa,
+                                            make_adam_step_constants(e.options, e.steps + 1, scale)));
+    items.back().begin = total;
+    total += items.back().size();
   }
+  const sa::host_step_kernels kernels{detail::select_adam_range(isa, dtype::f32, false, dtype::f32),
+                                      detail::select_nonfinite_range(isa, dtype::f32)};
+  // The scaled value, as the CPU Adam checks it: a finite gradient that overflows when scaled
+  // skips the step too. A read-only pass first: nothing changes when it finds one.
+  if (check_finite && sa::run_host_step(items, kernels, /*scan=*/true, scale, exec)) return false;
+  sa::run_host_step(items, kernels, /*scan=*/false, scale, exec);
+  for (std::size_t i = 0; i < entries_.size(); ++i)
+    if (grads[i].data != nullptr) ++entries_[i].steps;
   ++step_;
   return true;
 }
@@ -191,98 +242,112 @@ inline index_t host_sparse_adam::migration_count(std::size_t i, std::span<const 
 }
 
 inline void host_sparse_adam::reselect(std::size_t i, std::span<const std::int32_t> new_selection,
-                                       std::span<const float> entering_in, std::span<float> leaving_out) {
+                                       std::span<const float> entering_in, std::span<float> leaving_out,
+                                       const host_execution& exec) {
   namespace sa = detail::sparse_adam;
+  namespace hd = detail::host_device;
   entry& e = at(i);
   expects(!e.is_vector, "i", "parameter ", i, " is a vector: it has no selection to change");
   sa::check_selection(new_selection, e.param.cols, "new_selection");
   expects(new_selection.size() == e.selection.size(), "new_selection", "has ", new_selection.size(),
           " columns, expected k = ", e.selection.size());
+  const cpu_isa isa = hd::checked_isa(exec, "exec.isa");
   std::vector<std::int32_t> source, leaving;
   const index_t moved = sa::migration_plan(e.selection, new_selection, &source, &leaving);
   sa::check_buffer(entering_in.size(), 3 * e.rows * moved, "entering_in");
   sa::check_buffer(leaving_out.size(), 3 * e.rows * moved, "leaving_out");
 
-  const index_t k = static_cast<index_t>(new_selection.size());
-  const sa::state_layout layout{e.rows, k, e.state_row_major};
-  std::array<std::vector<float>*, 3> old_parts{&e.master, &e.exp_avg, &e.exp_avg_sq};
-  std::array<std::vector<float>, 3> new_parts;
-  index_t entering = 0;
-  for (int p = 0; p < 3; ++p) new_parts[p].resize(old_parts[p]->size());
+  const auto k = static_cast<index_t>(new_selection.size());
+  std::vector<std::int32_t> kept_slots, kept_from, entering_slots;
   for (index_t j = 0; j < k; ++j) {
     const std::int32_t from = source[static_cast<std::size_t>(j)];
-    for (int p = 0; p < 3; ++p)
-      for (index_t r = 0; r < e.rows; ++r)
-        new_parts[p][layout.index(r, j)] =
-            from >= 0 ? (*old_parts[p])[layout.index(r, from)] : entering_in[sa::packed_index(e.rows, entering, p, r)];
-    if (from < 0) ++entering;
+    if (from >= 0) {
+      kept_slots.push_back(static_cast<std::int32_t>(j));
+      kept_from.push_back(from);
+    } else {
+      entering_slots.push_back(static_cast<std::int32_t>(j));
+    }
   }
-  for (std::size_t l = 0; l < leaving.size(); ++l)
-    for (int p = 0; p < 3; ++p)
-      for (index_t r = 0; r < e.rows; ++r)
-        leaving_out[sa::packed_index(e.rows, static_cast<index_t>(l), p, r)] =
-            (*old_parts[p])[layout.index(r, leaving[l])];
+  const auto kept = static_cast<index_t>(kept_slots.size());
+  std::array<std::vector<float>*, 3> old_parts{&e.master, &e.exp_avg, &e.exp_avg_sq};
+  std::array<std::vector<float>, 3> new_parts;
+  // The new state: kept slots from the old state, entering ones from entering_in (read whole
+  // before leaving_out, which may alias it, is written).
+  for (int p = 0; p < 3; ++p) {
+    new_parts[p].resize(old_parts[p]->size());
+    const float* old_state = old_parts[p]->data();
+    hd::copy_columns(
+        sa::state_side(old_state, e.rows, k, e.state_row_major, kept_from.data(), hd::max_column(kept_from)),
+        sa::state_side(new_parts[p].data(), e.rows, k, e.state_row_major, kept_slots.data(),
+                       hd::max_column(kept_slots)),
+        e.rows, kept, false, 1.0f, exec, isa, false);
+    hd::copy_columns(sa::packed_side(entering_in.data(), e.rows, p, moved),
+                     sa::state_side(new_parts[p].data(), e.rows, k, e.state_row_major, entering_slots.data(),
+                                    hd::max_column(entering_slots)),
+                     e.rows, moved, false, 1.0f, exec, isa, false);
+  }
+  for (int p = 0; p < 3; ++p)
+    hd::copy_columns(
+        sa::state_side(old_parts[p]->data(), e.rows, k, e.state_row_major, leaving.data(), hd::max_column(leaving)),
+        sa::packed_side(leaving_out.data(), e.rows, p, moved), e.rows, moved, false, 1.0f, exec, isa, false);
   for (int p = 0; p < 3; ++p) old_parts[p]->swap(new_parts[p]);
   e.selection.assign(new_selection.begin(), new_selection.end());
 }
 
-inline void host_sparse_adam::export_state(std::size_t i, std::span<float> packed_out) const {
+inline void host_sparse_adam::export_state(std::size_t i, std::span<float> packed_out,
+                                           const host_execution& exec) const {
   namespace sa = detail::sparse_adam;
   const entry& e = at(i);
-  const index_t k = static_cast<index_t>(e.selection.size());
+  const auto k = static_cast<index_t>(e.selection.size());
   sa::check_buffer(packed_out.size(), 3 * e.rows * k, "packed_out");
-  const sa::state_layout layout{e.rows, k, e.state_row_major};
+  const cpu_isa isa = detail::host_device::checked_isa(exec, "exec.isa");
   const std::array<const std::vector<float>*, 3> parts{&e.master, &e.exp_avg, &e.exp_avg_sq};
-  for (index_t j = 0; j < k; ++j)
-    for (int p = 0; p < 3; ++p)
-      for (index_t r = 0; r < e.rows; ++r)
-        packed_out[sa::packed_index(e.rows, j, p, r)] = (*parts[p])[layout.index(r, j)];
+  for (int p = 0; p < 3; ++p)
+    detail::host_device::copy_columns(sa::state_side(parts[p]->data(), e.rows, k, e.state_row_major),
+                                      sa::packed_side(packed_out.data(), e.rows, p, k), e.rows, k, false, 1.0f, exec,
+                                      isa, false);
 }
 
-inline void host_sparse_adam::import_state(std::size_t i, std::span<const float> packed_in) {
+inline void host_sparse_adam::import_state(std::size_t i, std::span<const float> packed_in,
+                                           const host_execution& exec) {
   namespace sa = detail::sparse_adam;
   entry& e = at(i);
-  const index_t k = static_cast<index_t>(e.selection.size());
+  const auto k = static_cast<index_t>(e.selection.size());
   sa::check_buffer(packed_in.size(), 3 * e.rows * k, "packed_in");
-  const sa::state_layout layout{e.rows, k, e.state_row_major};
+  const cpu_isa isa = detail::host_device::checked_isa(exec, "exec.isa");
   const std::array<std::vector<float>*, 3> parts{&e.master, &e.exp_avg, &e.exp_avg_sq};
-  for (index_t j = 0; j < k; ++j)
-    for (int p = 0; p < 3; ++p)
-      for (index_t r = 0; r < e.rows; ++r)
-        (*parts[p])[layout.index(r, j)] = packed_in[sa::packed_index(e.rows, j, p, r)];
+  for (int p = 0; p < 3; ++p)
+    detail::host_device::copy_columns(sa::packed_side(packed_in.data(), e.rows, p, k),
+                                      sa::state_side(parts[p]->data(), e.rows, k, e.state_row_major), e.rows, k, false,
+                                      1.0f, exec, isa, false);
 }
 
 inline void gather_columns(const_matrix_view src, std::span<const std::int32_t> columns, void* dst, dtype dst_type,
-                           float scale) {
-  namespace sa = detail::sparse_adam;
+                           float scale, const host_execution& exec) {
+  namespace hd = detail::host_device;
   src.validate("src", memory_space::host);
   detail::sparse_adam::check_columns_in_range(columns, src.cols, "columns");
   expects(is_valid(dst_type), "dst_type", "unknown dtype value ", static_cast<int>(dst_type));
   expects(dst != nullptr || columns.empty() || src.rows == 0, "dst", "is null");
   expects(is_finite_bits(scale), "scale", "must be finite, got ", scale);
-  const index_t n = static_cast<index_t>(columns.size());
-  // Row blocks keep a row-major source's reads within a few cache lines per row.
-  constexpr index_t block = 64;
-  for (index_t r0 = 0; r0 < src.rows; r0 += block)
-    for (index_t i = 0; i < n; ++i)
-      for (index_t r = r0; r < std::min(src.rows, r0 + block); ++r)
-        sa::store_from_float(dst, dst_type, i * src.rows + r,
-                             sa::scaled(sa::load_as_float(src.data, src.type, src.offset(r, columns[i])), scale));
+  const cpu_isa isa = hd::checked_isa(exec, "exec.isa");
+  const auto n = static_cast<index_t>(columns.size());
+  hd::copy_columns({src.data, src.type, src.row_stride, src.col_stride, columns.data(), hd::max_column(columns)},
+                   {dst, dst_type, 1, src.rows, nullptr, n - 1}, src.rows, n, true, scale, exec, isa, false);
 }
 
-inline void scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns, matrix_view dst) {
-  namespace sa = detail::sparse_adam;
+inline void scatter_columns(const void* src, dtype src_type, std::span<const std::int32_t> columns, matrix_view dst,
+                            const host_execution& exec) {
+  namespace hd = detail::host_device;
   dst.validate("dst", memory_space::host);
   detail::sparse_adam::check_columns_in_range(columns, dst.cols, "columns");
   expects(is_valid(src_type), "src_type", "unknown dtype value ", static_cast<int>(src_type));
   expects(src != nullptr || columns.empty() || dst.rows == 0, "src", "is null");
-  const index_t n = static_cast<index_t>(columns.size());
-  constexpr index_t block = 64;
-  for (index_t r0 = 0; r0 < dst.rows; r0 += block)
-    for (index_t i = 0; i < n; ++i)
-      for (index_t r = r0; r < std::min(dst.rows, r0 + block); ++r)
-        sa::store_from_float(dst.data, dst.type, dst.offset(r, columns[i]),
-                             sa::load_as_float(src, src_type, i * dst.rows + r));
+  const cpu_isa isa = hd::checked_isa(exec, "exec.isa");
+  const auto n = static_cast<index_t>(columns.size());
+  hd::copy_columns({src, src_type, 1, dst.rows, nullptr, n - 1},
+                   {dst.data, dst.type, dst.row_stride, dst.col_stride, columns.data(), hd::max_column(columns)},
+                   dst.rows, n, false, 1.0f, exec, isa, /*ordered=*/!hd::strictly_ascending(columns));
 }
 
 inline std::vector<std::int32_t> complement_columns(std::span<const std::int32_t> selection, index_t cols) {
