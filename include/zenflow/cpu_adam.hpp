@@ -236,7 +236,7 @@ class cpu_adam {
     std::size_t begin = 0;  // first element in the step's global index space
     std::size_t n = 0;
     float* p = nullptr;
-    void* m = nullptr;  // fp32: float, bf16_moments: bfloat16, blockwise8: code bytes
+    void* m = nullptr;  // fp32: float, bf16_moments: bf16_word (m and v), blockwise8: code bytes
     void* v = nullptr;
     const unsigned char* g = nullptr;
     unsigned char* out = nullptr;
@@ -257,6 +257,8 @@ class cpu_adam {
   void for_each_piece(std::size_t total, Fn&& fn);
   void step_compact(std::span<const cpu_adam_task> tasks, const std::vector<adam_step_constants>& constants,
                     std::size_t total);
+  // (byte offset, bytes) of each array of a tensor's state, in save_state's order
+  [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> state_regions(const tensor_state& ts) const;
 
   adam_options options_;
   cpu_state_format format_ = cpu_state_format::fp32;

@@ -12,12 +12,14 @@
 // index): the same in every ISA, thread count and chunking, and reproducible from a checkpoint.
 //
 // 8-bit codes. An "offset float": code c = e * 8 + f (3 mantissa bits f, exponent e) stands for
-// 2^(e - B) * (1 + f / 8) - 2^-B, so code 0 is exactly 0, codes below 8 are linear steps of
-// 2^-(B + 3), and every larger code has a relative spacing of 1/8 to 1/16. Encoding is one fma
-// (x * (1 / scale) + 2^-B) and integer arithmetic on its bits; decoding is integer arithmetic and
-// one fma. m: sign bit + 7-bit magnitude (exponent 0..15, B = 15, 2^-18 of the block's largest
-// |m| is the smallest step); v: 8-bit magnitude (exponent 0..31, B = 31, 2^-34 of the block's
-// largest v). v's range is the square of m's, as v ~ g^2 and m ~ g.
+// 2^(e - B) * (1 + f / 8) - 2^-B times the block's scale, so code 0 is exactly 0, codes below 8
+// are linear steps of 2^-(B + 3), and a code step is at most (|x| + 2^-B) / 8 (1/8 to 1/16
+// relative for the larger codes). Encoding is one fma (|x| * (1 / scale) + 2^-B) and integer
+// arithmetic on its bits; decoding is integer arithmetic and one fma. m: sign bit + 7-bit
+// magnitude (exponent 0..15, B = 15: the smallest step is 2^-18 of the largest code); v: 8-bit
+// magnitude (exponent 0..31, B = 31: 2^-34). v's range is the square of m's, as v ~ g^2, m ~ g.
+// A block's scale maps its largest |m| (largest v) onto the largest code, 1.875 - 2^-15 (1.875);
+// the encode multiplier is rounded toward zero so that no code overflows.
 //
 // Bounded updates. A v that quantizes to 0 while m does not would make m / (sqrt(v) + eps)
 // explode. Two guards: a positive v never encodes to 0 (it rounds up to the smallest code), and
@@ -67,13 +69,17 @@ constexpr std::uint32_t sr_range_key(std::uint64_t task_key, std::uint64_t sub) 
   return static_cast<std::uint32_t>(mix64(task_key + (sub + 1) * 0x9e3779b97f4a7c15ull) >> 32);
 }
 
-/// 32 random bits for position `pos` of a range with key `key`: an odd multiple of pos + key.
-/// For a given element the key is uniform from step to step, so (pos + key) and the product are
-/// uniform over 2^32 and the upper half (m) and lower half (v) are independent and uniform;
-/// within a step the lanes form a Weyl sequence (evenly spread rounding decisions).
+/// 32 random bits for position `pos` of a range with key `key`: s = pos * 0x10001 + key, each
+/// 16-bit half of s multiplied by an odd constant modulo 2^16 (one 16-bit vector multiply). For a
+/// given element the key is uniform from step to step, so the two halves of the result are
+/// uniform and independent (s is uniform, and each half of the result is a bijection of the same
+/// half of s); within a range each half is a Weyl sequence over the positions (evenly spread).
 constexpr std::uint32_t sr_bits(std::uint32_t pos, std::uint32_t key) noexcept {
-  return (pos + key) * 0x9e3779b1u;
+  const std::uint32_t s = pos * 0x10001u + key;
+  return ((((s >> 16) * 0x79b9u) & 0xffffu) << 16) | (((s & 0xffffu) * 0x9e37u) & 0xffffu);
 }
+/// The vector form of sr_bits' multiplier: 0x79b9 for the upper halves, 0x9e37 for the lower.
+inline constexpr std::uint32_t sr_multipliers = 0x79b99e37u;
 
 // ----------------------------------------------------------------------------------------------
 // bf16 moments.
@@ -85,6 +91,23 @@ ZENFLOW_FORCEINLINE bfloat16 to_bfloat16_sr(float f, std::uint32_t r16) noexcept
   const std::uint32_t x = float_to_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return bfloat16{static_cast<std::uint16_t>((x >> 16) | 0x0040u)};
   return bfloat16{static_cast<std::uint16_t>((x + r16) >> 16)};
+}
+
+/// The bf16 format holds m and v of an element in one 32-bit word: m's bf16 bits in the lower
+/// half, v's in the upper (one load and one store per element, no narrowing shuffles).
+ZENFLOW_FORCEINLINE float bf16_word_m(std::uint32_t w) noexcept {
+  return bits_to_float(w << 16);
+}
+ZENFLOW_FORCEINLINE float bf16_word_v(std::uint32_t w) noexcept {
+  return bits_to_float(w & 0xffff0000u);
+}
+/// m and v rounded stochastically with the upper (m) and lower (v) 16 bits of h = sr_bits(...).
+ZENFLOW_FORCEINLINE std::uint32_t bf16_word(float m, float v, std::uint32_t h) noexcept {
+  return to_bfloat16_sr(m, h >> 16).bits | (static_cast<std::uint32_t>(to_bfloat16_sr(v, h & 0xffffu).bits) << 16);
+}
+/// The same, rounded to nearest (import).
+ZENFLOW_FORCEINLINE std::uint32_t bf16_word_nearest(float m, float v) noexcept {
+  return to_bfloat16(m).bits | (static_cast<std::uint32_t>(to_bfloat16(v).bits) << 16);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -103,38 +126,36 @@ inline constexpr float q8_v_max = 1.875f;
 /// 2^-31 * scale a normal float, so that code 0 decodes to exactly 0.
 inline constexpr float q8_flush_below = 0x1p-90f;
 
-/// The code of a >= 2^-B (a = |x| * inv + 2^-B, B = 15 for m, 31 for v) with `base` = bits of
-/// 2^-B: floor((bits(a) - base + r) / 2^20), at most `max_code`. r: 20 random bits for stochastic
-/// rounding, or q8_nearest(bits(a) - base) for round to nearest even.
-ZENFLOW_FORCEINLINE std::uint32_t q8_code(float a, std::uint32_t base, std::uint32_t r,
-                                          std::uint32_t max_code) noexcept {
-  return std::min((float_to_bits(a) - base + r) >> 20, max_code);
-}
-/// The increment that makes q8_code round to nearest, ties to even, for t = bits(a) - base.
-ZENFLOW_FORCEINLINE std::uint32_t q8_nearest(std::uint32_t t) noexcept {
-  return 0x7ffffu + ((t >> 20) & 1u);
-}
-/// Stochastic-rounding increments from 32 random bits: 16 for m (upper half), 16 for v (lower).
+/// Stochastic-rounding increments (20 bits, below a code's lowest bit) from sr_bits: m takes the
+/// upper 20 bits, v the lower 20 (they share 8 low-order bits, which move a rounding probability
+/// by at most 2^-12).
 ZENFLOW_FORCEINLINE std::uint32_t q8_random_m(std::uint32_t h) noexcept {
-  return (h >> 16) << 4;
+  return h >> 12;
 }
 ZENFLOW_FORCEINLINE std::uint32_t q8_random_v(std::uint32_t h) noexcept {
-  return (h & 0xffffu) << 4;
+  return h & 0xfffffu;
+}
+/// The increment that rounds bits(a) to the nearest code, ties to even.
+ZENFLOW_FORCEINLINE std::uint32_t q8_nearest(float a) noexcept {
+  return 0x7ffffu + ((float_to_bits(a) >> 20) & 1u);
 }
 
-/// Encode m (inv = q8_m_max / the block's largest |m|, 0 for a flushed block). `nearest`: round
-/// to nearest even; else stochastically with increment r. A magnitude code 0 is stored as +0.
+/// Encode m with inv <= q8_m_max / the block's largest |m| (q8_make_scales; 0 for a flushed
+/// block), so a = |x| * inv + 2^-15 <= 1.875 and the code, (bits(a) + r) / 2^20 - bits(2^-15) /
+/// 2^20, is at most 127: its low 7 bits are (bits(a) + r) >> 20 (bits(2^-15) / 2^20 = 7 * 128).
+/// The sign is x's sign bit. r: 20 random bits, or q8_nearest for round to nearest even.
 ZENFLOW_FORCEINLINE std::uint8_t q8_encode_m(float x, float inv, std::uint32_t r, bool nearest = false) noexcept {
-  const float a = fma_rn(bits_to_float(float_to_bits(x) & 0x7fffffffu), inv, q8_m_offset);
-  if (nearest) r = q8_nearest(float_to_bits(a) - q8_m_base);
-  const std::uint32_t c = q8_code(a, q8_m_base, r, 127u);
-  return static_cast<std::uint8_t>(c | (x < 0.0f && c != 0u ? 0x80u : 0u));  // zero is always +0
+  const std::uint32_t bits = float_to_bits(x);
+  const float a = fma_rn(bits_to_float(bits & 0x7fffffffu), inv, q8_m_offset);
+  if (nearest) r = q8_nearest(a);
+  return static_cast<std::uint8_t>((((float_to_bits(a) + r) >> 20) & 0x7fu) | ((bits >> 24) & 0x80u));
 }
-/// Encode v >= 0; a positive v never encodes to 0.
+/// Encode v >= 0 with inv <= q8_v_max / the block's largest v: the code is the low byte of
+/// (bits(a) + r) >> 20 (bits(2^-31) / 2^20 = 3 * 256). A positive v never encodes to 0.
 ZENFLOW_FORCEINLINE std::uint8_t q8_encode_v(float x, float inv, std::uint32_t r, bool nearest = false) noexcept {
   const float a = fma_rn(x, inv, q8_v_offset);
-  if (nearest) r = q8_nearest(float_to_bits(a) - q8_v_base);
-  const std::uint32_t c = q8_code(a, q8_v_base, r, 255u);
+  if (nearest) r = q8_nearest(a);
+  const std::uint32_t c = ((float_to_bits(a) + r) >> 20) & 0xffu;
   return static_cast<std::uint8_t>(c == 0u && x > 0.0f ? 1u : c);
 }
 /// Decode with the block's scale d and nd = -(offset * d) (exact: d is 0, NaN or >= 2^-91).
@@ -144,6 +165,13 @@ ZENFLOW_FORCEINLINE float q8_decode_m(std::uint8_t c, float d, float nd) noexcep
 }
 ZENFLOW_FORCEINLINE float q8_decode_v(std::uint8_t c, float d, float nd) noexcept {
   return fma_rn(bits_to_float((static_cast<std::uint32_t>(c) << 20) + q8_v_base), d, nd);
+}
+
+/// num / den rounded toward zero (num, den > 0 finite): the encode multiplier, so that the
+/// largest element times it never exceeds the largest code.
+inline float ratio_toward_zero(float num, float den) noexcept {
+  const float q = num / den;
+  return fma_rn(q, den, -num) > 0.0f ? bits_to_float(float_to_bits(q) - 1u) : q;
 }
 
 /// A block's scales from the bits of its largest |m| and largest v (as unsigned integers, so
@@ -161,8 +189,8 @@ inline q8_scales q8_make_scales(std::uint32_t max_abs_m_bits, std::uint32_t max_
     return s;
   }
   const float am = bits_to_float(max_abs_m_bits), av = bits_to_float(max_v_bits);
-  if (am >= q8_flush_below) s.dm = am / q8_m_max, s.inv_m = q8_m_max / am;
-  if (av >= q8_flush_below) s.dv = av / q8_v_max, s.inv_v = q8_v_max / av;
+  if (am >= q8_flush_below) s.dm = am / q8_m_max, s.inv_m = ratio_toward_zero(q8_m_max, am);
+  if (av >= q8_flush_below) s.dv = av / q8_v_max, s.inv_v = ratio_toward_zero(q8_v_max, av);
   return s;
 }
 
@@ -215,14 +243,12 @@ struct compact_step_constants {
 /// bf16 moments over n elements whose first has tensor index pos0 + 2^32 * (the range's high
 /// half, folded into key = sr_range_key): m, v decoded exactly, adam_update, stochastic rounding.
 template <class G, class O>
-inline void bf16_adam_range_scalar(float* p, const G* g, bfloat16* m, bfloat16* v, O* out, std::size_t n,
+inline void bf16_adam_range_scalar(float* p, const G* g, std::uint32_t* mv, O* out, std::size_t n,
                                    const adam_step_constants& c, std::uint32_t pos0, std::uint32_t key) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
-    float mf = to_float(m[i]), vf = to_float(v[i]);
-    adam_update(p[i], to_float(g[i]), mf, vf, c);
-    const std::uint32_t h = sr_bits(pos0 + static_cast<std::uint32_t>(i), key);
-    m[i] = to_bfloat16_sr(mf, h >> 16);
-    v[i] = to_bfloat16_sr(vf, h & 0xffffu);
+    float m = bf16_word_m(mv[i]), v = bf16_word_v(mv[i]);
+    adam_update(p[i], to_float(g[i]), m, v, c);
+    mv[i] = bf16_word(m, v, sr_bits(pos0 + static_cast<std::uint32_t>(i), key));
     if constexpr (!std::is_same_v<O, no_output>) out[i] = from_float<O>(p[i]);
   }
 }

@@ -76,15 +76,22 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   ts.size = size;
   ts.stride = (size + 15) / 16 * 16;  // keeps each array 64-byte aligned
   const auto pad64 = [](std::size_t b) { return (b + 63) / 64 * 64; };
-  const std::size_t moment_bytes = format_ == cpu_state_format::fp32
-                                       ? ts.stride * sizeof(float)
-                                       : pad64(size * (format_ == cpu_state_format::bf16_moments ? 2 : 1));
-  ts.m_off = ts.stride * sizeof(float);
-  ts.v_off = ts.m_off + moment_bytes;
-  ts.dm_off = ts.dv_off = ts.v_off + moment_bytes;
-  if (format_ == cpu_state_format::blockwise8_moments) {
-    ts.blocks = static_cast<std::size_t>(cols) * ((static_cast<std::size_t>(rows) + q8_block_rows - 1) / q8_block_rows);
-    ts.dv_off = ts.dm_off + pad64(ts.blocks * sizeof(float));
+  ts.m_off = ts.v_off = ts.stride * sizeof(float);
+  switch (format_) {
+    case cpu_state_format::fp32:  // params | m | v
+      ts.v_off = ts.m_off + ts.stride * sizeof(float);
+      ts.dm_off = ts.dv_off = ts.v_off + ts.stride * sizeof(float);
+      break;
+    case cpu_state_format::bf16_moments:  // params | m, v as one 32-bit word per element (bf16_word)
+      ts.dm_off = ts.dv_off = ts.m_off + pad64(size * sizeof(std::uint32_t));
+      break;
+    case cpu_state_format::blockwise8_moments:  // params | m codes | v codes | m scales | v scales
+      ts.v_off = ts.m_off + pad64(size);
+      ts.dm_off = ts.v_off + pad64(size);
+      ts.blocks =
+          static_cast<std::size_t>(cols) * ((static_cast<std::size_t>(rows) + q8_block_rows - 1) / q8_block_rows);
+      ts.dv_off = ts.dm_off + pad64(ts.blocks * sizeof(float));
+      break;
   }
   const std::size_t bytes = ts.dv_off + pad64(ts.blocks * sizeof(float));
   ts.alloc_bytes = bytes;
@@ -184,7 +191,7 @@ inline void cpu_adam::build_segments(std::span<const cpu_adam_task> tasks) {
     const tensor_state& ts = tensors_[t.tensor];
     const auto rows = static_cast<std::size_t>(ts.rows);
     const std::size_t gsz = dtype_size(t.grad_type), osz = t.copy_out ? dtype_size(t.copy_out_type) : 0;
-    const std::size_t msz = moment_bytes_per_parameter(format_) / 2;
+    const std::size_t msz = format_ == cpu_state_format::blockwise8_moments ? 1 : 4;  // bytes per element at m_off
     const auto add = [&](std::size_t state_off, std::size_t grad_off, std::size_t out_off, std::size_t n) {
       segment s;
       s.begin = begin;
@@ -317,9 +324,8 @@ inline void cpu_adam::step_compact(std::span<const cpu_adam_task> tasks,
       for (std::size_t done = 0; done < n;) {
         const std::size_t o = off + done, e = s.elem + o;
         const std::size_t count = std::min(n - done, ((e >> 32) + 1) * (std::size_t{1} << 32) - e);
-        kk.bf16(s.p + o, s.g + o * kk.gsz, static_cast<bfloat16*>(s.m) + o, static_cast<bfloat16*>(s.v) + o,
-                s.out ? s.out + o * kk.osz : nullptr, count, constants[s.task], static_cast<std::uint32_t>(e),
-                detail::sr_range_key(kk.k.key, e >> 32));
+        kk.bf16(s.p + o, s.g + o * kk.gsz, static_cast<std::uint32_t*>(s.m) + o, s.out ? s.out + o * kk.osz : nullptr,
+                count, constants[s.task], static_cast<std::uint32_t>(e), detail::sr_range_key(kk.k.key, e >> 32));
         done += count;
       }
     });

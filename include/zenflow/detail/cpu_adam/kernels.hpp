@@ -168,7 +168,7 @@ ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void prefetch_adam(const float* p, con
 
 /// The operations of `adam_update` on 16 lanes, in registers: p, m, v in, updated in place.
 /// `Clamp`: the quotient m / denom is limited to [-*max_ratio, *max_ratio] (the 8-bit state's
-/// bound, compact_math.hpp); min(max_ratio, q) keeps a NaN quotient NaN, as the scalar version.
+/// bound, compact_math.hpp), a NaN quotient kept, as the scalar version.
 template <bool Clamp = false>
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void adam_core(__m512& pv, __m512 graw, __m512& mv, __m512& vv,
                                                          const constants& c, const __m512* max_ratio = nullptr) {
@@ -178,7 +178,7 @@ ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void adam_core(__m512& pv, __m512 graw
   vv = _mm512_fmadd_ps(c.beta2, vv, _mm512_mul_ps(_mm512_mul_ps(c.omb2, gv), gv));
   const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vv), c.inv_sqrt_bc2, c.eps);
   __m512 q = _mm512_div_ps(mv, denom);
-  if constexpr (Clamp)
+  if constexpr (Clamp)  // min(R, q) then max(-R, .): a NaN q stays NaN (vrangeps would drop it)
     q = _mm512_max_ps(_mm512_xor_ps(*max_ratio, _mm512_set1_ps(-0.0f)), _mm512_min_ps(*max_ratio, q));
   pv = _mm512_sub_ps(pv, _mm512_fmadd_ps(c.step_size, q, _mm512_mul_ps(c.lr_wd, pv)));
 }

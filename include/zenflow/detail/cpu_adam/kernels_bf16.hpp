@@ -1,9 +1,11 @@
 // The Adam step over bf16 moments with an fp32 master (cpu_state_format::bf16_moments), in the
-// scalar reference (compact_math.hpp), AVX2 and AVX-512 versions: m and v widened exactly, the
-// operations of adam_update (the shared adam_core of kernels.hpp), then m and v narrowed with
-// stochastic rounding (to_bfloat16_sr). Gradient conversion, grad_scale and the copy-out reuse the
-// fp32 kernels' loads and stores, so every version is bit-identical to the scalar one. Bytes per
-// element: read p, g, m, v and write p, m, v: 4 + 4 + 2 + 2 + 4 + 2 + 2 = 20 (fp32 gradient).
+// scalar reference (compact_math.hpp), AVX2 and AVX-512 versions: m and v (one 32-bit word per
+// element, bf16_word) widened exactly, the operations of adam_update (the shared adam_core of
+// kernels.hpp), then narrowed with stochastic rounding (to_bfloat16_sr). Gradient conversion,
+// grad_scale and the copy-out reuse the fp32 kernels' loads and stores, so every version is
+// bit-identical to the scalar one. A NaN moment (only from a NaN or infinite input) takes a
+// rarely-taken branch that narrows it as to_bfloat16 does. Bytes per element: read p, g, m|v and
+// write p, m|v: 4 + 4 + 4 + 4 + 4 = 20 (fp32 gradient).
 #pragma once
 
 #include <cstddef>
@@ -24,124 +26,136 @@ namespace zenflow::detail {
 #endif
 
 namespace avx512 {
-/// to_bfloat16_sr on 16 lanes, r16: 16 random bits per lane.
-ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m256i to_bf16_sr(__m512 a, __m512i r16) {
-  const __m512i x = _mm512_castps_si512(a);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, r16), 16);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
+template <bool Masked>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512i load_words(const std::uint32_t* x, __mmask16 k) {
+  if constexpr (Masked)
+    return _mm512_maskz_loadu_epi32(k, x);
+  else
+    return _mm512_loadu_si512(x);
 }
 
-/// 16 elements; `pos`: pos0 + i + lane + key (the sr_bits input of each lane).
+/// 16 elements; `s`: the lanes' sr_bits inputs ((pos0 + i + lane) * 0x10001 + key).
 template <bool Masked, class G, class O, bool Stream = false>
-ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void bf16_block(float* p, const G* g, bfloat16* m, bfloat16* v, O* out,
-                                                          const constants& c, __m512i pos, __mmask16 k) {
-  __m512 pv = load<Masked>(p, k), mv = load<Masked>(m, k), vv = load<Masked>(v, k);
-  adam_core(pv, load<Masked>(g, k), mv, vv, c);
-  const __m512i h = _mm512_mullo_epi32(pos, _mm512_set1_epi32(static_cast<int>(0x9e3779b1u)));
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void bf16_block(float* p, const G* g, std::uint32_t* mv, O* out,
+                                                          const constants& c, __m512i s, __mmask16 k) {
+  const __m512i w = load_words<Masked>(mv, k);
+  __m512 pv = load<Masked>(p, k);
+  __m512 m = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  __m512 v = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  adam_core(pv, load<Masked>(g, k), m, v, c);
+  const __m512i h = _mm512_mullo_epi16(s, _mm512_set1_epi32(static_cast<int>(sr_multipliers)));
+  const __m512i mb = _mm512_castps_si512(m), vb = _mm512_castps_si512(v);
+  __m512i ym = _mm512_srli_epi32(_mm512_add_epi32(mb, _mm512_srli_epi32(h, 16)), 16);
+  __m512i yv = _mm512_add_epi32(vb, _mm512_and_si512(h, _mm512_set1_epi32(0xffff)));
+  const __mmask16 nan_m = _mm512_fpclass_ps_mask(m, 0x81), nan_v = _mm512_fpclass_ps_mask(v, 0x81);  // QNaN, SNaN
+  if (nan_m | nan_v) [[unlikely]] {  // as to_bfloat16: the upper half with the quiet bit
+    ym = _mm512_mask_mov_epi32(ym, nan_m, _mm512_or_si512(_mm512_srli_epi32(mb, 16), _mm512_set1_epi32(0x40)));
+    yv = _mm512_mask_mov_epi32(yv, nan_v, _mm512_or_si512(vb, _mm512_set1_epi32(0x400000)));
+  }
+  // 0xffff0000 ? yv : ym, bit by bit
+  const __m512i word = _mm512_ternarylogic_epi32(_mm512_set1_epi32(static_cast<int>(0xffff0000u)), yv, ym, 0xca);
   store<Masked>(p, pv, k);
-  store_half<Masked>(m, to_bf16_sr(mv, _mm512_srli_epi32(h, 16)), k);
-  store_half<Masked>(v, to_bf16_sr(vv, _mm512_and_si512(h, _mm512_set1_epi32(0xffff))), k);
+  if constexpr (Masked)
+    _mm512_mask_storeu_epi32(mv, k, word);
+  else
+    _mm512_storeu_si512(mv, word);
   if constexpr (!std::is_same_v<O, no_output>) store<Masked, Stream>(out, pv, k);
 }
 
 template <class G, class O>
-ZENFLOW_TARGET_AVX512 inline void bf16_adam_range(float* p, const G* g, bfloat16* m, bfloat16* v, O* out, std::size_t n,
+ZENFLOW_TARGET_AVX512 inline void bf16_adam_range(float* p, const G* g, std::uint32_t* mv, O* out, std::size_t n,
                                                   const adam_step_constants& sc, std::uint32_t pos0,
                                                   std::uint32_t key) noexcept {
   const constants c = broadcast(sc);
-  const __m512i lanes = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(static_cast<int>(pos0 + key)));
+  const __m512i lanes =
+      _mm512_add_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(0x10001)),
+                       _mm512_set1_epi32(static_cast<int>(pos0 * 0x10001u + key)));
+  const auto at = [&lanes](std::size_t i) __attribute__((target("avx512f"))) {
+    return _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(i) * 0x10001u)));
+  };
   std::size_t i = 0;
   constexpr bool has_out = !std::is_same_v<O, no_output>;
   if constexpr (has_out) {  // a masked head aligns the copy-out for streaming stores (see adam_range)
     const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(out) % (16 * sizeof(O));
     if (misalignment != 0 && n > 0) {
       i = std::min(n, (16 * sizeof(O) - misalignment) / sizeof(O));
-      bf16_block<true>(p, g, m, v, out, c, _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(0))),
-                       static_cast<__mmask16>((1u << i) - 1u));
+      bf16_block<true>(p, g, mv, out, c, at(0), static_cast<__mmask16>((1u << i) - 1u));
     }
   }
   for (; i + 32 <= n; i += 32) {
-    prefetch(p + i), prefetch(p + i + 16), prefetch(g + i), prefetch(g + i + 16);
-    prefetch(m + i), prefetch(v + i);
-    bf16_block<false, G, O, has_out>(p + i, g + i, m + i, v + i, offset(out, i), c,
-                                     _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i))), 0xffff);
-    bf16_block<false, G, O, has_out>(p + i + 16, g + i + 16, m + i + 16, v + i + 16, offset(out, i + 16), c,
-                                     _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i + 16))), 0xffff);
+    prefetch(p + i), prefetch(p + i + 16), prefetch(g + i), prefetch(g + i + 16), prefetch(mv + i),
+        prefetch(mv + i + 16);
+    bf16_block<false, G, O, has_out>(p + i, g + i, mv + i, offset(out, i), c, at(i), 0xffff);
+    bf16_block<false, G, O, has_out>(p + i + 16, g + i + 16, mv + i + 16, offset(out, i + 16), c, at(i + 16), 0xffff);
   }
-  for (; i + 16 <= n; i += 16)
-    bf16_block<false, G, O, has_out>(p + i, g + i, m + i, v + i, offset(out, i), c,
-                                     _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i))), 0xffff);
+  for (; i + 16 <= n; i += 16) bf16_block<false, G, O, has_out>(p + i, g + i, mv + i, offset(out, i), c, at(i), 0xffff);
   if (i < n)
-    bf16_block<true>(p + i, g + i, m + i, v + i, offset(out, i), c,
-                     _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(i))),
-                     static_cast<__mmask16>((1u << (n - i)) - 1u));
+    bf16_block<true>(p + i, g + i, mv + i, offset(out, i), c, at(i), static_cast<__mmask16>((1u << (n - i)) - 1u));
   if constexpr (has_out) _mm_sfence();
 }
 }  // namespace avx512
 
 namespace avx2 {
-ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE __m128i to_bf16_sr(__m256 a, __m256i r16) {
-  const __m256i x = _mm256_castps_si256(a);
-  const __m256i nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  const __m256i r = _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(x, r16), 16),
-                                       _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40)), nan);
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8));
-}
-
 template <class G, class O>
-ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void bf16_block(float* p, const G* g, bfloat16* m, bfloat16* v, O* out,
-                                                        const constants& c, __m256i pos) {
-  __m256 pv = load(p), mv = load(m), vv = load(v);
-  adam_core(pv, load(g), mv, vv, c);
-  const __m256i h = _mm256_mullo_epi32(pos, _mm256_set1_epi32(static_cast<int>(0x9e3779b1u)));
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void bf16_block(float* p, const G* g, std::uint32_t* mv, O* out,
+                                                        const constants& c, __m256i s) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mv));
+  __m256 pv = load(p);
+  __m256 m = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  __m256 v = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  adam_core(pv, load(g), m, v, c);
+  const __m256i h = _mm256_mullo_epi16(s, _mm256_set1_epi32(static_cast<int>(sr_multipliers)));
+  const __m256i mb = _mm256_castps_si256(m), vb = _mm256_castps_si256(v);
+  __m256i ym = _mm256_srli_epi32(_mm256_add_epi32(mb, _mm256_srli_epi32(h, 16)), 16);
+  __m256i yv = _mm256_add_epi32(vb, _mm256_and_si256(h, _mm256_set1_epi32(0xffff)));
+  const __m256 nan_m = _mm256_cmp_ps(m, m, _CMP_UNORD_Q), nan_v = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  if (_mm256_movemask_ps(_mm256_or_ps(nan_m, nan_v)) != 0) [[unlikely]] {
+    ym = _mm256_blendv_epi8(ym, _mm256_or_si256(_mm256_srli_epi32(mb, 16), _mm256_set1_epi32(0x40)),
+                            _mm256_castps_si256(nan_m));
+    yv = _mm256_blendv_epi8(yv, _mm256_or_si256(vb, _mm256_set1_epi32(0x400000)), _mm256_castps_si256(nan_v));
+  }
+  const __m256i word = _mm256_or_si256(ym, _mm256_and_si256(yv, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   store(p, pv);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(m), to_bf16_sr(mv, _mm256_srli_epi32(h, 16)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(v), to_bf16_sr(vv, _mm256_and_si256(h, _mm256_set1_epi32(0xffff))));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(mv), word);
   if constexpr (!std::is_same_v<O, no_output>) store(out, pv);
 }
 
 template <class G, class O>
-ZENFLOW_TARGET_AVX2 inline void bf16_adam_range(float* p, const G* g, bfloat16* m, bfloat16* v, O* out, std::size_t n,
+ZENFLOW_TARGET_AVX2 inline void bf16_adam_range(float* p, const G* g, std::uint32_t* mv, O* out, std::size_t n,
                                                 const adam_step_constants& sc, std::uint32_t pos0,
                                                 std::uint32_t key) noexcept {
   const constants c = broadcast(sc);
   const __m256i lanes =
-      _mm256_add_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(static_cast<int>(pos0 + key)));
+      _mm256_add_epi32(_mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(0x10001)),
+                       _mm256_set1_epi32(static_cast<int>(pos0 * 0x10001u + key)));
+  const auto at = [&lanes](std::size_t i) __attribute__((target("avx2"))) {
+    return _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(i) * 0x10001u)));
+  };
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    prefetch(p + i), prefetch(g + i), prefetch(m + i), prefetch(v + i);
-    bf16_block(p + i, g + i, m + i, v + i, offset(out, i), c,
-               _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(i))));
-    bf16_block(p + i + 8, g + i + 8, m + i + 8, v + i + 8, offset(out, i + 8), c,
-               _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(i + 8))));
+    prefetch(p + i), prefetch(g + i), prefetch(mv + i);
+    bf16_block(p + i, g + i, mv + i, offset(out, i), c, at(i));
+    bf16_block(p + i + 8, g + i + 8, mv + i + 8, offset(out, i + 8), c, at(i + 8));
   }
-  for (; i + 8 <= n; i += 8)
-    bf16_block(p + i, g + i, m + i, v + i, offset(out, i), c,
-               _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(i))));
+  for (; i + 8 <= n; i += 8) bf16_block(p + i, g + i, mv + i, offset(out, i), c, at(i));
   if (i < n) {  // the same block on a zero-padded copy of the tail
     const std::size_t left = n - i;
     alignas(32) float tp[8] = {};
-    bfloat16 tm[8] = {}, tv[8] = {};
+    std::uint32_t tmv[8] = {};
     G tg[8] = {};
     std::memcpy(tp, p + i, left * sizeof(float));
-    std::memcpy(tm, m + i, left * sizeof(bfloat16));
-    std::memcpy(tv, v + i, left * sizeof(bfloat16));
+    std::memcpy(tmv, mv + i, left * sizeof(std::uint32_t));
     std::memcpy(tg, g + i, left * sizeof(G));
     if constexpr (std::is_same_v<O, no_output>) {
-      bf16_block(tp, tg, tm, tv, out, c, _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(i))));
+      bf16_block(tp, tg, tmv, out, c, at(i));
     } else {
       O to[8] = {};
-      bf16_block(tp, tg, tm, tv, to, c, _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(i))));
+      bf16_block(tp, tg, tmv, to, c, at(i));
       std::memcpy(out + i, to, left * sizeof(O));
     }
     std::memcpy(p + i, tp, left * sizeof(float));
-    std::memcpy(m + i, tm, left * sizeof(bfloat16));
-    std::memcpy(v + i, tv, left * sizeof(bfloat16));
+    std::memcpy(mv + i, tmv, left * sizeof(std::uint32_t));
   }
 }
 }  // namespace avx2
@@ -155,21 +169,21 @@ ZENFLOW_TARGET_AVX2 inline void bf16_adam_range(float* p, const G* g, bfloat16* 
 /// The bf16-moment kernel over one range that does not cross a multiple of 2^32 elements:
 /// pos0 = the low 32 bits of its first element's tensor index, key = sr_range_key(task key,
 /// index >> 32).
-using bf16_adam_range_fn = void (*)(float*, const void*, bfloat16*, bfloat16*, void*, std::size_t,
-                                    const adam_step_constants&, std::uint32_t, std::uint32_t);
+using bf16_adam_range_fn = void (*)(float*, const void*, std::uint32_t*, void*, std::size_t, const adam_step_constants&,
+                                    std::uint32_t, std::uint32_t);
 
 template <cpu_isa Isa, class G, class O>
-void bf16_adam_range_erased(float* p, const void* g, bfloat16* m, bfloat16* v, void* out, std::size_t n,
+void bf16_adam_range_erased(float* p, const void* g, std::uint32_t* mv, void* out, std::size_t n,
                             const adam_step_constants& c, std::uint32_t pos0, std::uint32_t key) noexcept {
   const G* gt = static_cast<const G*>(g);
   O* ot = nullptr;
   if constexpr (!std::is_same_v<O, no_output>) ot = static_cast<O*>(out);
   (void)out;
 #if ZENFLOW_CPU_ADAM_X86
-  if constexpr (Isa == cpu_isa::avx512) return avx512::bf16_adam_range(p, gt, m, v, ot, n, c, pos0, key);
-  if constexpr (Isa == cpu_isa::avx2) return avx2::bf16_adam_range(p, gt, m, v, ot, n, c, pos0, key);
+  if constexpr (Isa == cpu_isa::avx512) return avx512::bf16_adam_range(p, gt, mv, ot, n, c, pos0, key);
+  if constexpr (Isa == cpu_isa::avx2) return avx2::bf16_adam_range(p, gt, mv, ot, n, c, pos0, key);
 #endif
-  bf16_adam_range_scalar(p, gt, m, v, ot, n, c, pos0, key);
+  bf16_adam_range_scalar(p, gt, mv, ot, n, c, pos0, key);
 }
 
 template <cpu_isa Isa>

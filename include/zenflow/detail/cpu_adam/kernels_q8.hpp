@@ -59,23 +59,22 @@ namespace avx512 {
 struct q8_decoder {
   __m512 dm, ndm, dv, ndv;
 };
+/// c: the m codes sign-extended to 32 bits (bit 31 = the code's sign bit).
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512 q8_decode_m(__m512i c, __m512 d, __m512 nd) {
   const __m512i mag = _mm512_add_epi32(_mm512_srli_epi32(_mm512_slli_epi32(c, 25), 5), _mm512_set1_epi32(q8_m_base));
   const __m512i x = _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(mag), d, nd));
-  // x | (c << 24 & sign bit): the code's bit 7 becomes the sign.
-  return _mm512_castsi512_ps(
-      _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(c, 24), _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xf8));
+  return _mm512_castsi512_ps(  // x | (c & sign bit)
+      _mm512_ternarylogic_epi32(x, c, _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xf8));
 }
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512 q8_decode_v(__m512i c, __m512 d, __m512 nd) {
   const __m512i x = _mm512_add_epi32(_mm512_slli_epi32(c, 20), _mm512_set1_epi32(q8_v_base));
   return _mm512_fmadd_ps(_mm512_castsi512_ps(x), d, nd);
 }
-template <bool Masked>
+/// 16 codes widened to 32 bits: sign-extended (m) or zero-extended (v).
+template <bool Masked, bool Signed>
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512i load_codes(const std::uint8_t* x, __mmask16 k) {
-  if constexpr (Masked)
-    return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, x));
-  else
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  const __m128i b = Masked ? _mm_maskz_loadu_epi8(k, x) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return Signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
 }
 
 // Pass 1 on 16 lanes at element i of the block.
@@ -85,42 +84,38 @@ ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void q8_pass1(float* p, const G* g, co
                                                         const constants& c, const q8_decoder& d, const __m512& bound,
                                                         __m512i& max_m, __m512i& max_v, __mmask16 k) {
   __m512 pv = load<Masked>(p, k);
-  __m512 mv = q8_decode_m(load_codes<Masked>(qm, k), d.dm, d.ndm);
-  __m512 vv = q8_decode_v(load_codes<Masked>(qv, k), d.dv, d.ndv);
+  __m512 mv = q8_decode_m(load_codes<Masked, true>(qm, k), d.dm, d.ndm);
+  __m512 vv = q8_decode_v(load_codes<Masked, false>(qv, k), d.dv, d.ndv);
   adam_core<true>(pv, load<Masked>(g, k), mv, vv, c, &bound);
   store<Masked>(p, pv, k);
   if constexpr (!std::is_same_v<O, no_output>) store<Masked, Stream>(out, pv, k);
   _mm512_storeu_ps(sm, mv);  // the stack buffer has a vector of slack
   _mm512_storeu_ps(sv, vv);
+  // largest |m| and v as integers: NaN and infinity compare above every finite value
   max_m =
       _mm512_mask_max_epu32(max_m, k, max_m, _mm512_and_si512(_mm512_castps_si512(mv), _mm512_set1_epi32(0x7fffffff)));
   max_v = _mm512_mask_max_epu32(max_v, k, max_v, _mm512_castps_si512(vv));
 }
 
-// Pass 2 on 16 lanes: pos = lane positions + the block's key.
+// Pass 2 on 16 lanes: s = the lanes' sr_bits inputs (pos * 0x10001 + key).
 template <bool Masked>
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void q8_pass2(const float* sm, const float* sv, std::uint8_t* qm,
-                                                        std::uint8_t* qv, __m512i pos, __m512 inv_m, __m512 inv_v,
+                                                        std::uint8_t* qv, __m512i s, __m512 inv_m, __m512 inv_v,
                                                         __mmask16 k) {
   const __m512 mn = _mm512_loadu_ps(sm), vn = _mm512_loadu_ps(sv);
-  const __m512i h = _mm512_mullo_epi32(pos, _mm512_set1_epi32(static_cast<int>(0x9e3779b1u)));
-  const __m512 am =
-      _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(mn), _mm512_set1_epi32(0x7fffffff))),
-                      inv_m, _mm512_set1_ps(q8_m_offset));
-  const __m512i rm = _mm512_slli_epi32(_mm512_srli_epi32(h, 16), 4);
-  __m512i cm = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(am), _mm512_set1_epi32(q8_m_base)), rm), 20);
-  cm = _mm512_min_epu32(cm, _mm512_set1_epi32(127));
-  const __mmask16 negative = _mm512_mask_cmpneq_epu32_mask(_mm512_cmp_ps_mask(mn, _mm512_setzero_ps(), _CMP_LT_OQ), cm,
-                                                           _mm512_setzero_si512());
-  cm = _mm512_mask_or_epi32(cm, negative, cm, _mm512_set1_epi32(0x80));
+  const __m512i h = _mm512_mullo_epi16(s, _mm512_set1_epi32(static_cast<int>(sr_multipliers)));
+  const __m512i mb = _mm512_castps_si512(mn);
+  const __m512 am = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(mb, _mm512_set1_epi32(0x7fffffff))), inv_m,
+                                    _mm512_set1_ps(q8_m_offset));
+  const __m512i ym = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(am), _mm512_srli_epi32(h, 12)), 20);
+  // (ym & 0x7f) | ((sign bit >> 24) & 0x80): a bitwise select by the constant
+  const __m512i cm = _mm512_ternarylogic_epi32(ym, _mm512_srli_epi32(mb, 24), _mm512_set1_epi32(0x7f), 0xe4);
   const __m512 av = _mm512_fmadd_ps(vn, inv_v, _mm512_set1_ps(q8_v_offset));
-  const __m512i rv = _mm512_slli_epi32(_mm512_and_si512(h, _mm512_set1_epi32(0xffff)), 4);
-  __m512i cv = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(av), _mm512_set1_epi32(q8_v_base)), rv), 20);
-  cv = _mm512_min_epu32(cv, _mm512_set1_epi32(255));
-  cv = _mm512_mask_max_epu32(cv, _mm512_cmp_ps_mask(vn, _mm512_setzero_ps(), _CMP_GT_OQ), cv, _mm512_set1_epi32(1));
-  if constexpr (Masked) {
+  __m512i cv =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(av), _mm512_and_si512(h, _mm512_set1_epi32(0xfffff))), 20);
+  // a positive v: at least code 1 (768 + 1 before the low byte is taken)
+  cv = _mm512_mask_max_epu32(cv, _mm512_cmp_ps_mask(vn, _mm512_setzero_ps(), _CMP_GT_OQ), cv, _mm512_set1_epi32(769));
+  if constexpr (Masked) {  // vpmovdb keeps the low byte
     _mm512_mask_cvtepi32_storeu_epi8(qm, k, cm);
     _mm512_mask_cvtepi32_storeu_epi8(qv, k, cv);
   } else {
@@ -163,15 +158,15 @@ ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void q8_block(float* p, const G* g, st
     return;
   }
   const __m512 inv_m = _mm512_set1_ps(s.inv_m), inv_v = _mm512_set1_ps(s.inv_v);
-  const __m512i pos = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                       _mm512_set1_epi32(static_cast<int>(key)));
+  __m512i sr =
+      _mm512_add_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(0x10001)),
+                       _mm512_set1_epi32(static_cast<int>(key)));
   std::size_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    q8_pass2<false>(sm + j, sv + j, qm + j, qv + j, _mm512_add_epi32(pos, _mm512_set1_epi32(static_cast<int>(j))),
-                    inv_m, inv_v, 0xffff);
+  for (; j + 16 <= n; j += 16, sr = _mm512_add_epi32(sr, _mm512_set1_epi32(16 * 0x10001)))
+    q8_pass2<false>(sm + j, sv + j, qm + j, qv + j, sr, inv_m, inv_v, 0xffff);
   if (j < n)
-    q8_pass2<true>(sm + j, sv + j, qm + j, qv + j, _mm512_add_epi32(pos, _mm512_set1_epi32(static_cast<int>(j))), inv_m,
-                   inv_v, static_cast<__mmask16>((1u << (n - j)) - 1u));
+    q8_pass2<true>(sm + j, sv + j, qm + j, qv + j, sr, inv_m, inv_v, static_cast<__mmask16>((1u << (n - j)) - 1u));
 }
 
 template <class G, class O>
@@ -196,8 +191,8 @@ namespace avx2 {
 ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE __m256i load_codes(const std::uint8_t* x) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x)));
 }
-ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void store_codes(std::uint8_t* x, __m256i c) {  // c: 8 lanes in [0, 255]
-  const __m256i t = _mm256_packus_epi16(_mm256_packus_epi32(c, c), _mm256_setzero_si256());
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void store_codes(std::uint8_t* x, __m256i c) {       // c: 8 lanes in [0, 255]
+  const __m256i t = _mm256_packus_epi16(_mm256_packus_epi32(c, c), _mm256_setzero_si256());  // no saturation
   const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_cvtsi256_si32(t));
   const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_extract_epi32(t, 4));
   const std::uint64_t bytes = lo | (hi << 32);
@@ -217,11 +212,11 @@ ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void q8_pass1(float* p, const G* g, cons
                                                       const constants& c, const __m256 (&d)[4], const __m256& bound,
                                                       __m256i& max_m, __m256i& max_v) {
   __m256 pv = load(p);
-  const __m256i cm = load_codes(qm), cv = load_codes(qv);
+  const __m256i cm = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qm)));
+  const __m256i cv = load_codes(qv);
   const __m256i mag = _mm256_add_epi32(_mm256_srli_epi32(_mm256_slli_epi32(cm, 25), 5), _mm256_set1_epi32(q8_m_base));
   __m256 mv = _mm256_or_ps(_mm256_fmadd_ps(_mm256_castsi256_ps(mag), d[0], d[1]),
-                           _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(cm, 24),
-                                                                _mm256_set1_epi32(static_cast<int>(0x80000000u)))));
+                           _mm256_castsi256_ps(_mm256_and_si256(cm, _mm256_set1_epi32(static_cast<int>(0x80000000u)))));
   __m256 vv = _mm256_fmadd_ps(
       _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(cv, 20), _mm256_set1_epi32(q8_v_base))), d[2], d[3]);
   adam_core<true>(pv, load(g), mv, vv, c, &bound);
@@ -234,25 +229,21 @@ ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void q8_pass1(float* p, const G* g, cons
 }
 
 ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void q8_pass2(const float* sm, const float* sv, __m256i& cm, __m256i& cv,
-                                                      __m256i pos, __m256 inv_m, __m256 inv_v) {
+                                                      __m256i s, __m256 inv_m, __m256 inv_v) {
   const __m256 mn = _mm256_loadu_ps(sm), vn = _mm256_loadu_ps(sv);
-  const __m256i h = _mm256_mullo_epi32(pos, _mm256_set1_epi32(static_cast<int>(0x9e3779b1u)));
-  const __m256 am = _mm256_fmadd_ps(_mm256_and_ps(mn, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))), inv_m,
+  const __m256i h = _mm256_mullo_epi16(s, _mm256_set1_epi32(static_cast<int>(sr_multipliers)));
+  const __m256i mb = _mm256_castps_si256(mn);
+  const __m256 am = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(mb, _mm256_set1_epi32(0x7fffffff))), inv_m,
                                     _mm256_set1_ps(q8_m_offset));
-  const __m256i rm = _mm256_slli_epi32(_mm256_srli_epi32(h, 16), 4);
-  cm = _mm256_srli_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(am), _mm256_set1_epi32(q8_m_base)), rm),
-                         20);
-  cm = _mm256_min_epu32(cm, _mm256_set1_epi32(127));
-  const __m256i negative = _mm256_andnot_si256(_mm256_cmpeq_epi32(cm, _mm256_setzero_si256()),
-                                               _mm256_castps_si256(_mm256_cmp_ps(mn, _mm256_setzero_ps(), _CMP_LT_OQ)));
-  cm = _mm256_or_si256(cm, _mm256_and_si256(negative, _mm256_set1_epi32(0x80)));
+  const __m256i ym = _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(am), _mm256_srli_epi32(h, 12)), 20);
+  cm = _mm256_or_si256(_mm256_and_si256(ym, _mm256_set1_epi32(0x7f)),
+                       _mm256_and_si256(_mm256_srli_epi32(mb, 24), _mm256_set1_epi32(0x80)));
   const __m256 av = _mm256_fmadd_ps(vn, inv_v, _mm256_set1_ps(q8_v_offset));
-  const __m256i rv = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), 4);
-  cv = _mm256_srli_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(av), _mm256_set1_epi32(q8_v_base)), rv),
-                         20);
-  cv = _mm256_min_epu32(cv, _mm256_set1_epi32(255));
+  cv =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(av), _mm256_and_si256(h, _mm256_set1_epi32(0xfffff))), 20);
   cv = _mm256_max_epu32(cv, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(vn, _mm256_setzero_ps(), _CMP_GT_OQ)),
-                                             _mm256_set1_epi32(1)));
+                                             _mm256_set1_epi32(769)));
+  cv = _mm256_and_si256(cv, _mm256_set1_epi32(0xff));
 }
 
 template <class G, class O>
@@ -300,10 +291,11 @@ ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void q8_block(float* p, const G* g, std:
     return;
   }
   const __m256 inv_m = _mm256_set1_ps(s.inv_m), inv_v = _mm256_set1_ps(s.inv_v);
-  const __m256i pos = _mm256_add_epi32(iota, _mm256_set1_epi32(static_cast<int>(key)));
-  for (std::size_t j = 0; j < n; j += 8) {
+  __m256i sr =
+      _mm256_add_epi32(_mm256_mullo_epi32(iota, _mm256_set1_epi32(0x10001)), _mm256_set1_epi32(static_cast<int>(key)));
+  for (std::size_t j = 0; j < n; j += 8, sr = _mm256_add_epi32(sr, _mm256_set1_epi32(8 * 0x10001))) {
     __m256i cm, cv;
-    q8_pass2(sm + j, sv + j, cm, cv, _mm256_add_epi32(pos, _mm256_set1_epi32(static_cast<int>(j))), inv_m, inv_v);
+    q8_pass2(sm + j, sv + j, cm, cv, sr, inv_m, inv_v);
     if (j + 8 <= n) {
       store_codes(qm + j, cm);
       store_codes(qv + j, cv);

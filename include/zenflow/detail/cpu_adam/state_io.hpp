@@ -76,9 +76,9 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
         std::memcpy(exp_avg_sq.data() + dst, ts.span(2).data() + src, rows * sizeof(float));
         break;
       case cpu_state_format::bf16_moments: {
-        const auto* m = reinterpret_cast<const bfloat16*>(ts.at(ts.m_off)) + src;
-        const auto* v = reinterpret_cast<const bfloat16*>(ts.at(ts.v_off)) + src;
-        for (std::size_t r = 0; r < rows; ++r) exp_avg[dst + r] = to_float(m[r]), exp_avg_sq[dst + r] = to_float(v[r]);
+        const auto* w = reinterpret_cast<const std::uint32_t*>(ts.at(ts.m_off)) + src;
+        for (std::size_t r = 0; r < rows; ++r)
+          exp_avg[dst + r] = detail::bf16_word_m(w[r]), exp_avg_sq[dst + r] = detail::bf16_word_v(w[r]);
         break;
       }
       case cpu_state_format::blockwise8_moments: {
@@ -119,10 +119,8 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
         std::memcpy(ts.span(2).data() + dst, exp_avg_sq.data() + src, rows * sizeof(float));
         break;
       case cpu_state_format::bf16_moments: {
-        auto* m = reinterpret_cast<bfloat16*>(ts.at(ts.m_off)) + dst;
-        auto* v = reinterpret_cast<bfloat16*>(ts.at(ts.v_off)) + dst;
-        for (std::size_t r = 0; r < rows; ++r)
-          m[r] = to_bfloat16(exp_avg[src + r]), v[r] = to_bfloat16(exp_avg_sq[src + r]);
+        auto* w = reinterpret_cast<std::uint32_t*>(ts.at(ts.m_off)) + dst;
+        for (std::size_t r = 0; r < rows; ++r) w[r] = detail::bf16_word_nearest(exp_avg[src + r], exp_avg_sq[src + r]);
         break;
       }
       case cpu_state_format::blockwise8_moments: {
@@ -144,6 +142,19 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
   }
 }
 
+inline std::vector<std::pair<std::size_t, std::size_t>> cpu_adam::state_regions(const tensor_state& ts) const {
+  const std::size_t n = ts.size;
+  switch (format_) {
+    case cpu_state_format::fp32:
+      return {{0, n * 4}, {ts.m_off, n * 4}, {ts.v_off, n * 4}};
+    case cpu_state_format::bf16_moments:
+      return {{0, n * 4}, {ts.m_off, n * 4}};
+    case cpu_state_format::blockwise8_moments:
+      break;
+  }
+  return {{0, n * 4}, {ts.m_off, n}, {ts.v_off, n}, {ts.dm_off, ts.blocks * 4}, {ts.dv_off, ts.blocks * 4}};
+}
+
 inline std::size_t cpu_adam::saved_state_size(std::size_t t) const {
   return sizeof(detail::saved_state_header) + state_bytes(t);
 }
@@ -163,13 +174,8 @@ inline void cpu_adam::save_state(std::size_t t, std::span<std::byte> out) const 
     std::memcpy(o, src, bytes);
     o += bytes;
   };
-  const std::size_t mb = ts.size * moment_bytes_per_parameter(format_) / 2;
   put(&h, sizeof h);
-  put(ts.span(0).data(), ts.size * sizeof(float));
-  put(ts.at(ts.m_off), mb);
-  put(ts.at(ts.v_off), mb);
-  put(ts.at(ts.dm_off), ts.blocks * sizeof(float));
-  put(ts.at(ts.dv_off), ts.blocks * sizeof(float));
+  for (const auto& [off, bytes] : state_regions(ts)) put(ts.at(off), bytes);
 }
 
 inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
@@ -195,12 +201,7 @@ inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
     std::memcpy(dst, i, bytes);
     i += bytes;
   };
-  const std::size_t mb = ts.size * moment_bytes_per_parameter(format_) / 2;
-  get(ts.span(0).data(), ts.size * sizeof(float));
-  get(ts.at(ts.m_off), mb);
-  get(ts.at(ts.v_off), mb);
-  get(ts.at(ts.dm_off), ts.blocks * sizeof(float));
-  get(ts.at(ts.dv_off), ts.blocks * sizeof(float));
+  for (const auto& [off, bytes] : state_regions(ts)) get(ts.at(off), bytes);
 }
 
 }  // namespace zenflow
