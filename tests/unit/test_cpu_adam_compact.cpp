@@ -248,6 +248,81 @@ TEST_CASE("an average stored in a compact state decays as in fp32 (round to near
   }
 }
 
+TEST_CASE("over 2000 steps the compact moments stay within a bound derived from their rounding of fp32's") {
+  // With decoupled weight decay 0 the moments do not depend on the parameters, so the compact
+  // optimizer and an fp32 one fed the same gradients compute the same linear recursions, and the
+  // difference e = m_compact - m_fp32 obeys e_t = beta e_(t-1) + r_t + d_t: r_t is the rounding
+  // of step t (to one of the two codes around the value, |r_t| < one code step s_t), d_t the two
+  // fp32 roundings of the update (|d_t| <= 2^-24 (|x_compact| + |x_fp32|)). Unbiased rounding with
+  // fresh random bits makes r_t zero-mean given the past with variance <= s_t^2 / 4, so e_t has
+  // variance <= V_t = beta^2 V_(t-1) + s_t^2 / 4, around a deterministic part bounded by
+  // D_t = beta D_(t-1) + 2^-24 (|m_compact| + |m_fp32|) (2x slack). The code step is bounded from
+  // the stored value y: bf16 2^-7 |y|; 8-bit (|y| + 2^-B d) / 8 with the block's scale d <=
+  // (largest |y| in the block) / 1.74 (the largest element encodes to one of the two top codes).
+  // Checked per element: |e| <= D + 6 sqrt(V); over the 4096 elements: mean((|e| - D)^2 / V) <= 1
+  // and |mean(e / sqrt(V))| <= 0.1 (a biased rounding fails these). Gradients: a per-element mean
+  // plus noise, magnitudes over 5 binades in every 8-bit block.
+  const index_t rows = 512, cols = 8;
+  const std::size_t n = rows * cols, block = zenflow::q8_block_rows;
+  std::vector<float> mu(n), amp(n), g(n);
+  std::mt19937 rng(21);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  for (std::size_t i = 0; i < n; ++i) amp[i] = std::exp2(-0.5f * static_cast<float>(i % 11)), mu[i] = noise(rng);
+  zenflow::adam_options o;
+  o.lr = 1e-3f;
+  for (cpu_state_format f : {bf16m, q8m}) {
+    INFO(zenflow::cpu_state_format_name(f));
+    cpu_adam opt(o, config(f)), ref(o, config(cpu_state_format::fp32));
+    const std::vector<float> init(n, 0.0f);
+    opt.add_tensor(init, rows, cols);
+    ref.add_tensor(init, rows, cols);
+    std::vector<double> vm(n, 0.0), vv(n, 0.0), dm(n, 0.0), dv(n, 0.0);
+    const double b1 = o.beta1, b2 = o.beta2;
+    for (int s = 0; s < 2000; ++s) {
+      for (std::size_t i = 0; i < n; ++i) g[i] = amp[i] * (mu[i] + noise(rng));
+      const cpu_adam_task t{0, g.data(), dtype::f32, {}};
+      REQUIRE(opt.step({&t, 1}).applied);
+      REQUIRE(ref.step({&t, 1}).applied);
+      const exported e = export_all(opt, 0);
+      const auto rm = ref.exp_avg(0), rv = ref.exp_avg_sq(0);
+      for (std::size_t b0 = 0; b0 < n; b0 += block) {
+        double am = 0, av = 0;  // the block's largest stored |m| and v
+        for (std::size_t i = b0; i < b0 + block; ++i)
+          am = std::max(am, std::fabs(double(e.m[i]))), av = std::max(av, double(e.v[i]));
+        for (std::size_t i = b0; i < b0 + block; ++i) {
+          const double ym = std::fabs(double(e.m[i])), yv = e.v[i];
+          const double sm = f == bf16m ? ym * 0x1p-7 : (ym + 0x1p-15 * am / 1.74) / 8;
+          const double sv = f == bf16m ? yv * 0x1p-7 : (yv + 0x1p-31 * av / 1.74) / 8;
+          vm[i] = b1 * b1 * vm[i] + sm * sm / 4;
+          vv[i] = b2 * b2 * vv[i] + sv * sv / 4;
+          dm[i] = b1 * dm[i] + 0x1p-23 * (ym + std::fabs(rm[i]));
+          dv[i] = b2 * dv[i] + 0x1p-23 * (yv + rv[i]);
+        }
+      }
+      if (s % 100 != 99) continue;
+      double zm2 = 0, zv2 = 0, zm = 0, zv = 0;
+      std::size_t beyond = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double em = double(e.m[i]) - rm[i], ev = double(e.v[i]) - rv[i];
+        beyond += std::fabs(em) > dm[i] + 6 * std::sqrt(vm[i]) || std::fabs(ev) > dv[i] + 6 * std::sqrt(vv[i]);
+        const double xm = std::max(std::fabs(em) - dm[i], 0.0), xv = std::max(std::fabs(ev) - dv[i], 0.0);
+        zm2 += xm * xm / vm[i], zv2 += xv * xv / vv[i];
+        zm += em / std::sqrt(vm[i]), zv += ev / std::sqrt(vv[i]);
+      }
+      INFO("step " << s + 1 << ": mean z^2 m " << zm2 / n << " v " << zv2 / n << ", mean z m " << zm / n << " v "
+                   << zv / n);
+      CHECK(beyond == 0);
+      CHECK(zm2 / n <= 1.0);
+      CHECK(zv2 / n <= 1.0);
+      CHECK(std::fabs(zm / n) <= 0.1);
+      CHECK(std::fabs(zv / n) <= 0.1);
+      if (s == 1999)
+        MESSAGE(zenflow::cpu_state_format_name(f) << " after 2000 steps: mean (e/bound)^2 m " << zm2 / n << ", v "
+                                                  << zv2 / n << "; mean e/bound m " << zm / n << ", v " << zv / n);
+    }
+  }
+}
+
 TEST_CASE("8-bit codes: exact zero, monotone, a round trip per code, error bounds") {
   // At scale 1 every code decodes to a value that encodes (to nearest) back to it; -0 (0x80) is 0.
   float prev_m = -1, prev_v = -1;
