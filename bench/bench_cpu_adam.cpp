@@ -15,8 +15,9 @@
 // Compact states (cpu_adam_config::cpu_state), each against the roofline of exactly the bytes its
 // format moves, and against fp32 state on the same problem (speedup_vs_fp32), all three timed
 // alternately in the same benchmark:
-//   roofline_bf16        read p, g, m (bf16), v (bf16), write p, m, v                20 B/param
+//   roofline_bf16        read p, g, m|v (one 32-bit word), write p, m|v            20 B/param
 //   roofline_q8          read p, g, m (u8), v (u8), write p, m, v, 2 scales / 256   16.06 B/param
+//                        (both in the step's layout, every stream at full vector width)
 //   step_bf16_moments    vs roofline_bf16 (bar 0.90), speedup_vs_fp32 (bar 1.3)
 //   step_q8_moments      vs roofline_q8 (bar 0.90), speedup_vs_fp32 (bar 1.6)
 //   step_*_mixed         the same with a bf16 gradient in and a bf16 copy-out (fp32: 28 B,
@@ -236,38 +237,27 @@ ZENFLOW_TARGET_AVX512 void shape_accumulate_512(float* acc, const bfloat16* g, s
   for (; i + 16 <= n; i += 16) accumulate_block_512(acc + i, g + i);
   for (; i < n; ++i) acc[i] += zenflow::to_float(g[i]);
 }
-// Compact-state shapes: p and g as above; m and v of `MomentBytes` (2: bf16, 1: 8-bit codes),
-// widened, added to and narrowed back (truncation); G: the gradient type; Out: a streamed bf16
-// copy-out. The 8-bit shape also reads and writes two fp32 scales per 256 elements, as the step.
-template <int MomentBytes, bool Masked>
-ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) __m512i load_moment(const void* x, __mmask16 k) {
-  if constexpr (MomentBytes == 2)
-    return _mm512_cvtepu16_epi32(Masked ? _mm256_maskz_loadu_epi16(k, x)
-                                        : _mm256_loadu_si256(static_cast<const __m256i*>(x)));
-  else
-    return _mm512_cvtepu8_epi32(Masked ? _mm_maskz_loadu_epi8(k, x) : _mm_loadu_si128(static_cast<const __m128i*>(x)));
-}
-template <int MomentBytes>
-ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) void store_moment(void* x, __m512i a, __mmask16 k) {
-  if constexpr (MomentBytes == 2)
-    _mm512_mask_cvtepi32_storeu_epi16(x, k, a);
-  else
-    _mm512_mask_cvtepi32_storeu_epi8(x, k, a);
-}
-template <int MomentBytes, class G, bool Out, bool Masked>
-ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) void compact_block_512(float* p, const G* g,
-                                                                                   unsigned char* m, unsigned char* v,
-                                                                                   bfloat16* out, __mmask16 k) {
+// Compact-state shapes, in the step's layout, every stream at full vector width: p and g as
+// above; bf16 moments (MomentBytes 2): m and v of an element in one 32-bit word (one 64-byte load
+// and store per 16 elements); 8-bit (MomentBytes 1): a byte array each for m and v, one 64-byte
+// load and store per 64 elements, and two fp32 scales per 256 elements read and written as the
+// step does. G: the gradient type; Out: a streamed bf16 copy-out.
+template <class G, bool Out, bool Masked>
+ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) __m512i compact_pg_512(float* p, const G* g, bfloat16* out,
+                                                                                   __mmask16 k) {
   __m512 gv;
   if constexpr (std::is_same_v<G, float>)
-    gv = _mm512_maskz_loadu_ps(k, g);
+    gv = Masked ? _mm512_maskz_loadu_ps(k, g) : _mm512_loadu_ps(g);
   else
-    gv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, g)), 16));
-  const __m512 pv = _mm512_add_ps(_mm512_maskz_loadu_ps(k, p), gv);
-  _mm512_mask_storeu_ps(p, k, pv);
-  const __m512i gi = _mm512_castps_si512(gv);
-  store_moment<MomentBytes>(m, _mm512_add_epi32(load_moment<MomentBytes, Masked>(m, k), gi), k);
-  store_moment<MomentBytes>(v, _mm512_add_epi32(load_moment<MomentBytes, Masked>(v, k), gi), k);
+    gv = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(Masked ? _mm256_maskz_loadu_epi16(k, g)
+                                                       : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g))),
+                          16));
+  const __m512 pv = _mm512_add_ps(Masked ? _mm512_maskz_loadu_ps(k, p) : _mm512_loadu_ps(p), gv);
+  if constexpr (Masked)
+    _mm512_mask_storeu_ps(p, k, pv);
+  else
+    _mm512_storeu_ps(p, pv);
   if constexpr (Out) {
     const __m256i o = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(pv), 16));
     if constexpr (Masked)
@@ -275,10 +265,31 @@ ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) void compact_block_5
     else
       _mm256_stream_si256(reinterpret_cast<__m256i*>(out), o);
   }
+  return _mm512_castps_si512(gv);
+}
+// 16 elements at once; bf16: the moment word; 8-bit (head and tail only): m and v bytes, masked.
+template <int MomentBytes, class G, bool Out, bool Masked>
+ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) void compact_block_512(float* p, const G* g,
+                                                                                   unsigned char* m, unsigned char* v,
+                                                                                   bfloat16* out, __mmask16 k) {
+  const __m512i gi = compact_pg_512<G, Out, Masked>(p, g, out, k);
+  if constexpr (MomentBytes == 2) {
+    const __m512i w = Masked ? _mm512_maskz_loadu_epi32(k, m) : _mm512_loadu_si512(m);
+    if constexpr (Masked)
+      _mm512_mask_storeu_epi32(m, k, _mm512_add_epi32(w, gi));
+    else
+      _mm512_storeu_si512(m, _mm512_add_epi32(w, gi));
+  } else {
+    const __m128i a = _mm_add_epi8(_mm_maskz_loadu_epi8(k, m), _mm512_castsi512_si128(gi));
+    const __m128i b = _mm_add_epi8(_mm_maskz_loadu_epi8(k, v), _mm512_castsi512_si128(gi));
+    _mm_mask_storeu_epi8(m, k, a);
+    _mm_mask_storeu_epi8(v, k, b);
+  }
 }
 template <int MomentBytes, class G, bool Out>
 ZENFLOW_TARGET_AVX512 void shape_compact_512(float* p, const G* g, unsigned char* m, unsigned char* v, float* scales,
                                              bfloat16* out, std::size_t n) {
+  constexpr std::size_t mb = MomentBytes == 2 ? 4 : 1;  // bytes at m per element
   std::size_t i = 0;
   if constexpr (Out) {  // a masked head aligns the streamed copy-out, as the step does
     const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(out) % 32;
@@ -287,16 +298,30 @@ ZENFLOW_TARGET_AVX512 void shape_compact_512(float* p, const G* g, unsigned char
       compact_block_512<MomentBytes, G, Out, true>(p, g, m, v, out, static_cast<__mmask16>((1u << i) - 1u));
     }
   }
-  for (; i + 16 <= n; i += 16) {
-    ahead(p + i), ahead(g + i), ahead(m + i * MomentBytes), ahead(v + i * MomentBytes);
-    if constexpr (MomentBytes == 1)
+  if constexpr (MomentBytes == 2) {
+    for (; i + 16 <= n; i += 16) {
+      ahead(p + i), ahead(g + i), ahead(m + i * mb);
+      compact_block_512<MomentBytes, G, Out, false>(p + i, g + i, m + i * mb, v, Out ? out + i : nullptr, 0xffff);
+    }
+  } else {
+    for (; i + 64 <= n; i += 64) {
+      ahead(m + i), ahead(v + i);
       if ((i & 255) == 0) scales[2 * (i / 256)] += 1.0f, scales[2 * (i / 256) + 1] += 1.0f;
-    compact_block_512<MomentBytes, G, Out, false>(p + i, g + i, m + i * MomentBytes, v + i * MomentBytes,
-                                                  Out ? out + i : nullptr, 0xffff);
+      __m512i gi = _mm512_setzero_si512();
+      for (std::size_t j = 0; j < 64; j += 16) {
+        ahead(p + i + j), ahead(g + i + j);
+        gi = _mm512_add_epi32(gi,
+                              compact_pg_512<G, Out, false>(p + i + j, g + i + j, Out ? out + i + j : nullptr, 0xffff));
+      }
+      _mm512_storeu_si512(m + i, _mm512_add_epi8(_mm512_loadu_si512(m + i), gi));
+      _mm512_storeu_si512(v + i, _mm512_add_epi8(_mm512_loadu_si512(v + i), gi));
+    }
   }
-  if (i < n)
-    compact_block_512<MomentBytes, G, Out, true>(p + i, g + i, m + i * MomentBytes, v + i * MomentBytes,
-                                                 Out ? out + i : nullptr, static_cast<__mmask16>((1u << (n - i)) - 1u));
+  for (; i < n; i += 16) {
+    const std::size_t left = std::min<std::size_t>(16, n - i);
+    compact_block_512<MomentBytes, G, Out, true>(p + i, g + i, m + i * mb, v + i * (MomentBytes == 1),
+                                                 Out ? out + i : nullptr, static_cast<__mmask16>((1u << left) - 1u));
+  }
   if constexpr (Out) _mm_sfence();
 }
 #if defined(__GNUC__) && !defined(__clang__)
@@ -310,10 +335,12 @@ void shape_compact(float* p, const G* g, unsigned char* m, unsigned char* v, flo
   if (zenflow::detect_cpu_isa() == zenflow::cpu_isa::avx512)
     return shape_compact_512<MomentBytes, G, Out>(p, g, m, v, scales, out, n);
 #endif
+  constexpr std::size_t mb = MomentBytes == 2 ? 4 : 1;  // bytes at m per element (bf16: the m|v word)
   for (std::size_t i = 0; i < n; ++i) {
     const float gf = zenflow::to_float(g[i]);
     p[i] += gf;
-    for (int b = 0; b < MomentBytes; ++b) m[i * MomentBytes + b] += 1, v[i * MomentBytes + b] += 1;
+    for (std::size_t b = 0; b < mb; ++b) m[i * mb + b] += 1;
+    if (MomentBytes == 1) v[i] += 1;
     if (MomentBytes == 1 && i % 256 == 0) scales[2 * (i / 256)] += 1.0f, scales[2 * (i / 256) + 1] += 1.0f;
     if (Out) out[i].bits = static_cast<std::uint16_t>(zenflow::detail::float_to_bits(p[i]) >> 16);
   }
@@ -380,20 +407,21 @@ struct accumulate_shape {  // read acc, g (bf16); write acc
   }
 };
 
-// The compact step's bytes: p, g (G), m and v of MomentBytes each, scales (8-bit), a bf16 copy-out.
+// The compact step's bytes: p, g (G), the moments (bf16: one m|v word; 8-bit: a byte each and the
+// scales), a bf16 copy-out.
 template <int MomentBytes, class G, bool Out>
 struct compact_shape {
   std::size_t n;
   big_buffer<float> p{n}, scales{2 * (n / 256 + 1)};
   big_buffer<G> g{n};
-  big_buffer<unsigned char> m{n * MomentBytes}, v{n * MomentBytes};
+  big_buffer<unsigned char> m{MomentBytes == 2 ? 4 * n : n}, v{MomentBytes == 2 ? 1 : n};  // bf16: m|v words
   big_buffer<bfloat16> out{Out ? n : 1};
   explicit compact_shape(std::size_t count) : n(count) { fill_random(g.get(), n, 1, 1e-3f); }
   void run(zenflow::thread_pool& pool, std::size_t chunk) {
     chunk = (chunk + 255) / 256 * 256;  // whole 256-element blocks per task, as the step
     chunked(pool, n, chunk, [&](std::size_t lo, std::size_t c) {
-      shape_compact<MomentBytes, G, Out>(p.get() + lo, g.get() + lo, m.get() + lo * MomentBytes,
-                                         v.get() + lo * MomentBytes, scales.get() + 2 * (lo / 256),
+      shape_compact<MomentBytes, G, Out>(p.get() + lo, g.get() + lo, m.get() + lo * (MomentBytes == 2 ? 4 : 1),
+                                         v.get() + (MomentBytes == 2 ? 0 : lo), scales.get() + 2 * (lo / 256),
                                          Out ? out.get() + lo : nullptr, c);
     });
   }
