@@ -18,19 +18,45 @@
 // The per-element math is `zenflow::adam_update` (adam_math.hpp), reproduced operation by
 // operation in the scalar, AVX2+FMA and AVX-512 paths (chosen at run time by CPU features), so
 // results are bit-identical across paths, thread counts, chunk sizes and tensor splits.
+//
+// State formats (`cpu_adam_config::cpu_state`; bytes per parameter, fp32 gradient in, no copy-out):
+//
+// | format             | held  | moved per update | moments                                       |
+// |--------------------|-------|------------------|-----------------------------------------------|
+// | fp32               | 12    | 28               | fp32                                          |
+// | bf16_moments       | 8     | 20               | bf16, stochastic rounding                     |
+// | blockwise8_moments | 6.03  | 16.06            | 8-bit codes, an fp32 scale per 256-row block, |
+// |                    |       |                  | stochastic rounding, bounded quotient         |
+//
+// (a coordinator adds its 4-byte fp32 gradient accumulator to "held"; a bf16 gradient in moves 2
+// bytes less, a bf16 copy-out 2 more). Every format keeps the fp32 master (`params(t)`); only fp32
+// state has fp32 moment spans (`exp_avg(t)`, `exp_avg_sq(t)`). The compact formats compute in fp32
+// and round m and v stochastically with random bits from a hash of (seed, tensor, step, element),
+// so they are as bit-identical across ISAs, threads and chunkings as fp32 state, and an exponential
+// average in them decays and grows as in fp32 on average (round to nearest freezes it); the 8-bit
+// format's blocks never cross a column, and its update quotient m / (sqrt(v) + eps) is clamped to
+// the bound exact Adam obeys, so a badly quantized v cannot blow an update up
+// (detail/cpu_adam/compact_math.hpp). State moves in and out in fp32 by columns
+// (`export_columns` / `import_columns`: the GPU's columns are fp32) and as raw bytes per tensor
+// (`save_state` / `load_state`: a compact format saves compactly).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "zenflow/adam_math.hpp"
 #include "zenflow/detail/cpu_adam/byte_range.hpp"
 #include "zenflow/detail/cpu_adam/isa.hpp"
 #include "zenflow/detail/cpu_adam/kernels.hpp"
+#include "zenflow/detail/cpu_adam/kernels_bf16.hpp"
+#include "zenflow/detail/cpu_adam/kernels_q8.hpp"
+#include "zenflow/detail/cpu_adam/state_format.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/thread_pool.hpp"
@@ -44,6 +70,11 @@ struct cpu_adam_config {
   bool pin_to_cores = false;                          ///< pin the pool's workers to cores (Linux)
   cpu_isa isa = cpu_isa::automatic;                   ///< SIMD path; a path the CPU lacks is an error
   std::size_t chunk_elements = std::size_t{1} << 15;  ///< elements per pool task (load balancing grain)
+  /// How m and v are held (see the table at the top of this header); the fp32 master is always kept.
+  cpu_state_format cpu_state = cpu_state_format::fp32;
+  /// Seed of the compact formats' stochastic rounding: runs with the same seed, tensors, gradients
+  /// and steps are bit-identical (a checkpoint resumes bit-identically under the same seed).
+  std::uint64_t seed = 0x7a656e666c6f77ull;
 };
 
 /// One tensor's share of a multi-tensor step. Pointers are host memory (pinned is fine).
@@ -93,13 +124,48 @@ class cpu_adam {
   [[nodiscard]] index_t rows(std::size_t t) const { return tensor(t, "t").rows; }
   [[nodiscard]] index_t cols(std::size_t t) const { return tensor(t, "t").cols; }
 
-  /// The state of tensor t (column-contiguous, rows*cols floats). Throws for a bad index.
+  /// The fp32 master of tensor t (column-contiguous, rows*cols floats), in every format. Throws
+  /// for a bad index.
   [[nodiscard]] std::span<float> params(std::size_t t) { return tensor(t, "t").span(0); }
-  [[nodiscard]] std::span<float> exp_avg(std::size_t t) { return tensor(t, "t").span(1); }
-  [[nodiscard]] std::span<float> exp_avg_sq(std::size_t t) { return tensor(t, "t").span(2); }
   [[nodiscard]] std::span<const float> params(std::size_t t) const { return tensor(t, "t").span(0); }
-  [[nodiscard]] std::span<const float> exp_avg(std::size_t t) const { return tensor(t, "t").span(1); }
-  [[nodiscard]] std::span<const float> exp_avg_sq(std::size_t t) const { return tensor(t, "t").span(2); }
+  /// Tensor t's fp32 moments, fp32 format only: any other format throws (argument "cpu_state";
+  /// use export_columns / import_columns).
+  [[nodiscard]] std::span<float> exp_avg(std::size_t t) { return fp32_moment(t, 1); }
+  [[nodiscard]] std::span<float> exp_avg_sq(std::size_t t) { return fp32_moment(t, 2); }
+  [[nodiscard]] std::span<const float> exp_avg(std::size_t t) const { return fp32_moment(t, 1); }
+  [[nodiscard]] std::span<const float> exp_avg_sq(std::size_t t) const { return fp32_moment(t, 2); }
+
+  [[nodiscard]] cpu_state_format state_format() const noexcept { return format_; }
+  [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
+  /// Bytes of state held for tensor t (master, moments, 8-bit block scales; no alignment padding).
+  [[nodiscard]] std::size_t state_bytes(std::size_t t) const;
+  /// Bytes of state held for all tensors.
+  [[nodiscard]] std::size_t state_bytes() const;
+
+  /// Writes the state of tensor t's listed columns (strictly ascending) in fp32, packed in list
+  /// order (the j-th listed column at [j*rows, (j+1)*rows) of each output): the master as held and
+  /// the moments decoded. Each output holds columns.size() * rows floats. Throws
+  /// `zenflow::error` for a bad index, column or size before writing anything. Does not change
+  /// the state; synchronous, single-threaded.
+  void export_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<float> params,
+                      std::span<float> exp_avg, std::span<float> exp_avg_sq) const;
+  /// Replaces the state of tensor t's listed columns (strictly ascending) from fp32, packed as
+  /// export_columns writes it: the master as given, the moments encoded to nearest (an 8-bit
+  /// block is re-scaled from the imported column alone: blocks never span two columns). Moments
+  /// must be finite and exp_avg_sq >= 0. Throws `zenflow::error` naming the argument before
+  /// changing anything. Exporting and importing back leaves a compact state unchanged.
+  void import_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> params,
+                      std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
+
+  /// Size in bytes of save_state(t)'s output: a 40-byte header (format, shape, block rows) and
+  /// the state as held.
+  [[nodiscard]] std::size_t saved_state_size(std::size_t t) const;
+  /// Writes tensor t's state as raw bytes (host byte order) into out (exactly saved_state_size(t)).
+  void save_state(std::size_t t, std::span<std::byte> out) const;
+  /// Restores tensor t's state, bit for bit, from save_state's bytes. Throws `zenflow::error`
+  /// (argument "in") before changing anything if the size, header, format or shape differ from
+  /// this optimizer's tensor t.
+  void load_state(std::size_t t, std::span<const std::byte> in);
 
   [[nodiscard]] const adam_options& options() const noexcept { return options_; }
   /// Replaces the hyper-parameters (e.g. an lr schedule); validated first, throws on bad input.
@@ -149,11 +215,20 @@ class cpu_adam {
   };
   struct tensor_state {
     index_t rows = 0, cols = 0;
-    std::size_t size = 0;                         // rows * cols
-    std::unique_ptr<float[], aligned_free> data;  // params | exp_avg | exp_avg_sq, each padded
-    std::size_t stride = 0;                       // floats between the three arrays
-    [[nodiscard]] std::span<float> span(int which) const noexcept {
+    std::size_t size = 0;                            // rows * cols
+    std::unique_ptr<float[], aligned_free> data;     // params | m | v [| m scales | v scales], each 64-byte aligned
+    std::size_t stride = 0;                          // floats from params to m (fp32: and from m to v)
+    std::size_t m_off = 0, v_off = 0;                // byte offsets of m and v
+    std::size_t dm_off = 0, dv_off = 0, blocks = 0;  // 8-bit: byte offsets of the scales, blocks per moment
+    std::size_t alloc_bytes = 0;
+    [[nodiscard]] std::span<float> span(int which) const noexcept {  // fp32 format (params: any)
       return {data.get() + static_cast<std::size_t>(which) * stride, size};
+    }
+    [[nodiscard]] unsigned char* at(std::size_t byte_offset) const noexcept {
+      return reinterpret_cast<unsigned char*>(data.get()) + byte_offset;
+    }
+    [[nodiscard]] float* scales(std::size_t byte_offset) const noexcept {
+      return reinterpret_cast<float*>(at(byte_offset));
     }
   };
   // A contiguous run of elements of one task: state, gradient and copy-out pointers.
@@ -161,23 +236,33 @@ class cpu_adam {
     std::size_t begin = 0;  // first element in the step's global index space
     std::size_t n = 0;
     float* p = nullptr;
-    float* m = nullptr;
-    float* v = nullptr;
+    void* m = nullptr;  // fp32: float, bf16_moments: bf16_word (m and v), blockwise8: code bytes
+    void* v = nullptr;
     const unsigned char* g = nullptr;
     unsigned char* out = nullptr;
     std::uint32_t task = 0;
+    std::size_t elem = 0;  // index of the first element in its tensor
   };
 
   [[nodiscard]] const tensor_state& tensor(std::size_t t, const char* argument) const {
     expects(t < tensors_.size(), argument, "tensor index ", t, " out of range (", tensors_.size(), " tensors)");
     return tensors_[t];
   }
+  [[nodiscard]] std::span<float> fp32_moment(std::size_t t, int which) const;
+  void validate_columns(std::size_t t, std::span<const std::int32_t> columns,
+                        std::initializer_list<std::pair<const char*, std::size_t>> sizes) const;
   void validate_tasks(std::span<const cpu_adam_task> tasks);
   void build_segments(std::span<const cpu_adam_task> tasks);
   template <class Fn>
   void for_each_piece(std::size_t total, Fn&& fn);
+  void step_compact(std::span<const cpu_adam_task> tasks, const std::vector<adam_step_constants>& constants,
+                    std::size_t total);
+  // (byte offset, bytes) of each array of a tensor's state, in save_state's order
+  [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> state_regions(const tensor_state& ts) const;
 
   adam_options options_;
+  cpu_state_format format_ = cpu_state_format::fp32;
+  std::uint64_t seed_ = 0;
   cpu_isa isa_ = cpu_isa::scalar;
   std::size_t chunk_ = 0;
   std::int64_t step_count_ = 0;
@@ -190,3 +275,4 @@ class cpu_adam {
 }  // namespace zenflow
 
 #include "zenflow/detail/cpu_adam/cpu_adam_impl.hpp"
+#include "zenflow/detail/cpu_adam/state_io.hpp"

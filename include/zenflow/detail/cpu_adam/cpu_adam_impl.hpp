@@ -53,7 +53,10 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
           "config.isa", "unknown value");
   expects(cpu_isa_supported(config.isa), "config.isa", "this CPU does not support ", cpu_isa_name(config.isa),
           " (best: ", cpu_isa_name(detect_cpu_isa()), ")");
+  expects(is_valid(config.cpu_state), "config.cpu_state", "unknown value ", static_cast<int>(config.cpu_state));
   options_ = options;
+  format_ = config.cpu_state;
+  seed_ = config.seed;
   isa_ = detail::resolve_isa(config.isa);
   chunk_ = config.chunk_elements;
   pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
@@ -71,8 +74,27 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   ts.rows = rows;
   ts.cols = cols;
   ts.size = size;
-  ts.stride = (size + 15) / 16 * 16;  // keeps each of the three arrays 64-byte aligned
-  const std::size_t bytes = 3 * ts.stride * sizeof(float);
+  ts.stride = (size + 15) / 16 * 16;  // keeps each array 64-byte aligned
+  const auto pad64 = [](std::size_t b) { return (b + 63) / 64 * 64; };
+  ts.m_off = ts.v_off = ts.stride * sizeof(float);
+  switch (format_) {
+    case cpu_state_format::fp32:  // params | m | v
+      ts.v_off = ts.m_off + ts.stride * sizeof(float);
+      ts.dm_off = ts.dv_off = ts.v_off + ts.stride * sizeof(float);
+      break;
+    case cpu_state_format::bf16_moments:  // params | m, v as one 32-bit word per element (bf16_word)
+      ts.dm_off = ts.dv_off = ts.m_off + pad64(size * sizeof(std::uint32_t));
+      break;
+    case cpu_state_format::blockwise8_moments:  // params | m codes | v codes | m scales | v scales
+      ts.v_off = ts.m_off + pad64(size);
+      ts.dm_off = ts.v_off + pad64(size);
+      ts.blocks =
+          static_cast<std::size_t>(cols) * ((static_cast<std::size_t>(rows) + q8_block_rows - 1) / q8_block_rows);
+      ts.dv_off = ts.dm_off + pad64(ts.blocks * sizeof(float));
+      break;
+  }
+  const std::size_t bytes = ts.dv_off + pad64(ts.blocks * sizeof(float));
+  ts.alloc_bytes = bytes;
   // Large tensors: 2 MiB alignment and transparent huge pages (fewer TLB misses when streaming).
   const std::size_t alignment = bytes >= (std::size_t{4} << 20) ? (std::size_t{2} << 20) : 64;
   const std::size_t alloc = (bytes + alignment - 1) / alignment * alignment;
@@ -83,7 +105,7 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   if (alignment > 64) (void)madvise(raw, alloc, MADV_HUGEPAGE);
 #endif
   std::memcpy(raw, initial_params.data(), size * sizeof(float));
-  std::memset(raw + ts.stride, 0, 2 * ts.stride * sizeof(float));
+  std::memset(ts.at(ts.m_off), 0, bytes - ts.m_off);  // moments (and scales) 0
   tensors_.push_back(std::move(ts));
   return tensors_.size() - 1;
 }
@@ -128,13 +150,10 @@ inline void cpu_adam::validate_tasks(std::span<const cpu_adam_task> tasks) {
   // Overlaps: a copy_out may overlap nothing (other copy_outs, gradients, any tensor's state);
   // a gradient may not overlap the state. Gradients may share memory with each other.
   const auto by_lo = [](const detail::byte_range& a, const detail::byte_range& b) { return a.lo < b.lo; };
-  if (state_ranges_.size() != 3 * tensors_.size()) {  // tensors were added: rebuild the sorted cache
+  if (state_ranges_.size() != tensors_.size()) {  // tensors were added: rebuild the sorted cache
     state_ranges_.clear();
-    for (std::size_t k = 0; k < tensors_.size(); ++k)
-      for (int w = 0; w < 3; ++w) {
-        const auto s = tensors_[k].span(w);
-        state_ranges_.push_back(detail::make_range(s.data(), s.size_bytes(), k));
-      }
+    for (std::size_t k = 0; k < tensors_.size(); ++k)  // each tensor's whole allocation
+      state_ranges_.push_back(detail::make_range(tensors_[k].data.get(), tensors_[k].alloc_bytes, k));
     std::sort(state_ranges_.begin(), state_ranges_.end(), by_lo);  // disjoint (separate allocations)
   }
   const std::vector<detail::byte_range>& state = state_ranges_;
@@ -172,13 +191,15 @@ inline void cpu_adam::build_segments(std::span<const cpu_adam_task> tasks) {
     const tensor_state& ts = tensors_[t.tensor];
     const auto rows = static_cast<std::size_t>(ts.rows);
     const std::size_t gsz = dtype_size(t.grad_type), osz = t.copy_out ? dtype_size(t.copy_out_type) : 0;
+    const std::size_t msz = format_ == cpu_state_format::blockwise8_moments ? 1 : 4;  // bytes per element at m_off
     const auto add = [&](std::size_t state_off, std::size_t grad_off, std::size_t out_off, std::size_t n) {
       segment s;
       s.begin = begin;
       s.n = n;
       s.p = ts.span(0).data() + state_off;
-      s.m = ts.span(1).data() + state_off;
-      s.v = ts.span(2).data() + state_off;
+      s.m = ts.at(ts.m_off + state_off * msz);
+      s.v = ts.at(ts.v_off + state_off * msz);
+      s.elem = state_off;
       s.g = static_cast<const unsigned char*>(t.grad) + grad_off * gsz;
       s.out = t.copy_out ? static_cast<unsigned char*>(t.copy_out) + out_off * osz : nullptr;
       s.task = static_cast<std::uint32_t>(i);
@@ -228,8 +249,8 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
     const auto& t = tasks[i];
     if (t.options == nullptr && t.step == 0 && t.grad_scale == 1.0f) continue;
     expects(t.step >= 0, "tasks", "task ", i, " has step ", t.step, " (must be >= 1, or 0: the optimizer's)");
-    expects(is_finite_bits(t.grad_scale) && t.grad_scale >= 0.0f, "tasks", "task ", i, " has grad_scale ",
-            t.grad_scale, " (must be finite and >= 0)");
+    expects(is_finite_bits(t.grad_scale) && t.grad_scale >= 0.0f, "tasks", "task ", i, " has grad_scale ", t.grad_scale,
+            " (must be finite and >= 0)");
     task_scale[i] = grad_scale * t.grad_scale;
     task_constants[i] = make_adam_step_constants(t.options != nullptr ? *t.options : options_,
                                                  t.step != 0 ? t.step : step_count_ + 1, task_scale[i]);
@@ -259,13 +280,86 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
     });
     if (bad.load()) return {false, step_count_};
   }
-  for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
-    const kernels& kk = k[s.task];
-    kk.adam(s.p + off, s.g + off * kk.gsz, s.m + off, s.v + off, s.out ? s.out + off * kk.osz : nullptr, n,
-            task_constants[s.task]);
-  });
+  if (format_ == cpu_state_format::fp32) {
+    for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
+      const kernels& kk = k[s.task];
+      kk.adam(s.p + off, s.g + off * kk.gsz, static_cast<float*>(s.m) + off, static_cast<float*>(s.v) + off,
+              s.out ? s.out + off * kk.osz : nullptr, n, task_constants[s.task]);
+    });
+  } else {
+    step_compact(tasks, task_constants, total);
+  }
   ++step_count_;
   return {true, step_count_};
+}
+
+// The adam pass of a compact format, after validation and the non-finite check.
+inline void cpu_adam::step_compact(std::span<const cpu_adam_task> tasks,
+                                   const std::vector<adam_step_constants>& constants, std::size_t total) {
+  struct task_kernel {
+    detail::compact_step_constants k;
+    detail::bf16_adam_range_fn bf16 = nullptr;
+    detail::q8_adam_run_fn q8 = nullptr;
+    std::size_t gsz = 0, osz = 0;
+  };
+  std::vector<task_kernel> kt(tasks.size());
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const cpu_adam_task& t = tasks[i];
+    const std::int64_t step = t.step != 0 ? t.step : step_count_ + 1;
+    kt[i].k.key = detail::sr_task_key(seed_, t.tensor, step);
+    kt[i].gsz = dtype_size(t.grad_type);
+    kt[i].osz = t.copy_out ? dtype_size(t.copy_out_type) : 0;
+    if (format_ == cpu_state_format::bf16_moments) {
+      kt[i].bf16 = detail::select_bf16_adam_range(isa_, t.grad_type, t.copy_out != nullptr, t.copy_out_type);
+    } else {
+      kt[i].k.max_ratio = detail::adam_quotient_bound(t.options != nullptr ? *t.options : options_, step);
+      kt[i].q8 = detail::select_q8_adam_run(isa_, t.grad_type, t.copy_out != nullptr, t.copy_out_type);
+    }
+  }
+  if (format_ == cpu_state_format::bf16_moments) {
+    // The random bits hash the low 32 bits of the element index; the high half goes into the key,
+    // so a kernel call never crosses a multiple of 2^32 elements.
+    for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
+      const task_kernel& kk = kt[s.task];
+      for (std::size_t done = 0; done < n;) {
+        const std::size_t o = off + done, e = s.elem + o;
+        const std::size_t count = std::min(n - done, ((e >> 32) + 1) * (std::size_t{1} << 32) - e);
+        kk.bf16(s.p + o, s.g + o * kk.gsz, static_cast<std::uint32_t*>(s.m) + o, s.out ? s.out + o * kk.osz : nullptr,
+                count, constants[s.task], static_cast<std::uint32_t>(e), detail::sr_range_key(kk.k.key, e >> 32));
+        done += count;
+      }
+    });
+    return;
+  }
+  // 8-bit: a piece runs every block whose first element it holds, whole (blocks never cross a
+  // column, segments are whole columns), so no block is split between two threads.
+  for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
+    const task_kernel& kk = kt[s.task];
+    const tensor_state& ts = tensors_[tasks[s.task].tensor];
+    const auto rows = static_cast<std::size_t>(ts.rows);
+    const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
+    const auto first_block_from = [&](std::size_t e) {  // index of the first block starting at or after e
+      const std::size_t j = (e % rows + q8_block_rows - 1) / q8_block_rows;
+      return (e / rows) * per_col + std::min(j, per_col);
+    };
+    const std::size_t b0 = first_block_from(s.elem + off), b1 = first_block_from(s.elem + off + n);
+    if (b1 <= b0) return;
+    const std::size_t first_row = (b0 % per_col) * q8_block_rows;
+    const std::size_t rel = (b0 / per_col) * rows + first_row - s.elem;  // first element, in the segment
+    detail::q8_run r;
+    r.p = s.p + rel;
+    r.g = s.g + rel * kk.gsz;
+    r.qm = static_cast<std::uint8_t*>(s.m) + rel;
+    r.qv = static_cast<std::uint8_t*>(s.v) + rel;
+    r.dm = ts.scales(ts.dm_off) + b0;
+    r.dv = ts.scales(ts.dv_off) + b0;
+    r.out = s.out ? s.out + rel * kk.osz : nullptr;
+    r.rows = rows;
+    r.first_row = first_row;
+    r.blocks = b1 - b0;
+    r.first_block = b0;
+    kk.q8(r, constants[s.task], kk.k);
+  });
 }
 
 inline bool cpu_adam::accumulate(float* acc, const void* grad, dtype grad_type, index_t n, float scale,

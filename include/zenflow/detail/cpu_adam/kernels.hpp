@@ -166,16 +166,29 @@ ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void prefetch_adam(const float* p, con
   prefetch(v);
 }
 
+/// The operations of `adam_update` on 16 lanes, in registers: p, m, v in, updated in place.
+/// `Clamp`: the quotient m / denom is limited to [-*max_ratio, *max_ratio] (the 8-bit state's
+/// bound, compact_math.hpp), a NaN quotient kept, as the scalar version.
+template <bool Clamp = false>
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void adam_core(__m512& pv, __m512 graw, __m512& mv, __m512& vv,
+                                                         const constants& c, const __m512* max_ratio = nullptr) {
+  __m512 gv = _mm512_mul_ps(graw, c.grad_scale);
+  gv = _mm512_fmadd_ps(c.l2, pv, gv);
+  mv = _mm512_fmadd_ps(c.beta1, mv, _mm512_mul_ps(c.omb1, gv));
+  vv = _mm512_fmadd_ps(c.beta2, vv, _mm512_mul_ps(_mm512_mul_ps(c.omb2, gv), gv));
+  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vv), c.inv_sqrt_bc2, c.eps);
+  __m512 q = _mm512_div_ps(mv, denom);
+  if constexpr (Clamp)  // min(R, q) then max(-R, .): a NaN q stays NaN (vrangeps would drop it)
+    q = _mm512_max_ps(_mm512_xor_ps(*max_ratio, _mm512_set1_ps(-0.0f)), _mm512_min_ps(*max_ratio, q));
+  pv = _mm512_sub_ps(pv, _mm512_fmadd_ps(c.step_size, q, _mm512_mul_ps(c.lr_wd, pv)));
+}
+
 template <bool Masked, class G, class O, bool Stream = false>
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void adam_block(float* p, const G* g, float* m, float* v, O* out,
                                                           const constants& c, __mmask16 k) {
   __m512 pv = load<Masked>(p, k);
-  __m512 gv = _mm512_mul_ps(load<Masked>(g, k), c.grad_scale);
-  gv = _mm512_fmadd_ps(c.l2, pv, gv);
-  const __m512 mv = _mm512_fmadd_ps(c.beta1, load<Masked>(m, k), _mm512_mul_ps(c.omb1, gv));
-  const __m512 vv = _mm512_fmadd_ps(c.beta2, load<Masked>(v, k), _mm512_mul_ps(_mm512_mul_ps(c.omb2, gv), gv));
-  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vv), c.inv_sqrt_bc2, c.eps);
-  pv = _mm512_sub_ps(pv, _mm512_fmadd_ps(c.step_size, _mm512_div_ps(mv, denom), _mm512_mul_ps(c.lr_wd, pv)));
+  __m512 mv = load<Masked>(m, k), vv = load<Masked>(v, k);
+  adam_core(pv, load<Masked>(g, k), mv, vv, c);
   store<Masked>(p, pv, k);
   store<Masked>(m, mv, k);
   store<Masked>(v, vv, k);
@@ -308,16 +321,27 @@ ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE int nonfinite(__m256 a) {
   return _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(a), e), e));
 }
 
+/// The operations of `adam_update` on 8 lanes (see avx512::adam_core).
+template <bool Clamp = false>
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void adam_core(__m256& pv, __m256 graw, __m256& mv, __m256& vv,
+                                                       const constants& c, const __m256* max_ratio = nullptr) {
+  __m256 gv = _mm256_mul_ps(graw, c.grad_scale);
+  gv = _mm256_fmadd_ps(c.l2, pv, gv);
+  mv = _mm256_fmadd_ps(c.beta1, mv, _mm256_mul_ps(c.omb1, gv));
+  vv = _mm256_fmadd_ps(c.beta2, vv, _mm256_mul_ps(_mm256_mul_ps(c.omb2, gv), gv));
+  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vv), c.inv_sqrt_bc2, c.eps);
+  __m256 q = _mm256_div_ps(mv, denom);
+  if constexpr (Clamp)
+    q = _mm256_max_ps(_mm256_xor_ps(*max_ratio, _mm256_set1_ps(-0.0f)), _mm256_min_ps(*max_ratio, q));
+  pv = _mm256_sub_ps(pv, _mm256_fmadd_ps(c.step_size, q, _mm256_mul_ps(c.lr_wd, pv)));
+}
+
 template <class G, class O>
 ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void adam_block(float* p, const G* g, float* m, float* v, O* out,
                                                         const constants& c) {
   __m256 pv = load(p);
-  __m256 gv = _mm256_mul_ps(load(g), c.grad_scale);
-  gv = _mm256_fmadd_ps(c.l2, pv, gv);
-  const __m256 mv = _mm256_fmadd_ps(c.beta1, load(m), _mm256_mul_ps(c.omb1, gv));
-  const __m256 vv = _mm256_fmadd_ps(c.beta2, load(v), _mm256_mul_ps(_mm256_mul_ps(c.omb2, gv), gv));
-  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vv), c.inv_sqrt_bc2, c.eps);
-  pv = _mm256_sub_ps(pv, _mm256_fmadd_ps(c.step_size, _mm256_div_ps(mv, denom), _mm256_mul_ps(c.lr_wd, pv)));
+  __m256 mv = load(m), vv = load(v);
+  adam_core(pv, load(g), mv, vv, c);
   store(p, pv);
   store(m, mv);
   store(v, vv);
