@@ -18,8 +18,10 @@
 // so the schedule lays its buffers out in `block_partition`'s padded form: rank r's columns fill
 // [r*block, r*block + sizes[r]) of a size()*block buffer and the rest of the block is padding
 // (zeros). The gather that packs the columns writes straight into that layout, so padding costs
-// no copy, only (block - sizes[r]) elements of traffic per rank: less than one column when the
-// cut is balanced (see partition_by_size).
+// no copy, only (block - sizes[r]) elements of traffic per rank. The coordinator cuts each
+// parameter's columns with detail::owned_range (consecutive, balanced to one column, since every
+// column of a parameter has the same bytes); partition_by_size is the general cut by size, for
+// schedules whose items differ in size.
 #pragma once
 
 #include <algorithm>

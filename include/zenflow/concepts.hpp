@@ -1,8 +1,8 @@
-// The concepts that tie the five components together, and the contract between the coordinator's
+// The concepts that tie the components together, and the contract between the coordinator's
 // schedule and its execution backends.
 //
-// Each component is a template that models one of these, so a trainer can use a component alone,
-// swap one for its own, or compose all five through the coordinator. Requirements are numbered
+// Each component (a template or a class) models one of these, so a trainer can use a component
+// alone, swap one for its own, or compose them through the coordinator. Requirements are numbered
 // (R1, R2, ...) and each concept has a positive and a negative static_assert test in
 // tests/unit/test_concepts.cpp. Requirements grow as the components land; a requirement is only
 // added together with a model that satisfies it.
