@@ -508,8 +508,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       for (std::size_t l = 0; l < s.selection.size(); ++l) {
         detail::adopt_values(std::span<const std::byte>(s.values).subspan(s.selection[l] * column_bytes, column_bytes),
                              dtype::f32, std::span<float>(packed).subspan(3 * l * rows, rows), true);
-        std::copy_n(s.compact.begin() + static_cast<std::ptrdiff_t>(2 * l * rows), 2 * rows,
-                    packed.begin() + static_cast<std::ptrdiff_t>((3 * l + 1) * rows));
+        const auto moments = std::span<const float>(s.compact).subspan(2 * l * rows, 2 * rows);
+        std::ranges::copy(moments, std::span<float>(packed).subspan((3 * l + 1) * rows, 2 * rows).begin());
       }
       s.compact = std::move(packed);
     }
