@@ -62,6 +62,12 @@ ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE void bf16_block(float* p, const G* g, 
   if constexpr (!std::is_same_v<O, no_output>) store<Masked, Stream>(out, pv, k);
 }
 
+// The rounding keys of the 16 elements from i on (a function, not a lambda: nvcc's host pass drops
+// a lambda's target attribute, and the intrinsics then fail to inline).
+ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __m512i lane_keys(__m512i lanes, std::size_t i) {
+  return _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(i) * 0x10001u)));
+}
+
 template <class G, class O>
 ZENFLOW_TARGET_AVX512 inline void bf16_adam_range(float* p, const G* g, std::uint32_t* mv, O* out, std::size_t n,
                                                   const adam_step_constants& sc, std::uint32_t pos0,
@@ -71,27 +77,27 @@ ZENFLOW_TARGET_AVX512 inline void bf16_adam_range(float* p, const G* g, std::uin
       _mm512_add_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                           _mm512_set1_epi32(0x10001)),
                        _mm512_set1_epi32(static_cast<int>(pos0 * 0x10001u + key)));
-  const auto at = [&lanes](std::size_t i) __attribute__((target("avx512f"))) {
-    return _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(i) * 0x10001u)));
-  };
   std::size_t i = 0;
   constexpr bool has_out = !std::is_same_v<O, no_output>;
   if constexpr (has_out) {  // a masked head aligns the copy-out for streaming stores (see adam_range)
     const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(out) % (16 * sizeof(O));
     if (misalignment != 0 && n > 0) {
       i = std::min(n, (16 * sizeof(O) - misalignment) / sizeof(O));
-      bf16_block<true>(p, g, mv, out, c, at(0), static_cast<__mmask16>((1u << i) - 1u));
+      bf16_block<true>(p, g, mv, out, c, lane_keys(lanes, 0), static_cast<__mmask16>((1u << i) - 1u));
     }
   }
   for (; i + 32 <= n; i += 32) {
     prefetch(p + i), prefetch(p + i + 16), prefetch(g + i), prefetch(g + i + 16), prefetch(mv + i),
         prefetch(mv + i + 16);
-    bf16_block<false, G, O, has_out>(p + i, g + i, mv + i, offset(out, i), c, at(i), 0xffff);
-    bf16_block<false, G, O, has_out>(p + i + 16, g + i + 16, mv + i + 16, offset(out, i + 16), c, at(i + 16), 0xffff);
+    bf16_block<false, G, O, has_out>(p + i, g + i, mv + i, offset(out, i), c, lane_keys(lanes, i), 0xffff);
+    bf16_block<false, G, O, has_out>(p + i + 16, g + i + 16, mv + i + 16, offset(out, i + 16), c,
+                                     lane_keys(lanes, i + 16), 0xffff);
   }
-  for (; i + 16 <= n; i += 16) bf16_block<false, G, O, has_out>(p + i, g + i, mv + i, offset(out, i), c, at(i), 0xffff);
+  for (; i + 16 <= n; i += 16)
+    bf16_block<false, G, O, has_out>(p + i, g + i, mv + i, offset(out, i), c, lane_keys(lanes, i), 0xffff);
   if (i < n)
-    bf16_block<true>(p + i, g + i, mv + i, offset(out, i), c, at(i), static_cast<__mmask16>((1u << (n - i)) - 1u));
+    bf16_block<true>(p + i, g + i, mv + i, offset(out, i), c, lane_keys(lanes, i),
+                     static_cast<__mmask16>((1u << (n - i)) - 1u));
   if constexpr (has_out) _mm_sfence();
 }
 }  // namespace avx512
@@ -121,6 +127,11 @@ ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE void bf16_block(float* p, const G* g, st
   if constexpr (!std::is_same_v<O, no_output>) store(out, pv);
 }
 
+// The rounding keys of the 8 elements from i on (see the AVX-512 lane_keys).
+ZENFLOW_TARGET_AVX2 ZENFLOW_SIMD_INLINE __m256i lane_keys(__m256i lanes, std::size_t i) {
+  return _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(i) * 0x10001u)));
+}
+
 template <class G, class O>
 ZENFLOW_TARGET_AVX2 inline void bf16_adam_range(float* p, const G* g, std::uint32_t* mv, O* out, std::size_t n,
                                                 const adam_step_constants& sc, std::uint32_t pos0,
@@ -129,16 +140,13 @@ ZENFLOW_TARGET_AVX2 inline void bf16_adam_range(float* p, const G* g, std::uint3
   const __m256i lanes =
       _mm256_add_epi32(_mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(0x10001)),
                        _mm256_set1_epi32(static_cast<int>(pos0 * 0x10001u + key)));
-  const auto at = [&lanes](std::size_t i) __attribute__((target("avx2"))) {
-    return _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(i) * 0x10001u)));
-  };
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     prefetch(p + i), prefetch(g + i), prefetch(mv + i);
-    bf16_block(p + i, g + i, mv + i, offset(out, i), c, at(i));
-    bf16_block(p + i + 8, g + i + 8, mv + i + 8, offset(out, i + 8), c, at(i + 8));
+    bf16_block(p + i, g + i, mv + i, offset(out, i), c, lane_keys(lanes, i));
+    bf16_block(p + i + 8, g + i + 8, mv + i + 8, offset(out, i + 8), c, lane_keys(lanes, i + 8));
   }
-  for (; i + 8 <= n; i += 8) bf16_block(p + i, g + i, mv + i, offset(out, i), c, at(i));
+  for (; i + 8 <= n; i += 8) bf16_block(p + i, g + i, mv + i, offset(out, i), c, lane_keys(lanes, i));
   if (i < n) {  // the same block on a zero-padded copy of the tail
     const std::size_t left = n - i;
     alignas(32) float tp[8] = {};
@@ -148,10 +156,10 @@ ZENFLOW_TARGET_AVX2 inline void bf16_adam_range(float* p, const G* g, std::uint3
     std::memcpy(tmv, mv + i, left * sizeof(std::uint32_t));
     std::memcpy(tg, g + i, left * sizeof(G));
     if constexpr (std::is_same_v<O, no_output>) {
-      bf16_block(tp, tg, tmv, out, c, at(i));
+      bf16_block(tp, tg, tmv, out, c, lane_keys(lanes, i));
     } else {
       O to[8] = {};
-      bf16_block(tp, tg, tmv, to, c, at(i));
+      bf16_block(tp, tg, tmv, to, c, lane_keys(lanes, i));
       std::memcpy(out + i, to, left * sizeof(O));
     }
     std::memcpy(p + i, tp, left * sizeof(float));
