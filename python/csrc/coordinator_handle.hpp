@@ -106,7 +106,7 @@ class coordinator_handle final : public handle {
   void finish(void* stream) override { coordinator_.finish(to_stream(stream)); }
   void discard_gradients(void* stream) override {
     coordinator_.discard_gradients(to_stream(stream));
-    if constexpr (host) stream_.synchronize();
+    if constexpr (host) stream_.stream.synchronize();
   }
   void reload_parameter(std::size_t i, void* stream) override {
     coordinator_.reload_parameter(i, to_stream(stream));  // synchronizes
