@@ -413,7 +413,7 @@ class basic_coordinator {
     // CPU updates applied to this parameter's columns (its CPU bias correction, as torch's per
     // parameter `step`): written by the update worker, read by the trainer when it is drained.
     std::int64_t cpu_steps = 0;
-    std::vector<std::byte> out_stage[2];  // CPU copy-out (param dtype, compact), per interval parity
+    std::vector<std::byte> out_stage[2];  // CPU copy-out (param dtype, compact), per parity; host backend: none
     device_buffer writeback_dev[2];       // the same on the device, per interval parity
     const_matrix_view grad_matrix{};
     const_vector_view grad_vector{};

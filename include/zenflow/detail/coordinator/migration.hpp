@@ -214,7 +214,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
     reserve(p.grad_stage[b], staged * dtype_size(p.grad_type));
     p.accumulator[b].assign(own, 0.0f);
     p.accumulated[b] = 0;
-    p.out_stage[b].assign(own * dtype_size(p.matrix.type), std::byte{0});
+    // The host backend's CPU Adam writes the write-back staging directly: no host copy-out.
+    p.out_stage[b].assign(Backend::device_space == memory_space::host ? 0 : own * dtype_size(p.matrix.type),
+                          std::byte{0});
     reserve(p.writeback_dev[b], staged * dtype_size(p.matrix.type));
     if constexpr (data_parallel) {
       for (int r = 0; r < ranks_ && !p.complement.empty(); ++r) {

@@ -1,6 +1,7 @@
 // The coordinator's offload worker: copies each step's gathered CPU-column gradients device to
 // host through the device_to_host transfer queue (on its own stream) and accumulates them in fp32
-// into the interval's accumulators, then reports its progress in the shared state.
+// into the interval's accumulators, then reports its progress in the shared state. The host
+// backend, whose device memory is host memory, skips the copy: it accumulates from the staging.
 #pragma once
 
 #include <algorithm>
@@ -52,6 +53,7 @@ class offload_worker : public worker_thread<Backend, offload_job<Backend>> {
 
   void loop();
   void consume_one(std::deque<in_flight>& flight);
+  void accumulate_in_place(const job& j);
   bool wait_for_flags(std::int64_t step);
 };
 
@@ -96,6 +98,21 @@ void offload_worker<Backend>::consume_one(std::deque<in_flight>& flight) {
   queue_.release(slot);
 }
 
+// The host backend's D2H copy: none. Waits for the gather and the step's flags, then accumulates
+// the whole gradient from the staging (the same kernel on the same values as through the slots:
+// element by element, so bit-identical).
+template <class Backend>
+void offload_worker<Backend>::accumulate_in_place(const job& j) {
+  Backend::synchronize(*j.gathered);
+  if (!wait_for_flags(j.step)) return;
+  Backend::synchronize(*j.flags_ready);
+  if (j.flags->skip) return;
+  if (j.bytes > 0)
+    cpu_accumulate_kernel(cpu_isa::automatic, j.accumulator, j.src, j.type, j.bytes / dtype_size(j.type),
+                          j.scale_by_flags ? j.flags->scale : 1.0f);
+  ++*j.accumulated;
+}
+
 template <class Backend>
 void offload_worker<Backend>::loop() {
   std::deque<in_flight> flight;
@@ -121,6 +138,12 @@ void offload_worker<Backend>::loop() {
         state_.offloaded_through_step = j.step;
       }
       state_.cv.notify_all();
+      continue;
+    }
+    if constexpr (Backend::device_space == memory_space::host) {
+      // "Device" memory is host memory: the gathered gradient is accumulated where it is, with no
+      // copy into a slot first (in order: nothing is in flight on this path).
+      accumulate_in_place(j);
       continue;
     }
     const std::size_t chunk = queue_.slot_bytes() - queue_.slot_bytes() % 4;

@@ -1,7 +1,8 @@
 // The coordinator's update worker: once an interval's gradients are accumulated, runs the CPU
 // Adam on their mean for the CPU columns (the host optimizer's thread pool), copies the updated
 // columns out in the parameters' dtype and uploads them through the host_to_device transfer queue
-// (on its own stream) into the device staging the write-back scatters from.
+// (on its own stream) into the device staging the write-back scatters from (the host backend,
+// whose device memory is host memory: the CPU Adam writes that staging itself, no upload).
 #pragma once
 
 #include <algorithm>
@@ -65,6 +66,7 @@ class update_worker : public worker_thread<Backend, update_job<Backend>> {
 
  private:
   using clock = std::chrono::steady_clock;
+  static constexpr bool host_device_memory = Backend::device_space == memory_space::host;
 
   void loop();
   void run(job& j);
@@ -121,7 +123,8 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
       t.grad_type = dtype::f32;
       t.columns = item.columns;
       t.grad_compact = true;
-      t.copy_out = item.out.data();
+      // "Device" memory is host memory: the CPU Adam writes the write-back staging itself.
+      t.copy_out = host_device_memory ? static_cast<void*>(item.device_out) : item.out.data();
       t.copy_out_type = item.out_type;
       t.out_compact = true;
       t.grad_scale = 1.0f / static_cast<float>(accumulated);
@@ -132,8 +135,9 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
     if (!tasks.empty()) optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
     for (const update_item* item : updated) {
       ++*item->cpu_steps;
-      pipelined_copy_to_device(queue_, item->device_out, item->out.data(), item->out.size(),
-                               Backend::queue_stream(stream_.get()));
+      if constexpr (!host_device_memory)
+        pipelined_copy_to_device(queue_, item->device_out, item->out.data(), item->out.size(),
+                                 Backend::queue_stream(stream_.get()));
       std::fill(item->accumulator.begin(), item->accumulator.end(), 0.0f);
     }
     Backend::synchronize(stream_.get());
