@@ -247,7 +247,7 @@ concept backend_step_operations =
 };
 }  // namespace detail
 
-/// 6. coordinator_backend: what basic_coordinator's schedule needs from an execution backend — its
+/// 7. coordinator_backend: what basic_coordinator's schedule needs from an execution backend — its
 ///    component types, its memory, streams and events, and the "device" operations of a step
 ///    (host_backend in detail/coordinator/host_backend.hpp: host memory, a host_stream plays the GPU
 ///    stream; cuda_backend in detail/coordinator/cuda_backend.cuh). Every operation is a static
