@@ -303,6 +303,14 @@ class core {
     try {
       work->wait();
     } catch (const std::exception& e) {
+      // A peer that aborted wrote its reason to the Store before its transport closed: that reason,
+      // not the transport's "remote worker crashed", is the failure (gloo can report the closed
+      // connection before the next poll of the Store).
+      if (!during_setup) {
+        poll_abort(/*force=*/true);
+        if (order_.failed())
+          throw zenflow::error("process_group_communicator", concat(what, " failed: ", order_.failure()));
+      }
       const std::string reason = concat(what, " failed on rank ", rank_, " of ", size_, ": ", e.what());
       fail(reason, during_setup ? std::string() : reason);
       throw zenflow::error("process_group_communicator", reason);
