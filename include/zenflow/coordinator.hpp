@@ -49,7 +49,10 @@ namespace zenflow {
 
 /// Resources of a coordinator (the method's knobs are in zenflow_options).
 struct coordinator_config {
-  std::size_t cpu_threads = 0;  ///< CPU Adam thread pool size; 0: the cores this process may use
+  /// Size of the CPU Adam's thread pool and of the offload worker's accumulation pool (two pools:
+  /// the interval's update and the next interval's accumulation overlap); 0: the cores this
+  /// process may use.
+  std::size_t cpu_threads = 0;
   bool pin_threads = false;
   std::size_t d2h_slot_bytes = std::size_t{4} << 20;  ///< gradient staging slot size
   std::size_t d2h_slots = 4;

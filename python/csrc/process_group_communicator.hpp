@@ -53,6 +53,17 @@ namespace pg_detail {
 using clock = std::chrono::steady_clock;
 using zenflow::detail::concat;
 
+/// All-gathers `in` into `out`: ProcessGroup::all_gather_single where this torch has it (newer
+/// releases), _allgather_base otherwise (torch 2.11 has only that one). A template, so that the
+/// branch this torch lacks is never compiled.
+template <class Group>
+c10::intrusive_ptr<c10d::Work> all_gather_into(Group& group, at::Tensor& out, at::Tensor& in) {
+  if constexpr (requires { group.all_gather_single(out, in); })
+    return group.all_gather_single(out, in);
+  else
+    return group._allgather_base(out, in);
+}
+
 template <class T>
 at::ScalarType scalar_type() noexcept {
   if constexpr (std::is_same_v<T, float>)
@@ -252,12 +263,7 @@ class core {
   }
 
   void all_gather_tensor(at::Tensor& out, at::Tensor& in, const std::string& what) {
-    auto work = issue(what, [&] {
-      if constexpr (requires(c10d::ProcessGroup & g) { g.all_gather_single(out, in); })
-        return group_->all_gather_single(out, in);
-      else
-        return group_->_allgather_base(out, in);
-    });
+    auto work = issue(what, [&] { return pg_detail::all_gather_into(*group_, out, in); });
     wait(work, what);
   }
 

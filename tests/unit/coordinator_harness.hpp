@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace zenflow::testing {
@@ -57,6 +58,15 @@ struct toy_model {
     bias_target.resize(10);
     for (auto& b : bias_target) b = n01(rng);
     bias_grad.resize(10);
+  }
+  /// The toy model plus a 256 x 1024 bf16 weight: large enough that its CPU columns' gradient is
+  /// accumulated by several threads (the offload worker splits above 2 x 65,536 elements).
+  static toy_model with_large_weight(std::uint32_t seed = 7) {
+    toy_model m(seed);
+    std::mt19937 rng(seed + 1);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    m.add(rng, n01, 256, 1024, dtype::bf16, true);
+    return m;
   }
   template <class R, class D>
   void add(R& rng, D& n01, index_t rows, index_t cols, dtype type, bool row_major) {
@@ -135,6 +145,10 @@ struct basic_harness {
   Coordinator coordinator;
 
   basic_harness(const zenflow_options& o, coordinator_config config = small_config()) : coordinator(o, config) {
+    register_model();
+  }
+  basic_harness(const zenflow_options& o, coordinator_config config, toy_model m)
+      : model(std::move(m)), coordinator(o, config) {
     register_model();
   }
   /// One rank of a data-parallel group on `comm`.

@@ -62,6 +62,30 @@ TEST_CASE("dense, ZeRO-Offload and ZenFlow with everything on the GPU are bit-id
   CHECK(interval_one.coordinator.metrics().bytes_device_to_host > 0);
 }
 
+TEST_CASE("large gradients accumulated by several threads give the same bits for any cpu_threads") {
+  // The offload worker accumulates on a pool of cpu_threads threads, and a parameter's first step
+  // of an interval overwrites its accumulator: neither may change a bit.
+  auto run = [](const zenflow_options& o, std::size_t threads) {
+    auto config = harness::small_config();
+    config.cpu_threads = threads;
+    harness h(o, config, toy_model::with_large_weight());
+    h.train(9);
+    return h.finish();
+  };
+  auto dense = zenflow_options::dense();
+  dense.adam = base_options().adam;
+  const auto reference = run(dense, 1);
+  auto zero = zenflow_options::zero_offload();
+  zero.adam = base_options().adam;
+  CHECK(run(zero, 1) == reference);
+  CHECK(run(zero, 3) == reference);
+  auto zen = base_options();
+  zen.update_interval = interval_option::fixed(3);  // 3 steps accumulated per interval
+  const auto one = run(zen, 1);
+  CHECK(one != reference);
+  CHECK(run(zen, 3) == one);
+}
+
 TEST_CASE("staleness oracle: bound and exactly-once write-back") {
   SUBCASE("fixed interval, async, with warm-up and reselection mid-interval") {
     auto o = base_options();

@@ -496,6 +496,42 @@ TEST_CASE("accumulate is fma(scale, g, acc), bit-identical across ISAs and threa
   CHECK(!opt.all_finite(g.data(), dtype::f32, static_cast<zenflow::index_t>(n), 1e38f));  // overflows once scaled
 }
 
+TEST_CASE("an overwriting accumulate equals accumulating into zeros and never reads the accumulator") {
+  // The coordinator's first accumulated step of an interval overwrites instead of zeroing first:
+  // the same bits, -0 products included (fma(s, g, +0) is +0 there), whatever the accumulator held.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  const std::size_t n = 1237;
+  std::vector<float> g(n);
+  for (auto& x : g) x = noise(rng);
+  g[3] = -0.0f;
+  g[4] = -std::numeric_limits<float>::denorm_min();  // scaled by 0.125: -0
+  g[5] = std::numeric_limits<float>::infinity();
+  const auto gb = convert<bfloat16>(g);
+  for (dtype gt : {dtype::f32, dtype::bf16}) {
+    const void* gp = gt == dtype::f32 ? static_cast<const void*>(g.data()) : gb.data();
+    std::vector<float> expected(n, 0.0f);
+    zenflow::detail::cpu_accumulate_kernel(cpu_isa::scalar, expected.data(), gp, gt, n, 0.125f);
+    const std::vector<float> garbage(n, std::numeric_limits<float>::quiet_NaN());
+    for (cpu_isa isa : available_isas()) {
+      auto acc = garbage;
+      CHECK(zenflow::detail::cpu_accumulate_kernel(isa, acc.data(), gp, gt, n, 0.125f, /*overwrite=*/true));
+      CHECK(same_bits(acc, expected));
+    }
+    for (std::size_t threads : {1u, 3u})
+      for (std::size_t chunk : {7u, 64u, 4096u}) {
+        zenflow::thread_pool pool(threads);
+        auto acc = garbage;
+        zenflow::detail::parallel_accumulate(pool, chunk, acc.data(), gp, gt, n, 0.125f, /*overwrite=*/true);
+        CHECK(same_bits(acc, expected));
+        auto twice = expected;  // then adding: fma(s, g, acc) per element, as cpu_adam::accumulate
+        zenflow::detail::parallel_accumulate(pool, chunk, acc.data(), gp, gt, n, 0.125f, /*overwrite=*/false);
+        zenflow::detail::cpu_accumulate_kernel(cpu_isa::scalar, twice.data(), gp, gt, n, 0.125f);
+        CHECK(same_bits(acc, twice));
+      }
+  }
+}
+
 TEST_CASE("the step counter is 64-bit and drives the bias correction") {
   cpu_adam a({}, {1}), b({}, {1});
   std::vector<float> init(16, 1.0f), g(16, 0.5f);

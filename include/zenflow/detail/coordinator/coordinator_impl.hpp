@@ -71,7 +71,7 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
       device_opt_(options.adam),
       selector_(make_selector(options, comm)),
       policy_(options),
-      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots),
+      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads),
       update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots) {
   if constexpr (data_parallel) {
     rank_ = comm_->rank();

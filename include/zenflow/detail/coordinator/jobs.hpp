@@ -39,7 +39,7 @@ struct update_item {
   adam_options adam;                      ///< its hyper-parameters as the interval ended
   std::size_t tensor = 0;                 ///< its tensor in the host optimizer
   std::span<const std::int32_t> columns;  ///< its CPU columns this rank updates, as columns of the tensor (ascending)
-  std::span<float> accumulator;           ///< the interval's accumulated gradient, compact (zeroed after)
+  std::span<float> accumulator;           ///< the interval's accumulated gradient, compact
   /// How many steps it accumulated (the mean's divisor; 0: no gradient in the interval, no update).
   /// Read once the interval is accumulated.
   const std::int64_t* accumulated = nullptr;

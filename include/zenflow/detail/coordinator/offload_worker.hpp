@@ -2,6 +2,13 @@
 // host through the device_to_host transfer queue (on its own stream) and accumulates them in fp32
 // into the interval's accumulators, then reports its progress in the shared state. The host
 // backend, whose device memory is host memory, skips the copy: it accumulates from the staging.
+//
+// The accumulation runs on a thread pool of its own (cpu_threads participants, this thread one of
+// them): it reads and writes 10 B per bf16 gradient element every step, more than one core's
+// memory bandwidth can keep up with beside a GPU's step. The CPU optimizer's pool is not shared:
+// it may be running the previous interval's update at the same time. A parameter's first
+// accumulated step of an interval overwrites its accumulator instead of adding to it (the same
+// bits as into zeros), so nothing zeroes accumulators between intervals.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +24,7 @@
 #include "zenflow/detail/cpu_adam/isa.hpp"
 #include "zenflow/detail/cpu_adam/kernels.hpp"
 #include "zenflow/detail/transfer_queue/basic_queue.hpp"
+#include "zenflow/thread_pool.hpp"
 #include "zenflow/types.hpp"
 
 namespace zenflow::detail {
@@ -35,8 +43,10 @@ class offload_worker : public worker_thread<Backend, offload_job<Backend>> {
  public:
   using typename base::job;
 
-  offload_worker(shared_state& state, std::size_t slot_bytes, std::size_t slots)
-      : base(state, transfer_direction::device_to_host, slot_bytes, slots) {}
+  /// `threads` accumulate (0: the CPUs this process may run on), pinned when `pin_threads`.
+  offload_worker(shared_state& state, std::size_t slot_bytes, std::size_t slots, std::size_t threads,
+                 bool pin_threads)
+      : base(state, transfer_direction::device_to_host, slot_bytes, slots), pool_(threads, pin_threads) {}
   ~offload_worker() { this->join(); }  // the thread runs this class's loop
 
   /// Starts the thread with `device` as its current device.
@@ -51,11 +61,27 @@ class offload_worker : public worker_thread<Backend, offload_job<Backend>> {
     std::size_t bytes;
   };
 
+  // Elements per accumulate task: 256 KiB of fp32, so a 4 MiB slot of bf16 is 8 tasks.
+  static constexpr std::size_t chunk_elements = std::size_t{1} << 16;
+
   void loop();
+  void accumulate(const job& j, float* acc, const std::byte* src, std::size_t bytes, float scale);
   void consume_one(std::deque<in_flight>& flight);
   void accumulate_in_place(const job& j);
   bool wait_for_flags(std::int64_t step);
+
+  thread_pool pool_;
 };
+
+// Adds (or, as the parameter's first step of the interval, stores) `bytes` of gradient into `acc`.
+template <class Backend>
+void offload_worker<Backend>::accumulate(const job& j, float* acc, const std::byte* src, std::size_t bytes,
+                                         float scale) {
+  // *j.accumulated counts the parameter's steps already in this interval's accumulator; only this
+  // thread changes it while the interval is being accumulated.
+  parallel_accumulate(pool_, chunk_elements, acc, src, j.type, bytes / dtype_size(j.type), scale,
+                      /*overwrite=*/*j.accumulated == 0);
+}
 
 // A gradient handed over during backward can land before step() has produced the step's flags:
 // wait for them (abandoned at shutdown: then nothing is accumulated, and this returns false).
@@ -85,12 +111,10 @@ void offload_worker<Backend>::consume_one(std::deque<in_flight>& flight) {
     return;
   }
   Backend::synchronize(*f.j.flags_ready);
-  // The CPU Adam's SIMD accumulate kernel, on this thread alone: the CPU optimizer's pool belongs
-  // to the update worker, which may be running the previous interval's update right now. A
-  // gradient gathered before the step's flags existed (data parallel: reduced first) is scaled here.
+  // A gradient gathered before the step's flags existed (data parallel: reduced first) is scaled here.
   if (!f.j.flags->skip) {
-    cpu_accumulate_kernel(cpu_isa::automatic, f.j.accumulator + f.offset / dtype_size(f.j.type), slot.data, f.j.type,
-                          f.bytes / dtype_size(f.j.type), f.j.scale_by_flags ? f.j.flags->scale : 1.0f);
+    accumulate(f.j, f.j.accumulator + f.offset / dtype_size(f.j.type), slot.data, f.bytes,
+               f.j.scale_by_flags ? f.j.flags->scale : 1.0f);
     // The parameter's gradient of this step is in once its last chunk is: count it. Read by the
     // other threads only after this one published the interval's end under the mutex.
     if (f.offset + f.bytes == f.j.bytes) ++*f.j.accumulated;
@@ -107,9 +131,7 @@ void offload_worker<Backend>::accumulate_in_place(const job& j) {
   if (!wait_for_flags(j.step)) return;
   Backend::synchronize(*j.flags_ready);
   if (j.flags->skip) return;
-  if (j.bytes > 0)
-    cpu_accumulate_kernel(cpu_isa::automatic, j.accumulator, j.src, j.type, j.bytes / dtype_size(j.type),
-                          j.scale_by_flags ? j.flags->scale : 1.0f);
+  if (j.bytes > 0) accumulate(j, j.accumulator, j.src, j.bytes, j.scale_by_flags ? j.flags->scale : 1.0f);
   ++*j.accumulated;
 }
 

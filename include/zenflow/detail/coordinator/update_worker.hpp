@@ -138,7 +138,6 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
       if constexpr (!host_device_memory)
         pipelined_copy_to_device(queue_, item->device_out, item->out.data(), item->out.size(),
                                  Backend::queue_stream(stream_.get()));
-      std::fill(item->accumulator.begin(), item->accumulator.end(), 0.0f);
     }
     Backend::synchronize(stream_.get());
   }

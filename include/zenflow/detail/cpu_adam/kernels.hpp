@@ -20,6 +20,7 @@
 
 #include "zenflow/adam_math.hpp"
 #include "zenflow/detail/cpu_adam/isa.hpp"
+#include "zenflow/thread_pool.hpp"
 #include "zenflow/types.hpp"
 
 namespace zenflow::detail {
@@ -39,12 +40,13 @@ inline void adam_range_scalar(float* p, const G* g, float* m, float* v, O* out, 
   }
 }
 
-/// acc[i] = fma(scale, g[i], acc[i]); returns true when a resulting acc[i] is NaN or infinite.
-template <class G>
+/// acc[i] = fma(scale, g[i], acc[i]) (Overwrite: fma(scale, g[i], +0), the same bits as into a
+/// zeroed accumulator, without reading it); returns true when a resulting acc[i] is NaN or infinite.
+template <bool Overwrite, class G>
 inline bool accumulate_range_scalar(float* acc, const G* g, std::size_t n, float scale) noexcept {
   bool bad = false;
   for (std::size_t i = 0; i < n; ++i) {
-    acc[i] = fma_rn(scale, to_float(g[i]), acc[i]);
+    acc[i] = fma_rn(scale, to_float(g[i]), Overwrite ? 0.0f : acc[i]);
     bad |= !is_finite_bits(acc[i]);
   }
   return bad;
@@ -230,31 +232,34 @@ ZENFLOW_TARGET_AVX512 inline void adam_range(float* p, const G* g, float* m, flo
   }
 }
 
-template <bool Masked, class G>
+template <bool Masked, bool Overwrite, class G>
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __mmask16 accumulate_block(float* acc, const G* g, __m512 scale,
                                                                      __mmask16 k) {
-  const __m512 a = _mm512_fmadd_ps(scale, load<Masked>(g, k), load<Masked>(acc, k));
+  const __m512 a =
+      _mm512_fmadd_ps(scale, load<Masked>(g, k), Overwrite ? _mm512_setzero_ps() : load<Masked>(acc, k));
   store<Masked>(acc, a, k);
   return nonfinite(a) & k;
 }
-template <class G>
+template <bool Overwrite, class G>
 ZENFLOW_TARGET_AVX512 inline bool accumulate_range(float* acc, const G* g, std::size_t n, float scale) noexcept {
   const __m512 s = _mm512_set1_ps(scale);
   __mmask16 bad = 0;
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    prefetch(acc + i);
-    prefetch(acc + i + 16);
+    if constexpr (!Overwrite) {
+      prefetch(acc + i);
+      prefetch(acc + i + 16);
+    }
     prefetch(g + i);
-    bad |= accumulate_block<false>(acc + i, g + i, s, 0xffff);
-    bad |= accumulate_block<false>(acc + i + 16, g + i + 16, s, 0xffff);
+    bad |= accumulate_block<false, Overwrite>(acc + i, g + i, s, 0xffff);
+    bad |= accumulate_block<false, Overwrite>(acc + i + 16, g + i + 16, s, 0xffff);
   }
   for (; i < n; i += 16) {
     const std::size_t left = n - i;
     if (left >= 16)
-      bad |= accumulate_block<false>(acc + i, g + i, s, 0xffff);
+      bad |= accumulate_block<false, Overwrite>(acc + i, g + i, s, 0xffff);
     else
-      bad |= accumulate_block<true>(acc + i, g + i, s, static_cast<__mmask16>((1u << left) - 1u));
+      bad |= accumulate_block<true, Overwrite>(acc + i, g + i, s, static_cast<__mmask16>((1u << left) - 1u));
   }
   return bad != 0;
 }
@@ -386,14 +391,17 @@ ZENFLOW_TARGET_AVX2 inline void adam_range(float* p, const G* g, float* m, float
   }
 }
 
-template <class G>
+template <bool Overwrite, class G>
 ZENFLOW_TARGET_AVX2 inline bool accumulate_range(float* acc, const G* g, std::size_t n, float scale) noexcept {
   const __m256 s = _mm256_set1_ps(scale);
   int bad = 0;
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    if (i % 16 == 0) prefetch(acc + i), prefetch(g + i);
-    const __m256 a = _mm256_fmadd_ps(s, load(g + i), load(acc + i));
+    if (i % 16 == 0) {
+      if constexpr (!Overwrite) prefetch(acc + i);
+      prefetch(g + i);
+    }
+    const __m256 a = _mm256_fmadd_ps(s, load(g + i), Overwrite ? _mm256_setzero_ps() : load(acc + i));
     store(acc + i, a);
     bad |= nonfinite(a);
   }
@@ -401,7 +409,7 @@ ZENFLOW_TARGET_AVX2 inline bool accumulate_range(float* acc, const G* g, std::si
     const std::size_t left = n - i;
     alignas(32) float ta[8] = {};
     G tg[8] = {};
-    std::memcpy(ta, acc + i, left * sizeof(float));
+    if constexpr (!Overwrite) std::memcpy(ta, acc + i, left * sizeof(float));
     std::memcpy(tg, g + i, left * sizeof(G));
     const __m256 a = _mm256_fmadd_ps(s, load(tg), load(ta));
     store(ta, a);
@@ -450,13 +458,14 @@ void adam_range_erased(float* p, const void* g, float* m, float* v, void* out, s
 #endif
   adam_range_scalar(p, gt, m, v, ot, n, c);
 }
-template <cpu_isa Isa, class G>
+template <cpu_isa Isa, bool Overwrite, class G>
 bool accumulate_range_erased(float* acc, const void* g, std::size_t n, float scale) noexcept {
 #if ZENFLOW_CPU_ADAM_X86
-  if constexpr (Isa == cpu_isa::avx512) return avx512::accumulate_range(acc, static_cast<const G*>(g), n, scale);
-  if constexpr (Isa == cpu_isa::avx2) return avx2::accumulate_range(acc, static_cast<const G*>(g), n, scale);
+  if constexpr (Isa == cpu_isa::avx512)
+    return avx512::accumulate_range<Overwrite>(acc, static_cast<const G*>(g), n, scale);
+  if constexpr (Isa == cpu_isa::avx2) return avx2::accumulate_range<Overwrite>(acc, static_cast<const G*>(g), n, scale);
 #endif
-  return accumulate_range_scalar(acc, static_cast<const G*>(g), n, scale);
+  return accumulate_range_scalar<Overwrite>(acc, static_cast<const G*>(g), n, scale);
 }
 template <cpu_isa Isa, class G>
 bool nonfinite_range_erased(const void* g, std::size_t n, float scale) noexcept {
@@ -499,16 +508,21 @@ inline adam_range_fn select_adam_range(cpu_isa isa, dtype g, bool has_out, dtype
       return select_adam_range_for<cpu_isa::scalar>(g, has_out, out);
   }
 }
-inline accumulate_range_fn select_accumulate_range(cpu_isa isa, dtype g) noexcept {
+/// `overwrite`: the range's first contribution, acc[i] = fma(scale, g[i], +0) without reading acc
+/// (bit-identical to accumulating into zeros).
+inline accumulate_range_fn select_accumulate_range(cpu_isa isa, dtype g, bool overwrite = false) noexcept {
   return dispatch_dtype(g, [&](auto gt) -> accumulate_range_fn {
     using G = decltype(gt);
     switch (isa) {
       case cpu_isa::avx512:
-        return &accumulate_range_erased<cpu_isa::avx512, G>;
+        return overwrite ? &accumulate_range_erased<cpu_isa::avx512, true, G>
+                         : &accumulate_range_erased<cpu_isa::avx512, false, G>;
       case cpu_isa::avx2:
-        return &accumulate_range_erased<cpu_isa::avx2, G>;
+        return overwrite ? &accumulate_range_erased<cpu_isa::avx2, true, G>
+                         : &accumulate_range_erased<cpu_isa::avx2, false, G>;
       default:
-        return &accumulate_range_erased<cpu_isa::scalar, G>;
+        return overwrite ? &accumulate_range_erased<cpu_isa::scalar, true, G>
+                         : &accumulate_range_erased<cpu_isa::scalar, false, G>;
     }
   });
 }
@@ -534,11 +548,28 @@ inline void cpu_adam_kernel(cpu_isa isa, float* p, const void* g, dtype g_type, 
   select_adam_range(resolve_isa(isa), g_type, out != nullptr, out_type)(p, g, m, v, out, n, c);
 }
 
-/// Stateless fused accumulate over one range: acc[i] = fma(scale, g[i], acc[i]); returns true
-/// when a resulting element is not finite. Single-threaded, synchronous.
-inline bool cpu_accumulate_kernel(cpu_isa isa, float* acc, const void* g, dtype g_type, std::size_t n,
-                                  float scale) noexcept {
-  return select_accumulate_range(resolve_isa(isa), g_type)(acc, g, n, scale);
+/// Stateless fused accumulate over one range: acc[i] = fma(scale, g[i], acc[i]) (`overwrite`:
+/// fma(scale, g[i], +0), acc not read); returns true when a resulting element is not finite.
+/// Single-threaded, synchronous.
+inline bool cpu_accumulate_kernel(cpu_isa isa, float* acc, const void* g, dtype g_type, std::size_t n, float scale,
+                                  bool overwrite = false) noexcept {
+  return select_accumulate_range(resolve_isa(isa), g_type, overwrite)(acc, g, n, scale);
+}
+
+/// cpu_accumulate_kernel over `pool`: pieces of `chunk` elements (a range below two pieces runs on
+/// the calling thread, no hand-off). Element-wise, so bit-identical for every pool size and chunk.
+inline void parallel_accumulate(thread_pool& pool, std::size_t chunk, float* acc, const void* g, dtype g_type,
+                                std::size_t n, float scale, bool overwrite) {
+  const accumulate_range_fn fn = select_accumulate_range(resolve_isa(cpu_isa::automatic), g_type, overwrite);
+  const std::size_t gsz = dtype_size(g_type);
+  if (n < 2 * chunk || pool.size() == 1) {
+    fn(acc, g, n, scale);
+    return;
+  }
+  pool.parallel_for((n + chunk - 1) / chunk, [&](std::size_t k) {
+    const std::size_t lo = k * chunk, cnt = std::min(n, lo + chunk) - lo;
+    fn(acc + lo, static_cast<const unsigned char*>(g) + lo * gsz, cnt, scale);
+  });
 }
 
 }  // namespace zenflow::detail
