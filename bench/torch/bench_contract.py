@@ -9,7 +9,8 @@
   - adopting an edit (reload_parameter): the largest parameter (the word embeddings, 11.7M
     elements) and one 384 x 1536 weight, in dense and ZenFlow mode;
   - state_dict() sizes (torch.save'd) against torch.optim.AdamW's, for the fp32 model and a bf16
-    copy of it, in dense, ZeRO-Offload and ZenFlow async mode (mid-interval, a CPU result pending).
+    copy of it, in dense, ZeRO-Offload and ZenFlow async mode (mid-interval, a CPU result pending;
+    then after flush(), which ends the interval).
 
     python bench/torch/bench_contract.py [--repeat 2000] [--steps 30]
 
@@ -140,6 +141,11 @@ def main():
             size = saved_bytes(opt.state_dict())
             print(f"ZenFlowAdamW {str(dtype)[6:]:8s} {mode:12s} state_dict: {size / 1e6:.1f} MB "
                   f"({size / elements:.2f} B/element, {size / torch_fp32:.2f}x torch's AdamW on fp32)")
+            if mode == "zenflow":  # flush() ends the interval: no accumulated gradient, no pending result
+                opt.flush()
+                size = saved_bytes(opt.state_dict())
+                print(f"ZenFlowAdamW {str(dtype)[6:]:8s} {'zenflow, flushed':12s} state_dict: {size / 1e6:.1f} MB "
+                      f"({size / elements:.2f} B/element, {size / torch_fp32:.2f}x torch's AdamW on fp32)")
             opt.close()
 
 
