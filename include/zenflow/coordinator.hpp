@@ -15,7 +15,8 @@
 // The template takes an execution backend (a coordinator_backend, concepts.hpp) that names the
 // component types and the "device" operations: host_backend ships here (a host_stream plays the
 // GPU stream), cuda_backend with coordinator.cuh. This header declares; the definitions live in
-// detail/coordinator/: the schedule (coordinator_impl.hpp), state migration on reselection
+// detail/coordinator/: construction and the step (coordinator_impl.hpp), the trainer-facing calls
+// (registration.hpp), the schedule between steps (intervals.hpp), state migration on reselection
 // (migration.hpp), the offload and update workers (offload_worker.hpp, update_worker.hpp, both on
 // worker_thread.hpp; the work they are handed in jobs.hpp, what they share with the trainer thread
 // in shared_state.hpp), the per-step flags (step_flags.hpp), the trainer's edits of its parameters
@@ -448,7 +449,7 @@ class basic_coordinator {
   static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config);
   void stop_workers() noexcept;
 
-  // Checks and failure (coordinator_impl.hpp).
+  // Checks and failure (registration.hpp).
   parameter& at(std::size_t i);
   const parameter& at(std::size_t i) const;
   void check_adam(const adam_options& adam) const;
@@ -459,7 +460,7 @@ class basic_coordinator {
   template <class Pred>
   void stall_until(Pred pred, const char* reason);
 
-  // The schedule (coordinator_impl.hpp).
+  // The schedule (intervals.hpp; run_step in coordinator_impl.hpp).
   [[nodiscard]] bool in_warm_up() const noexcept;
   [[nodiscard]] bool overlapped() const noexcept;
   [[nodiscard]] bool has_cpu_columns() const noexcept;

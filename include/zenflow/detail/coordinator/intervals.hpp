@@ -1,0 +1,356 @@
+// basic_coordinator's schedule between steps (included by coordinator_impl.hpp): warm-up and
+// the start, the auto interval, reselection, the ends and beginnings of intervals, write-backs
+// within the staleness bound, beginning and abandoning a step, selection boundaries, and handing
+// the CPU columns' gradients to the offload worker.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <utility>
+
+#include "zenflow/coordinator.hpp"
+#include "zenflow/detail/coordinator/jobs.hpp"
+#include "zenflow/detail/coordinator/migration.hpp"
+#include "zenflow/detail/coordinator/offload_worker.hpp"
+#include "zenflow/detail/coordinator/update_worker.hpp"
+
+namespace zenflow {
+
+// --- the schedule --------------------------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::in_warm_up() const noexcept {
+  return options_.mode == offload_mode::zero_offload || step_ < options_.full_warm_up_rounds;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::overlapped() const noexcept {
+  return options_.overlap_step && !in_warm_up();
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::has_cpu_columns() const noexcept {
+  for (const auto& p : params_)
+    if (!p.is_vector && !p.complement.empty()) return true;
+  return false;
+}
+
+// Scale 1, no skip: the flags of gathers that do not wait for the step's statistics (a member, so
+// no copy of them can outlive their buffer).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const step_flags* basic_coordinator<Backend, HostOptimizer, Communicator>::unit_flags() const noexcept {
+  return reinterpret_cast<const step_flags*>(unit_flags_dev_.data());
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::start(stream_type stream) {
+  started_ = true;
+  for (auto& p : params_)
+    if (!p.is_vector) set_selection(p, {}, stream);  // every column on the CPU until the first selection
+  interval_ = {0, 0, 0};
+  interval_target_ = 1;
+  if (!in_warm_up() && !options_.update_interval.is_auto) interval_target_ = options_.update_interval.value;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::auto_interval() const {
+  // "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
+  // reaches the important mass per GPU column. With the selection's scores (L1 per column) as
+  // the per-step masses -- the method's premise is that they change slowly -- that is
+  // ceil(important per column / unimportant per column), bounded to [1, max_update_interval] and
+  // by the selection interval. No unimportant mass, no CPU or no GPU columns: the bound.
+  double important = 0.0, unimportant = 0.0;
+  std::int64_t k = 0, rest = 0;
+  for (const auto& p : params_) {
+    if (p.is_vector || !p.has_grad) continue;  // no gradient: its scores are not this step's
+    const auto scores = selector_.scores(p.selector_index);
+    if (scores.empty()) continue;
+    double sel = 0.0;
+    for (std::int32_t c : p.selection) sel += scores[c];
+    const double total = std::accumulate(scores.begin(), scores.end(), 0.0);
+    important += sel;
+    unimportant += total - sel;
+    k += static_cast<std::int64_t>(p.selection.size());
+    rest += static_cast<std::int64_t>(p.complement.size());
+  }
+  const std::int64_t bound = options_.effective_max_update_interval();
+  if (k == 0 || rest == 0 || !(unimportant > 0.0)) return bound;
+  const double ratio = (important / static_cast<double>(k)) / (unimportant / static_cast<double>(rest));
+  const double steps = std::ceil(ratio);
+  return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1, bound);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::reselect(stream_type stream) {
+  // A selection change moves optimizer state: first complete and write back every CPU update,
+  // so no accumulated gradient is lost and no stale result lands on a column the GPU now owns.
+  // Before any of this step's work: the write-back happens at the end of the previous step.
+  if (pending_interval_) write_back(*pending_interval_, stream, "reselection", step_ - 1);
+  if (interval_.steps > 0) end_interval(stream, /*synchronous=*/true, step_ - 1);
+  // A parameter without a gradient is scored from its weights (any view of its shape does: the
+  // selector scores every parameter at once), and that selection is not used: it keeps its own.
+  std::vector<const_matrix_view> grads;
+  for (const auto& p : params_)
+    if (!p.is_vector) grads.push_back(p.has_grad ? p.grad_matrix : const_matrix_view(p.matrix));
+  if (options_.mode == offload_mode::dense) {
+    for (auto& p : params_) {
+      if (p.is_vector || !p.selection.empty()) continue;
+      std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
+      std::iota(all.begin(), all.end(), 0);
+      set_selection(p, std::move(all), stream);
+    }
+    migration_scratch_ = device_buffer();  // dense mode selects once: every column, for good
+  } else {
+    Backend::select(selector_, grads, stream);
+    double overlap = 0.0;
+    std::size_t counted = 0;
+    for (auto& p : params_) {
+      if (p.is_vector || !p.has_grad) continue;  // no gradient: keeps its selection (or has none yet)
+      const auto s = selector_.selected(p.selector_index);
+      if (!p.selection.empty()) {
+        overlap += selection_overlap(p.selection, s);
+        ++counted;
+      }
+      set_selection(p, std::vector<std::int32_t>(s.begin(), s.end()), stream);
+    }
+    last_overlap_ = counted ? overlap / static_cast<double>(counted) : 1.0;
+  }
+  metrics_.reselected = true;
+  selection_due_ = false;
+  interval_target_ = options_.update_interval.is_auto ? auto_interval() : options_.update_interval.value;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(stream_type stream, bool synchronous,
+                                                                           std::int64_t last_step) {
+  const std::int64_t i = interval_.index;
+  const int b = static_cast<int>(i % 2);
+  // The CPU update of every parameter with CPU columns, with the hyper-parameters in effect now.
+  detail::update_job<Backend> job;
+  job.interval = i;
+  job.written_back = &written_back_[b];
+  for (auto& p : params_) {
+    if (p.is_vector || p.complement.empty()) continue;
+    detail::update_item item;
+    item.adam = p.adam;
+    item.tensor = p.cpu_tensor;
+    item.columns = p.owned_local;  // this rank's CPU columns (all of them in one process)
+    item.accumulator = p.accumulator[b];
+    item.accumulated = &p.accumulated[b];
+    item.cpu_steps = &p.cpu_steps;
+    item.out = p.out_stage[b];
+    item.out_type = p.matrix.type;
+    // Its block of the write-back's all-gather (the whole buffer in one process).
+    item.device_out = p.writeback_dev[b].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);
+    job.items.push_back(item);
+  }
+  {
+    detail::state_lock lock(shared_.mutex);
+    detail::offload_job<Backend> marker;  // every gradient of interval i has been handed over
+    marker.step = last_step;
+    marker.interval = i;
+    marker.interval_end = true;
+    offload_.push(lock, marker);
+    update_.push(lock, std::move(job));
+    shared_.launched_interval = i;
+    if (config_.record_trace) {
+      update_record r;
+      r.interval = i;
+      r.first_step = interval_.first_step;
+      r.last_step = last_step;
+      r.synchronous = synchronous;
+      update_.add_record(lock, r);
+    }
+  }
+  shared_.cv.notify_all();
+  metrics_.cpu_update_launched = true;
+  // The deadline of the previous interval's update is the end of this one.
+  if (pending_interval_) write_back(*pending_interval_, stream, "staleness bound", last_step);
+  if (synchronous)
+    write_back(i, stream, "synchronous CPU update", last_step);
+  else
+    pending_interval_ = i;
+  begin_interval(i + 1, last_step + 1);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_interval(std::int64_t index,
+                                                                             std::int64_t first_step) {
+  interval_ = {index, first_step, 0};
+  // The interval of this parity two before is written back: its counts are read.
+  for (auto& p : params_) p.accumulated[index % 2] = 0;
+  detail::state_lock lock(shared_.mutex);
+  shared_.accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::int64_t i, stream_type stream,
+                                                                         const char* reason, std::int64_t at_end_of) {
+  stall_until([&] { return shared_.updated_interval >= i; }, reason);
+  bool applied;
+  {
+    detail::state_lock lock(shared_.mutex);
+    applied = shared_.accumulated_count(i) > 0;
+    update_.mark_written_back(lock, i, at_end_of);
+  }
+  if (applied) {
+    // A parameter without a gradient in the interval had no CPU update: nothing to write back.
+    auto written = [&](const parameter& p) {
+      return !p.is_vector && !p.complement.empty() && p.accumulated[i % 2] != 0;
+    };
+    if constexpr (data_parallel) {
+      grouped([&] {  // every rank's block of every parameter: the columns each owner updated
+        for (auto& p : params_) {
+          if (!written(p)) continue;
+          dispatch_dtype(p.matrix.type, [&](auto tag) {
+            using T = decltype(tag);
+            T* all = reinterpret_cast<T*>(p.writeback_dev[i % 2].data());
+            comm_->all_gather(std::span<const T>(all + static_cast<std::size_t>(rank_) * p.block, p.block),
+                              std::span<T>(all, static_cast<std::size_t>(ranks_) * p.block), stream);
+          });
+        }
+      });
+    }
+    for (auto& p : params_) {
+      if (!written(p)) continue;
+      const std::size_t esize = dtype_size(p.matrix.type);
+      metrics_.bytes_host_to_device += owned_piece_elements(p) * esize;
+      std::byte* blocks = p.writeback_dev[i % 2].data();
+      const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
+      for (int r = 0; r < ranks_; ++r) {
+        const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
+        if (count == 0) continue;
+        Backend::scatter(blocks + static_cast<std::size_t>(r) * p.block * esize, p.matrix.type,
+                         std::span<const std::int32_t>(p.complement).subspan(first, count), complement_dev + first,
+                         p.matrix, stream);
+      }
+    }
+    Backend::record(written_back_[i % 2], stream);
+  }
+  if (pending_interval_ == i) pending_interval_.reset();
+  metrics_.written_back = true;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_step() {
+  if (in_step_) return;
+  last_metrics_ = metrics_;
+  metrics_ = step_metrics{};
+  metrics_.step = step_;
+  in_step_ = true;
+  step_offloaded_ = false;
+  // The flags and gradient staging of this step's parity were last used two steps ago.
+  stall_until([&] { return shared_.offloaded_through_step >= step_ - 2; }, "offload backpressure");
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::abandon_step(stream_type stream) {
+  // Gradients handed over during backward may already be with the offload worker, which waits for
+  // this step's flags: give it flags that skip, wait until it has dropped them, then rewind its
+  // counters so that the step can run again from the start.
+  if (in_step_ && step_offloaded_) {
+    const int parity = static_cast<int>(step_ % 2);
+    // Host-side write: this parity's flags were last read two steps ago (begin_step waited).
+    auto* flags = reinterpret_cast<step_flags*>(flags_host_[parity].data());
+    *flags = step_flags{};
+    flags->skip = 1;
+    Backend::record(stats_ready_[parity], stream);  // after the gathers the copies read
+    {
+      detail::state_lock lock(shared_.mutex);
+      shared_.stats_ready_step = step_;
+      detail::offload_job<Backend> marker;
+      marker.step = step_;
+      marker.interval = interval_.index;
+      offload_.push(lock, marker);  // flags == nullptr: the step is not counted
+    }
+    shared_.cv.notify_all();
+    stall_until([&] { return shared_.offloaded_through_step >= step_; }, "abandoned step");
+    detail::state_lock lock(shared_.mutex);
+    shared_.offloaded_through_step = shared_.stats_ready_step = step_ - 1;
+  }
+  for (auto& p : params_) p.has_grad = p.offloaded = false;
+  if (in_step_) metrics_ = last_metrics_;
+  in_step_ = step_offloaded_ = false;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary() const {
+  if (in_warm_up()) return false;
+  if (selection_due_) return true;
+  if (options_.mode == offload_mode::dense) {
+    for (const auto& p : params_)
+      if (!p.is_vector && p.selection.empty()) return true;  // the first step: every column to the GPU
+    return false;
+  }
+  // The first step after warm-up, until a selection happened (a parameter without a gradient at a
+  // selection step gets none: it waits for a later selection step at which it has one). Not
+  // decided by which gradients arrived, so that submit_gradient can tell a boundary beforehand.
+  if (!any_selection() && has_matrices()) return true;
+  // The policy counts from the end of warm-up (its step 0 is the first selection).
+  return policy_.should_select(step_ - options_.full_warm_up_rounds);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::any_selection() const noexcept {
+  for (const auto& p : params_)
+    if (!p.is_vector && !p.selection.empty()) return true;
+  return false;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::has_matrices() const noexcept {
+  for (const auto& p : params_)
+    if (!p.is_vector) return true;
+  return false;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(parameter& p, const step_flags* flags,
+                                                                               stream_type stream) {
+  const int parity = static_cast<int>(step_ % 2);
+  Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
+                  p.grad_stage[parity].data(), p.grad_type, flags, stream);
+  hand_over(p, 0, p.complement.size() * static_cast<std::size_t>(p.matrix.rows) * dtype_size(p.grad_type),
+            /*scale_by_flags=*/false, stream);
+}
+
+// Hands `bytes` of parameter p's gradient staging, from `offset`, to the offload worker, after the
+// work enqueued on `stream` so far (the gather; data parallel, the reduce-scatter, whose block of
+// this rank the worker scales: `scale_by_flags`). An empty job still counts the step.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(parameter& p, std::size_t offset,
+                                                                        std::size_t bytes, bool scale_by_flags,
+                                                                        stream_type stream) {
+  const int parity = static_cast<int>(step_ % 2);
+  // The worker makes its copies wait for this event when it gets to them; a wait enqueued on the
+  // offload stream here would also hold back the copies of earlier steps still being submitted.
+  // Re-recorded two steps later, after begin_step saw this job consumed.
+  Backend::record((*p.gathered)[parity], stream);
+  detail::offload_job<Backend> j;
+  j.step = step_;
+  j.interval = interval_.index;
+  j.src = p.grad_stage[parity].data() + offset;
+  j.bytes = bytes;
+  j.type = p.grad_type;
+  j.accumulator = p.accumulator[interval_.index % 2].data();
+  j.accumulated = &p.accumulated[interval_.index % 2];
+  j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
+  j.flags_ready = &stats_ready_[parity];
+  j.gathered = &(*p.gathered)[parity];
+  j.scale_by_flags = scale_by_flags;
+  {
+    detail::state_lock lock(shared_.mutex);
+    offload_.push(lock, j);
+  }
+  shared_.cv.notify_all();
+  metrics_.bytes_device_to_host += j.bytes;
+  p.offloaded = true;
+  step_offloaded_ = true;
+}
+
+}  // namespace zenflow

@@ -1,0 +1,277 @@
+// basic_coordinator's trainer-facing calls (included by coordinator_impl.hpp): accessors,
+// hyper-parameters and registration, gradient submission, and the trainer-side checks and
+// failure handling that every public entry goes through.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <utility>
+
+#include "zenflow/coordinator.hpp"
+
+namespace zenflow {
+
+// --- accessors -----------------------------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const zenflow_options& basic_coordinator<Backend, HostOptimizer, Communicator>::options() const noexcept {
+  return options_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::step_count() const noexcept {
+  return step_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::metrics() const noexcept {
+  return metrics_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::vector<update_record> basic_coordinator<Backend, HostOptimizer, Communicator>::trace() const {
+  detail::state_lock lock(shared_.mutex);
+  return update_.trace(lock);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const HostOptimizer& basic_coordinator<Backend, HostOptimizer, Communicator>::host_optimizer() const {
+  std::unique_lock lock(shared_.mutex);
+  shared_.cv.wait(lock, [&] { return shared_.updated_interval >= shared_.launched_interval || shared_.failed; });
+  if (shared_.error) std::rethrow_exception(shared_.error);
+  return host_opt_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::device_optimizer() const noexcept
+    -> const device_optimizer_type& {
+  return device_opt_;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::cpu_step_count(std::size_t i) const {
+  const parameter& p = at(i);
+  (void)host_optimizer();  // waits for the CPU updates launched so far (they count)
+  return p.cpu_steps;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::gpu_step_count(std::size_t i) const {
+  const device_scope scope(device_);
+  const parameter& p = at(i);
+  return p.device_index == npos ? 0 : device_opt_.step_count(p.device_index);
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::parameter_count() const noexcept {
+  return params_.size();
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const std::string& basic_coordinator<Backend, HostOptimizer, Communicator>::name(std::size_t i) const {
+  return at(i).name;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+const adam_options& basic_coordinator<Backend, HostOptimizer, Communicator>::adam_options_of(std::size_t i) const {
+  return at(i).adam;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::span<const std::int32_t> basic_coordinator<Backend, HostOptimizer, Communicator>::gpu_columns(
+    std::size_t i) const {
+  return at(i).selection;
+}
+
+// --- hyper-parameters and registration -----------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::set_adam_options(const adam_options& adam) {
+  rethrow_worker_error();
+  check_adam(adam);
+  for (auto& p : params_) p.adam = adam;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::set_adam_options(std::size_t i,
+                                                                               const adam_options& adam) {
+  rethrow_worker_error();
+  auto& p = at(i);
+  check_adam(adam);
+  p.adam = adam;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_parameter(std::string name,
+                                                                                        matrix_view param,
+                                                                                        const_matrix_view initial,
+                                                                                        dtype grad_type) {
+  const device_scope scope(device_);
+  param.validate("param", Backend::device_space);
+  initial.validate("initial", memory_space::host);
+  expects(!param.empty(), "param", "must not be empty");
+  expects(initial.rows == param.rows && initial.cols == param.cols, "initial", "shape ", initial.rows, " x ",
+          initial.cols, " does not match param ", param.rows, " x ", param.cols);
+  expects(initial.type == dtype::f32 || initial.type == param.type, "initial", "must be f32 or the param's dtype (",
+          std::string(dtype_name(param.type)), "), got ", std::string(dtype_name(initial.type)));
+  expects(is_valid(grad_type), "grad_type", "unknown dtype");
+  expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
+  expects(param.cols >= ranks_, "param", "has ", param.cols, " columns, fewer than the ", ranks_,
+          " data-parallel ranks that each own a range of them");
+  // Column-contiguous fp32 master of this rank's columns for the CPU optimizer.
+  const column_range owned = detail::owned_range(param.cols, rank_, ranks_);
+  std::vector<float> master(static_cast<std::size_t>(param.rows * owned.size()));
+  dispatch_dtype(initial.type, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(initial.data);
+    for (index_t c = owned.first; c < owned.last; ++c)
+      for (index_t r = 0; r < param.rows; ++r)
+        master[(c - owned.first) * param.rows + r] = to_float(src[initial.offset(r, c)]);
+  });
+  parameter p;
+  p.name = std::move(name);
+  p.adam = options_.adam;
+  p.matrix = param;
+  p.grad_type = grad_type;
+  p.owned = owned;
+  p.cpu_tensor = host_opt_.add_tensor(master, param.rows, owned.size());
+  p.selector_index = selector_.add_parameter(param.rows, param.cols);
+  params_.push_back(std::move(p));
+  return params_.size() - 1;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_parameter(
+    std::string name, vector_view param, std::span<const float> initial) {
+  const device_scope scope(device_);
+  param.validate("param", Backend::device_space);
+  expects(!param.empty() && param.contiguous(), "param", "must be a non-empty contiguous vector");
+  expects(static_cast<index_t>(initial.size()) == param.size, "initial", "has ", initial.size(), " values, param has ",
+          param.size);
+  expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
+  parameter p;
+  p.name = std::move(name);
+  p.adam = options_.adam;
+  p.is_vector = true;
+  p.vector = param;
+  p.device_index = Backend::add_vector(device_opt_, param, initial);
+  params_.push_back(std::move(p));
+  return params_.size() - 1;
+}
+
+// --- gradients -----------------------------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(std::size_t i, const_matrix_view grad,
+                                                                              stream_type stream) {
+  const device_scope scope(device_);
+  rethrow_worker_error();
+  auto& p = at(i);
+  expects(!p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 1-D: pass a vector view");
+  check_submission(p, i);
+  grad.validate("grad", Backend::device_space);
+  expects(grad.rows == p.matrix.rows && grad.cols == p.matrix.cols, "grad", "shape ", grad.rows, " x ", grad.cols,
+          " does not match parameter ", p.name, " (", p.matrix.rows, " x ", p.matrix.cols, ")");
+  expects(grad.type == p.grad_type, "grad", "dtype ", std::string(dtype_name(grad.type)), " was registered as ",
+          std::string(dtype_name(p.grad_type)));
+  p.grad_matrix = grad;
+  p.has_grad = true;
+  // Without clipping, nothing about this gradient's CPU columns waits for the rest of backward:
+  // gather them now and let the copy overlap backward (not at a selection boundary, which may
+  // change the columns).
+  // Data parallel: the CPU columns are reduced across ranks first, in step().
+  if (!data_parallel && started_ && options_.max_grad_norm == 0.0f && !p.complement.empty() && !selection_boundary()) {
+    begin_step();
+    offload_gradient(p, unit_flags(), stream);
+  }
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(std::size_t i, const_vector_view grad,
+                                                                              stream_type stream) {
+  const device_scope scope(device_);
+  rethrow_worker_error();
+  auto& p = at(i);
+  expects(p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 2-D: pass a matrix view");
+  check_submission(p, i);
+  grad.validate("grad", Backend::device_space);
+  expects(grad.size == p.vector.size && grad.contiguous(), "grad", "must be contiguous with ", p.vector.size,
+          " elements");
+  p.grad_vector = grad;
+  p.has_grad = true;
+  (void)stream;
+}
+
+// --- trainer-side checks and failure -------------------------------------------------------------
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::at(std::size_t i) -> parameter& {
+  expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
+  return params_[i];
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::at(std::size_t i) const -> const parameter& {
+  expects(i < params_.size(), "parameter", "index ", i, " out of range (", params_.size(), " registered)");
+  return params_[i];
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::check_adam(const adam_options& adam) const {
+  adam.validate();
+  const char* field = adam.differs_beyond_lr_and_weight_decay(options_.adam);
+  expects(field == nullptr, field ? field : "adam", "must stay as in options().adam: parameter groups and schedules ",
+          "change lr and weight_decay only");
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::check_submission(const parameter& p, std::size_t i) {
+  expects(!p.has_grad, "grad", "parameter ", i, " (", p.name, ") already has a gradient in step ", step_,
+          ": submit each gradient once per step");
+  if constexpr (Backend::device_space == memory_space::host) {
+    expects(!config_.check_stream_order || step_done_.query(), "grad", "parameter ", i, " (", p.name,
+            ") was submitted in step ", step_, " while step ", step_ - 1,
+            "'s parameter updates were still running on the stream: call stream.synchronize() after step() and "
+            "before the backward that reads the parameters");
+  }
+}
+
+// A failed coordinator rethrows the first error from every call (it is never cleared).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::rethrow_worker_error() const {
+  shared_.rethrow_error();
+}
+
+// Runs trainer-side work that changes the coordinator's state: an error in it leaves that state
+// half-changed, so it fails the coordinator as a worker error does.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+template <class F>
+decltype(auto) basic_coordinator<Backend, HostOptimizer, Communicator>::or_fail(F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (...) {
+    shared_.fail(std::current_exception());
+    fail_peers(std::current_exception());
+    throw;
+  }
+}
+
+// Waits (trainer thread) until pred() holds; time is charged to the step's stall.
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+template <class Pred>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::stall_until(Pred pred, const char* reason) {
+  std::unique_lock lock(shared_.mutex);
+  if (pred()) return;
+  const auto t0 = clock::now();
+  shared_.cv.wait(lock, [&] { return pred() || shared_.failed; });
+  metrics_.stall_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+  if (metrics_.stall_reason.empty()) metrics_.stall_reason = reason;
+  if (shared_.error) std::rethrow_exception(shared_.error);
+}
+
+}  // namespace zenflow
