@@ -179,7 +179,11 @@ TEST_CASE(
     CHECK(msg == "zenflow: write: write of 16384 bytes at offset 65536 of " + f.path() +
                      " failed: Input/output error (errno 5)");
     CHECK(f.engine().in_flight() == 0);
-    CHECK(handed < 10);  // the stream stopped
+    // Blocks 0-4 were handed before block 4's write was issued. How many followed depends on when
+    // its completion was reaped (a thread-pool engine may complete later writes first), so no
+    // tighter bound holds: the error and the unreadable block below are the contract.
+    CHECK(handed >= 5);
+    CHECK(handed <= 10);
     // Block 4's content is unknown: reading it (alone or within a range) is refused, before any I/O.
     std::vector<std::byte> out(16 * kib);
     CHECK(error_of([&] { f.read(4 * 16 * kib, out); }) ==
