@@ -39,6 +39,7 @@
 #include "zenflow/cpu_adam.hpp"
 #include "zenflow/detail/coordinator/agreement.hpp"
 #include "zenflow/detail/coordinator/host_backend.hpp"
+#include "zenflow/detail/coordinator/schedule.hpp"
 #include "zenflow/detail/coordinator/shared_state.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/error.hpp"
@@ -434,12 +435,6 @@ class basic_coordinator {
   };
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-  struct interval_state {
-    std::int64_t index = 0;
-    std::int64_t first_step = 0;
-    std::int64_t steps = 0;  // training steps handed over so far
-  };
-
   // Construction (coordinator_impl.hpp).
   struct private_tag {};
   basic_coordinator(private_tag, Communicator* comm, const zenflow_options& options, const coordinator_config& config);
@@ -470,12 +465,10 @@ class basic_coordinator {
   void abandon_step(stream_type stream);
   void run_step(stream_type stream);
   [[nodiscard]] bool selection_boundary() const;
-  [[nodiscard]] bool any_selection() const noexcept;
-  [[nodiscard]] bool has_matrices() const noexcept;
   void offload_gradient(parameter& p, const step_flags* flags, stream_type stream);
   void hand_over(parameter& p, std::size_t offset, std::size_t bytes, bool scale_by_flags, stream_type stream);
   void reselect(stream_type stream);
-  [[nodiscard]] std::int64_t auto_interval() const;
+  [[nodiscard]] detail::interval_masses selection_masses() const;
   void end_interval(stream_type stream, bool synchronous, std::int64_t last_step);
   void begin_interval(std::int64_t index, std::int64_t first_step);
   void write_back(std::int64_t interval, stream_type stream, const char* reason, std::int64_t at_end_of);
@@ -529,7 +522,6 @@ class basic_coordinator {
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;
   selector_type selector_;
-  selection_policy policy_;
   detail::offload_worker<Backend> offload_;
   detail::update_worker<Backend, HostOptimizer> update_;
   std::vector<parameter> params_;
@@ -544,14 +536,10 @@ class basic_coordinator {
 
   // The trainer thread's own state.
   std::int64_t step_ = 0;
-  bool started_ = false;
+  detail::schedule schedule_;    // warm-up, selections, intervals, the pending write-back
   bool in_step_ = false;         // a gradient of step_ was handed over, or step() is running
   bool step_offloaded_ = false;  // step_ handed at least one gradient to the offload worker
-  bool selection_due_ = false;   // a selection fell on a skipped (non-finite) step: select at the next one
   step_metrics last_metrics_{};  // the metrics before begin_step (restored when a step is abandoned)
-  interval_state interval_{};
-  std::int64_t interval_target_ = 1;
-  std::optional<std::int64_t> pending_interval_;  // CPU update launched, not yet written back
   step_metrics metrics_{};
   double last_overlap_ = 1.0;
 };

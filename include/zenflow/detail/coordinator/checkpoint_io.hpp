@@ -147,10 +147,12 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
   // Drain: every offloaded gradient accumulated and every launched CPU update done. A pending
   // result stays pending (it is saved), exactly as in an uninterrupted run.
+  const auto pending_interval = schedule_.pending();
+  const std::int64_t current_interval = schedule_.interval();
   stall_until(
       [&] {
         return shared_.offloaded_through_step >= step_ - 1 &&
-               (!pending_interval_ || shared_.updated_interval >= *pending_interval_);
+               (!pending_interval || shared_.updated_interval >= *pending_interval);
       },
       "checkpoint");
   Backend::synchronize(stream);
@@ -160,21 +162,22 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
   w.put<std::int32_t>(rank_);
   w.put<std::int32_t>(ranks_);
   w.put(step_);
-  w.put(started_);
-  w.put(interval_.index);
-  w.put(interval_.first_step);
-  w.put(interval_.steps);
-  w.put(interval_target_);
-  w.put<std::int64_t>(pending_interval_ ? *pending_interval_ : -1);
+  const auto& position = schedule_.position();
+  w.put(position.started);
+  w.put(position.interval);
+  w.put(position.interval_first_step);
+  w.put(position.interval_steps);
+  w.put(position.target);
+  w.put(position.pending);
   w.put(last_overlap_);
-  w.put(selection_due_);
+  w.put(position.selection_due);
   w.put(host_opt_.step_count());
   w.put(device_opt_.step_count());
   {
     detail::state_lock lock(shared_.mutex);
     auto count = [&](std::int64_t i) { return i >= 0 ? shared_.accumulated_count(i) : std::int64_t{0}; };
-    w.put(count(interval_.index));
-    w.put(pending_interval_ ? count(*pending_interval_) : std::int64_t{0});
+    w.put(count(current_interval));
+    w.put(pending_interval ? count(*pending_interval) : std::int64_t{0});
   }
   w.put<std::uint64_t>(params_.size());
   const bool everything = contents == checkpoint_contents::everything;
@@ -211,17 +214,17 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     std::int64_t current = 0, pending_count = 0;
     {
       detail::state_lock lock(shared_.mutex);  // drained above; the lock orders the workers' writes
-      current = started_ ? p.accumulated[interval_.index % 2] : 0;
-      pending_count = pending_interval_ ? p.accumulated[*pending_interval_ % 2] : 0;
+      current = position.started ? p.accumulated[current_interval % 2] : 0;
+      pending_count = pending_interval ? p.accumulated[*pending_interval % 2] : 0;
     }
     w.put(current);
     w.put(pending_count);
     std::vector<float> compact(3 * k * rows);  // [master, m, v] per selected column
     if (p.device_index != npos) device_opt_.export_state(p.device_index, compact);
     std::vector<std::byte> pending;
-    if (pending_interval_) {
+    if (pending_interval) {
       // This rank's block of the write-back staging (the whole of it in one process).
-      const std::byte* staged = p.writeback_dev[*pending_interval_ % 2].data() + rank_ * p.block * esize;
+      const std::byte* staged = p.writeback_dev[*pending_interval % 2].data() + rank_ * p.block * esize;
       pending.resize(owned_piece_elements(p) * esize);
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(pending.data(), staged, pending.size(), stream);
@@ -239,7 +242,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
       auto column = [&](std::int32_t c) {
         return std::span<const std::byte>(values).subspan(c * rows * esize, rows * esize);
       };
-      const bool in_pending = pending_interval_ && pending_count > 0;
+      const bool in_pending = pending_interval && pending_count > 0;
       for (std::size_t j = 0; j < cpu_columns.size() && !master; ++j)
         master = !detail::is_value_of(in_pending
                                           ? std::span<const std::byte>(pending).subspan(j * rows * esize, rows * esize)
@@ -256,7 +259,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     w.put_array<std::int32_t>(p.selection);
     w.put_array<float>(master ? compact : detail::without_master(compact, rows));
     // Nothing is accumulated without a counted step: an empty accumulator is all zeros.
-    w.put_array<float>(current > 0 ? std::span<const float>(p.accumulator[interval_.index % 2])
+    w.put_array<float>(current > 0 ? std::span<const float>(p.accumulator[current_interval % 2])
                                    : std::span<const float>{});
     w.put_array<std::byte>(pending);
     w.put_array<std::byte>(everything ? std::span<const std::byte>(values) : std::span<const std::byte>{});
@@ -268,7 +271,7 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator
 void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(const std::string& path,
                                                                               stream_type stream, int& stage) {
   // (load_checkpoint, in data_parallel.hpp, frames this for the data-parallel agreement.)
-  expects(!started_ && step_ == 0, "load_checkpoint",
+  expects(!schedule_.started() && step_ == 0, "load_checkpoint",
           "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
   // Parse and validate everything first: nothing changes unless the whole file is good, and what
   // follows the validation cannot fail on the file's content (only on a backend error).
@@ -294,7 +297,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   };
   const auto step = r.get<std::int64_t>();
   const auto started = r.get<bool>();
-  interval_state interval;
+  struct {
+    std::int64_t index = 0, first_step = 0, steps = 0;
+  } interval;
   interval.index = r.get<std::int64_t>();
   interval.first_step = r.get<std::int64_t>();
   interval.steps = r.get<std::int64_t>();
@@ -306,34 +311,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   const auto device_steps = r.get<std::int64_t>();
   const auto current_count = r.get<std::int64_t>();
   const auto pending_count = r.get<std::int64_t>();
-  // The schedule between two steps (start, step, end_interval, reselect, finish):
-  // - nothing has happened before the first step; every interval spans at least one step, and
-  //   the current one began `steps` steps ago;
-  expects(step >= 0 && (started || step == 0) && interval.index >= 0 && interval.first_step >= interval.index &&
-              interval.first_step <= step && interval.steps == step - interval.first_step,
-          "checkpoint", "holds an inconsistent position: step ", step, ", interval ", interval.index, " begun at step ",
-          interval.first_step, " with ", interval.steps, " steps");
-  // - an interval ends when it reaches its target: 1 in warm-up and before the first step, else the
-  //   fixed update_interval, or with "auto" a count in [1, max_update_interval];
-  const std::int64_t max_target =
-      options_.update_interval.is_auto ? options_.effective_max_update_interval() : options_.update_interval.value;
-  expects(target >= 1 && target <= max_target && interval.steps < target && (started || target == 1), "checkpoint",
-          "holds an update interval target of ", target, " with ", interval.steps, " steps done (options allow 1 to ",
-          max_target, ")");
-  // - only the interval before the current one can await its write-back, and only when ZenFlow
-  //   overlaps the CPU update;
-  const bool overlapping = options_.mode == offload_mode::zenflow && options_.overlap_step;
-  expects(pending == -1 || (overlapping && pending == interval.index - 1), "checkpoint", "holds pending interval ",
-          pending, " in interval ", interval.index, overlapping ? "" : " (these options never leave one pending)");
-  // - counts never exceed what they count: non-skipped steps of an interval, one CPU update per
-  //   ended interval, one GPU update per step;
-  expects(current_count >= 0 && current_count <= interval.steps && pending_count >= 0 &&
-              (pending >= 0 ? pending_count <= interval.first_step : pending_count == 0),
-          "checkpoint", "holds accumulated step counts ", current_count, " and ", pending_count,
-          " inconsistent with its interval position");
-  expects(host_steps >= 0 && host_steps <= interval.index && device_steps >= 0 && device_steps <= step, "checkpoint",
-          "holds optimizer step counts ", host_steps, " (CPU) and ", device_steps, " (GPU) for ", interval.index,
-          " intervals and ", step, " steps");
+  // The schedule between two steps (start, step, end_interval, reselect, finish).
+  const detail::schedule_position position{started, interval.index, interval.first_step, interval.steps,
+                                           target,  pending,        selection_due};
+  schedule_.check(position, step, current_count, pending_count, host_steps, device_steps);
   expects(overlap >= 0.0 && overlap <= 1.0, "checkpoint", "holds selection overlap ", overlap, " (not in [0, 1])");
   const auto count = r.get<std::uint64_t>();
   expects(count == params_.size(), "checkpoint", "holds ", count, " parameters, ", params_.size(), " are registered");
@@ -451,13 +432,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   // Apply.
   stage = 2;
   agreed_ = true;
-  started_ = started;
   step_ = step;
-  interval_ = interval;
-  interval_target_ = target;
+  schedule_.restore(position);
   last_overlap_ = overlap;
-  selection_due_ = selection_due;
-  if (pending >= 0) pending_interval_ = pending;
   host_opt_.set_step_count(host_steps);
   {
     detail::state_lock lock(shared_.mutex);

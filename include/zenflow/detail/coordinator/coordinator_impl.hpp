@@ -72,9 +72,9 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
       host_opt_(make_host_optimizer(options.adam, config)),
       device_opt_(options.adam),
       selector_(make_selector(options, comm)),
-      policy_(options),
       offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads),
-      update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots) {
+      update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots),
+      schedule_(options_) {
   if constexpr (data_parallel) {
     rank_ = comm_->rank();
     ranks_ = comm_->size();
@@ -207,7 +207,7 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::ste
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_type stream) {
-  if (!started_) start(stream);
+  if (!schedule_.started()) start(stream);
   begin_step();
   const int parity = static_cast<int>(step_ % 2);
 
@@ -221,7 +221,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
     //    Not at a step with a NaN/Inf on any rank (the selection waits for the next finite step).
     if (selection_boundary()) {
       if (any_nonfinite_gradient(stream))
-        selection_due_ = true;
+        schedule_.postpone_selection();
       else
         reselect(stream);
     }
@@ -251,7 +251,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
     if (selection_boundary()) {
       Backend::synchronize(stream);
       if (flags_host->skip)
-        selection_due_ = true;
+        schedule_.postpone_selection();
       else
         reselect(stream);
     }
@@ -293,29 +293,26 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
     detail::state_lock lock(shared_.mutex);
     detail::offload_job<Backend> marker;  // end of this step's gradients
     marker.step = step_;
-    marker.interval = interval_.index;
+    marker.interval = schedule_.interval();
     marker.flags = step_offloaded_ ? flags_host : nullptr;
     offload_.push(lock, marker);
   }
   shared_.cv.notify_all();
-  ++interval_.steps;
 
   // 5. Interval boundary: CPU update (async with overlap_step), write-back within the bound.
-  if (in_warm_up() || interval_.steps >= interval_target_) {
+  if (schedule_.count_step(step_)) {
     if (has_cpu_columns())
       end_interval(stream, /*synchronous=*/!overlapped(), step_);
     else
-      begin_interval(interval_.index + 1, step_ + 1);
+      begin_interval(schedule_.interval() + 1, step_ + 1);
   }
   for (auto& p : params_) p.has_grad = p.offloaded = false;
   in_step_ = false;
   ++step_;
-  // Leaving warm-up: the next interval follows the options.
-  if (!in_warm_up() && !options_.update_interval.is_auto && interval_.steps == 0)
-    interval_target_ = options_.update_interval.value;
+  schedule_.step_done(step_);  // leaving warm-up, the next interval follows the options
 
   metrics_.selection_overlap = last_overlap_;
-  metrics_.interval = interval_target_;
+  metrics_.interval = schedule_.target();
   {
     detail::state_lock lock(shared_.mutex);
     metrics_.cpu_update_seconds = shared_.last_update_seconds;
@@ -330,8 +327,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::finish(stream_type
   rethrow_worker_error();
   abandon_step(stream);
   or_fail([&] {
-    if (pending_interval_) write_back(*pending_interval_, stream, "finish", step_ - 1);
-    if (interval_.steps > 0 && has_cpu_columns()) end_interval(stream, /*synchronous=*/true, step_ - 1);
+    if (const auto pending = schedule_.pending()) write_back(*pending, stream, "finish", step_ - 1);
+    if (schedule_.interval_steps() > 0 && has_cpu_columns()) end_interval(stream, /*synchronous=*/true, step_ - 1);
     Backend::synchronize(stream);
   });
 }

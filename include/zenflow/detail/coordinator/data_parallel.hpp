@@ -166,11 +166,12 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator
 detail::agreement_position basic_coordinator<Backend, HostOptimizer, Communicator>::current_position() const {
   detail::agreement_position at;
   at.step = step_;
-  at.started = started_;
-  at.interval = interval_.index;
-  at.interval_first_step = interval_.first_step;
-  at.interval_target = interval_target_;
-  at.pending_interval = pending_interval_ ? *pending_interval_ : -1;
+  const auto& s = schedule_.position();
+  at.started = s.started;
+  at.interval = s.interval;
+  at.interval_first_step = s.interval_first_step;
+  at.interval_target = s.target;
+  at.pending_interval = s.pending;
   // Before the first step no parameter has a GPU step count (gpu_step_count would synchronize).
   for (const auto& p : params_) at.add(p.selection, p.adam.lr, p.adam.weight_decay, p.cpu_steps, 0);
   at.cpu_steps = host_opt_.step_count();

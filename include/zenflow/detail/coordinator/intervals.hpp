@@ -25,12 +25,12 @@ namespace zenflow {
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 bool basic_coordinator<Backend, HostOptimizer, Communicator>::in_warm_up() const noexcept {
-  return options_.mode == offload_mode::zero_offload || step_ < options_.full_warm_up_rounds;
+  return schedule_.in_warm_up(step_);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 bool basic_coordinator<Backend, HostOptimizer, Communicator>::overlapped() const noexcept {
-  return options_.overlap_step && !in_warm_up();
+  return schedule_.overlapped(step_);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
@@ -49,23 +49,16 @@ const step_flags* basic_coordinator<Backend, HostOptimizer, Communicator>::unit_
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::start(stream_type stream) {
-  started_ = true;
   for (auto& p : params_)
     if (!p.is_vector) set_selection(p, {}, stream);  // every column on the CPU until the first selection
-  interval_ = {0, 0, 0};
-  interval_target_ = 1;
-  if (!in_warm_up() && !options_.update_interval.is_auto) interval_target_ = options_.update_interval.value;
+  schedule_.start(step_);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::auto_interval() const {
-  // "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
-  // reaches the important mass per GPU column. With the selection's scores (L1 per column) as
-  // the per-step masses -- the method's premise is that they change slowly -- that is
-  // ceil(important per column / unimportant per column), bounded to [1, max_update_interval] and
-  // by the selection interval. No unimportant mass, no CPU or no GPU columns: the bound.
-  double important = 0.0, unimportant = 0.0;
-  std::int64_t k = 0, rest = 0;
+detail::interval_masses basic_coordinator<Backend, HostOptimizer, Communicator>::selection_masses() const {
+  // The selection's scores (L1 per column) of the parameters that had a gradient: the GPU
+  // columns' and the CPU columns' masses and counts ("auto" interval: schedule::auto_length).
+  detail::interval_masses m;
   for (const auto& p : params_) {
     if (p.is_vector || !p.has_grad) continue;  // no gradient: its scores are not this step's
     const auto scores = selector_.scores(p.selector_index);
@@ -73,16 +66,12 @@ std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::auto_inter
     double sel = 0.0;
     for (std::int32_t c : p.selection) sel += scores[c];
     const double total = std::accumulate(scores.begin(), scores.end(), 0.0);
-    important += sel;
-    unimportant += total - sel;
-    k += static_cast<std::int64_t>(p.selection.size());
-    rest += static_cast<std::int64_t>(p.complement.size());
+    m.important += sel;
+    m.unimportant += total - sel;
+    m.gpu_columns += static_cast<std::int64_t>(p.selection.size());
+    m.cpu_columns += static_cast<std::int64_t>(p.complement.size());
   }
-  const std::int64_t bound = options_.effective_max_update_interval();
-  if (k == 0 || rest == 0 || !(unimportant > 0.0)) return bound;
-  const double ratio = (important / static_cast<double>(k)) / (unimportant / static_cast<double>(rest));
-  const double steps = std::ceil(ratio);
-  return std::clamp<std::int64_t>(std::isfinite(steps) ? static_cast<std::int64_t>(std::min(steps, 1e9)) : 1, 1, bound);
+  return m;
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
@@ -90,8 +79,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reselect(stream_ty
   // A selection change moves optimizer state: first complete and write back every CPU update,
   // so no accumulated gradient is lost and no stale result lands on a column the GPU now owns.
   // Before any of this step's work: the write-back happens at the end of the previous step.
-  if (pending_interval_) write_back(*pending_interval_, stream, "reselection", step_ - 1);
-  if (interval_.steps > 0) end_interval(stream, /*synchronous=*/true, step_ - 1);
+  if (const auto pending = schedule_.pending()) write_back(*pending, stream, "reselection", step_ - 1);
+  if (schedule_.interval_steps() > 0) end_interval(stream, /*synchronous=*/true, step_ - 1);
   // A parameter without a gradient is scored from its weights (any view of its shape does: the
   // selector scores every parameter at once), and that selection is not used: it keeps its own.
   std::vector<const_matrix_view> grads;
@@ -121,14 +110,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reselect(stream_ty
     last_overlap_ = counted ? overlap / static_cast<double>(counted) : 1.0;
   }
   metrics_.reselected = true;
-  selection_due_ = false;
-  interval_target_ = options_.update_interval.is_auto ? auto_interval() : options_.update_interval.value;
+  schedule_.selected(schedule_.wants_masses() ? selection_masses() : detail::interval_masses{});
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(stream_type stream, bool synchronous,
                                                                            std::int64_t last_step) {
-  const std::int64_t i = interval_.index;
+  const std::int64_t i = schedule_.interval();
   const int b = static_cast<int>(i % 2);
   // The CPU update of every parameter with CPU columns, with the hyper-parameters in effect now.
   detail::update_job<Backend> job;
@@ -161,7 +149,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
     if (config_.record_trace) {
       update_record r;
       r.interval = i;
-      r.first_step = interval_.first_step;
+      r.first_step = schedule_.position().interval_first_step;
       r.last_step = last_step;
       r.synchronous = synchronous;
       update_.add_record(lock, r);
@@ -170,18 +158,18 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
   shared_.cv.notify_all();
   metrics_.cpu_update_launched = true;
   // The deadline of the previous interval's update is the end of this one.
-  if (pending_interval_) write_back(*pending_interval_, stream, "staleness bound", last_step);
+  if (const auto pending = schedule_.pending()) write_back(*pending, stream, "staleness bound", last_step);
   if (synchronous)
     write_back(i, stream, "synchronous CPU update", last_step);
   else
-    pending_interval_ = i;
+    schedule_.awaits_write_back(i);
   begin_interval(i + 1, last_step + 1);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_interval(std::int64_t index,
                                                                              std::int64_t first_step) {
-  interval_ = {index, first_step, 0};
+  schedule_.begin_interval(index, first_step);
   // The interval of this parity two before is written back: its counts are read.
   for (auto& p : params_) p.accumulated[index % 2] = 0;
   detail::state_lock lock(shared_.mutex);
@@ -232,7 +220,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
     }
     Backend::record(written_back_[i % 2], stream);
   }
-  if (pending_interval_ == i) pending_interval_.reset();
+  schedule_.written_back(i);
   metrics_.written_back = true;
 }
 
@@ -265,7 +253,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::abandon_step(strea
       shared_.stats_ready_step = step_;
       detail::offload_job<Backend> marker;
       marker.step = step_;
-      marker.interval = interval_.index;
+      marker.interval = schedule_.interval();
       offload_.push(lock, marker);  // flags == nullptr: the step is not counted
     }
     shared_.cv.notify_all();
@@ -280,33 +268,15 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::abandon_step(strea
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary() const {
-  if (in_warm_up()) return false;
-  if (selection_due_) return true;
-  if (options_.mode == offload_mode::dense) {
-    for (const auto& p : params_)
-      if (!p.is_vector && p.selection.empty()) return true;  // the first step: every column to the GPU
-    return false;
+  // (A parameter without a gradient at a selection step gets no selection: it waits for a later
+  // selection step at which it has one.)
+  detail::selection_facts facts;
+  for (const auto& p : params_) {
+    if (p.is_vector) continue;
+    facts.has_matrices = true;
+    (p.selection.empty() ? facts.dense_unselected : facts.any_selection) = true;
   }
-  // The first step after warm-up, until a selection happened (a parameter without a gradient at a
-  // selection step gets none: it waits for a later selection step at which it has one). Not
-  // decided by which gradients arrived, so that submit_gradient can tell a boundary beforehand.
-  if (!any_selection() && has_matrices()) return true;
-  // The policy counts from the end of warm-up (its step 0 is the first selection).
-  return policy_.should_select(step_ - options_.full_warm_up_rounds);
-}
-
-template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-bool basic_coordinator<Backend, HostOptimizer, Communicator>::any_selection() const noexcept {
-  for (const auto& p : params_)
-    if (!p.is_vector && !p.selection.empty()) return true;
-  return false;
-}
-
-template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-bool basic_coordinator<Backend, HostOptimizer, Communicator>::has_matrices() const noexcept {
-  for (const auto& p : params_)
-    if (!p.is_vector) return true;
-  return false;
+  return schedule_.selects(step_, facts);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
@@ -333,12 +303,12 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(paramete
   Backend::record((*p.gathered)[parity], stream);
   detail::offload_job<Backend> j;
   j.step = step_;
-  j.interval = interval_.index;
+  j.interval = schedule_.interval();
   j.src = p.grad_stage[parity].data() + offset;
   j.bytes = bytes;
   j.type = p.grad_type;
-  j.accumulator = p.accumulator[interval_.index % 2].data();
-  j.accumulated = &p.accumulated[interval_.index % 2];
+  j.accumulator = p.accumulator[schedule_.interval() % 2].data();
+  j.accumulated = &p.accumulated[schedule_.interval() % 2];
   j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
   j.flags_ready = &stats_ready_[parity];
   j.gathered = &(*p.gathered)[parity];

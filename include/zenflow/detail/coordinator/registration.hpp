@@ -120,7 +120,8 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
   expects(initial.type == dtype::f32 || initial.type == param.type, "initial", "must be f32 or the param's dtype (",
           std::string(dtype_name(param.type)), "), got ", std::string(dtype_name(initial.type)));
   expects(is_valid(grad_type), "grad_type", "unknown dtype");
-  expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
+  expects(step_ == 0 && !schedule_.started(), "register_parameter",
+          "parameters must be registered before the first step");
   expects(param.cols >= ranks_, "param", "has ", param.cols, " columns, fewer than the ", ranks_,
           " data-parallel ranks that each own a range of them");
   // Column-contiguous fp32 master of this rank's columns for the CPU optimizer.
@@ -153,7 +154,8 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
   expects(!param.empty() && param.contiguous(), "param", "must be a non-empty contiguous vector");
   expects(static_cast<index_t>(initial.size()) == param.size, "initial", "has ", initial.size(), " values, param has ",
           param.size);
-  expects(step_ == 0 && !started_, "register_parameter", "parameters must be registered before the first step");
+  expects(step_ == 0 && !schedule_.started(), "register_parameter",
+          "parameters must be registered before the first step");
   parameter p;
   p.name = std::move(name);
   p.adam = options_.adam;
@@ -185,7 +187,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(st
   // gather them now and let the copy overlap backward (not at a selection boundary, which may
   // change the columns).
   // Data parallel: the CPU columns are reduced across ranks first, in step().
-  if (!data_parallel && started_ && options_.max_grad_norm == 0.0f && !p.complement.empty() && !selection_boundary()) {
+  if (!data_parallel && schedule_.started() && options_.max_grad_norm == 0.0f && !p.complement.empty() &&
+      !selection_boundary()) {
     begin_step();
     offload_gradient(p, unit_flags(), stream);
   }

@@ -56,7 +56,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
     // This rank's CPU columns. With a pending result for this parameter (its CPU columns are the
     // complement the update ran on) the edit wins: every element takes its value, and the
     // write-back will write these values.
-    const bool pending = pending_interval_ && p.accumulated[*pending_interval_ % 2] > 0 && !p.complement.empty();
+    const auto pending_interval = schedule_.pending();
+    const bool pending = pending_interval && p.accumulated[*pending_interval % 2] > 0 && !p.complement.empty();
     const std::span<float> master = host_opt_.params(p.cpu_tensor);
     for (const std::int32_t c : detail::owned_cpu_columns(p.owned, p.selection))
       detail::adopt_values(column(c + static_cast<std::int32_t>(p.owned.first)), type, master.subspan(c * rows, rows),
@@ -68,7 +69,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
         std::copy(c.begin(), c.end(), block.begin() + static_cast<std::ptrdiff_t>(j * column_bytes));
       }
       std::byte* staged =
-          p.writeback_dev[*pending_interval_ % 2].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(type);
+          p.writeback_dev[*pending_interval % 2].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(type);
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(staged, block.data(), block.size(), stream);
       Backend::synchronize(stream);
