@@ -98,8 +98,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         during the last one (an earlier hand-over would be dropped again). No effect otherwise;
         correctness never depends on it (accepted from DeepSpeed configs).
     cpu_threads, record_trace
-        the CPU Adam's thread pool size (0: every core this process may use); keep a record per
-        CPU update (:meth:`trace`).
+        the size of the CPU Adam's thread pool and of the pool that accumulates the offloaded
+        gradients (two pools: an interval's update overlaps the next one's accumulation; 0: every
+        core this process may use); keep a record per CPU update (:meth:`trace`).
     process_group, timeout
         data parallel (e.g. under ``torchrun``): a ``torch.distributed`` process group (or
         ``torch.distributed.group.WORLD``) whose ranks each run this optimizer on their own
