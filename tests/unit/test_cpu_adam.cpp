@@ -522,10 +522,12 @@ TEST_CASE("an overwriting accumulate equals accumulating into zeros and never re
       for (std::size_t chunk : {7u, 64u, 4096u}) {
         zenflow::thread_pool pool(threads);
         auto acc = garbage;
-        zenflow::detail::parallel_accumulate(pool, chunk, acc.data(), gp, gt, n, 0.125f, /*overwrite=*/true);
+        CHECK(zenflow::detail::parallel_accumulate(pool, cpu_isa::automatic, chunk, acc.data(), gp, gt, n, 0.125f,
+                                                   /*overwrite=*/true));  // g[5] is infinite
         CHECK(same_bits(acc, expected));
         auto twice = expected;  // then adding: fma(s, g, acc) per element, as cpu_adam::accumulate
-        zenflow::detail::parallel_accumulate(pool, chunk, acc.data(), gp, gt, n, 0.125f, /*overwrite=*/false);
+        (void)zenflow::detail::parallel_accumulate(pool, cpu_isa::automatic, chunk, acc.data(), gp, gt, n, 0.125f,
+                                                   /*overwrite=*/false);
         zenflow::detail::cpu_accumulate_kernel(cpu_isa::scalar, twice.data(), gp, gt, n, 0.125f);
         CHECK(same_bits(acc, twice));
       }

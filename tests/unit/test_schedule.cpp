@@ -54,8 +54,14 @@ std::vector<std::int64_t> interval_ends(schedule& s, std::int64_t steps) {
   return ends;
 }
 
-const selection_facts unselected{.has_matrices = true, .any_selection = false, .dense_unselected = true};
-const selection_facts selected_once{.has_matrices = true, .any_selection = true, .dense_unselected = false};
+// schedule::selects asks for the facts through a callable (only when they matter).
+const auto unselected = [] {
+  return selection_facts{.has_matrices = true, .any_selection = false, .dense_unselected = true};
+};
+const auto selected_once = [] {
+  return selection_facts{.has_matrices = true, .any_selection = true, .dense_unselected = false};
+};
+const auto no_matrices = [] { return selection_facts{}; };
 
 }  // namespace
 
@@ -95,10 +101,10 @@ TEST_CASE("intervals: one step each in warm-up, then update_interval steps") {
 TEST_CASE("selection steps: after warm-up as the policy says, dense once, postponed by a skipped step") {
   schedule s(zenflow_mode(2, 2));
   s.start(0);
-  CHECK(!s.selects(1, unselected));         // warm-up
-  CHECK(s.selects(2, unselected));          // the first step after it
-  CHECK(!s.selects(3, selection_facts{}));  // nothing 2-D: only the policy's steps
-  CHECK(s.selects(2, selected_once));       // the policy's step 0
+  CHECK(!s.selects(1, unselected));    // warm-up
+  CHECK(s.selects(2, unselected));     // the first step after it
+  CHECK(!s.selects(3, no_matrices));   // nothing 2-D: only the policy's steps
+  CHECK(s.selects(2, selected_once));  // the policy's step 0
   CHECK(!s.selects(3, selected_once));
   CHECK(s.selects(6, selected_once));  // select_interval 4, counted from the end of warm-up
   CHECK(s.selects(5, unselected));     // a parameter still waits for its first selection

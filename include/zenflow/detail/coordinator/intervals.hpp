@@ -270,13 +270,17 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator
 bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary() const {
   // (A parameter without a gradient at a selection step gets no selection: it waits for a later
   // selection step at which it has one.)
-  detail::selection_facts facts;
-  for (const auto& p : params_) {
-    if (p.is_vector) continue;
-    facts.has_matrices = true;
-    (p.selection.empty() ? facts.dense_unselected : facts.any_selection) = true;
-  }
-  return schedule_.selects(step_, facts);
+  return schedule_.selects(step_, [&] {
+    detail::selection_facts facts;
+    for (const auto& p : params_) {
+      if (p.is_vector) continue;
+      facts.has_matrices = true;
+      (p.selection.empty() ? facts.dense_unselected : facts.any_selection) = true;
+      // Outside dense mode only whether some parameter has GPU columns matters.
+      if (facts.any_selection && (facts.dense_unselected || options_.mode != offload_mode::dense)) break;
+    }
+    return facts;
+  });
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>

@@ -44,8 +44,7 @@ class offload_worker : public worker_thread<Backend, offload_job<Backend>> {
   using typename base::job;
 
   /// `threads` accumulate (0: the CPUs this process may run on), pinned when `pin_threads`.
-  offload_worker(shared_state& state, std::size_t slot_bytes, std::size_t slots, std::size_t threads,
-                 bool pin_threads)
+  offload_worker(shared_state& state, std::size_t slot_bytes, std::size_t slots, std::size_t threads, bool pin_threads)
       : base(state, transfer_direction::device_to_host, slot_bytes, slots), pool_(threads, pin_threads) {}
   ~offload_worker() { this->join(); }  // the thread runs this class's loop
 
@@ -79,8 +78,8 @@ void offload_worker<Backend>::accumulate(const job& j, float* acc, const std::by
                                          float scale) {
   // *j.accumulated counts the parameter's steps already in this interval's accumulator; only this
   // thread changes it while the interval is being accumulated.
-  parallel_accumulate(pool_, chunk_elements, acc, src, j.type, bytes / dtype_size(j.type), scale,
-                      /*overwrite=*/*j.accumulated == 0);
+  (void)parallel_accumulate(pool_, cpu_isa::automatic, chunk_elements, acc, src, j.type, bytes / dtype_size(j.type),
+                            scale, /*overwrite=*/*j.accumulated == 0);
 }
 
 // A gradient handed over during backward can land before step() has produced the step's flags:

@@ -85,12 +85,15 @@ class schedule {
   /// skipped step first; dense mode once, while a 2-D parameter has no GPU columns; otherwise the
   /// first step after warm-up until a selection happened (not decided by which gradients arrived,
   /// so that a caller can tell a selection step beforehand), then as the selection policy says,
-  /// counting from the end of warm-up.
-  [[nodiscard]] bool selects(std::int64_t step, const selection_facts& facts) const {
+  /// counting from the end of warm-up. `facts()` returns the selection_facts; it is asked only
+  /// after warm-up (this runs at every gradient submission).
+  template <class Facts>
+  [[nodiscard]] bool selects(std::int64_t step, const Facts& facts) const {
     if (in_warm_up(step)) return false;
     if (at_.selection_due) return true;
-    if (mode_ == offload_mode::dense) return facts.dense_unselected;
-    if (!facts.any_selection && facts.has_matrices) return true;
+    const selection_facts f = facts();
+    if (mode_ == offload_mode::dense) return f.dense_unselected;
+    if (!f.any_selection && f.has_matrices) return true;
     return policy_.should_select(step - warm_up_);
   }
   /// The selection step's gradients were not finite: it selects at the next step instead.

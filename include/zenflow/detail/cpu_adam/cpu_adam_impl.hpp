@@ -376,16 +376,8 @@ inline bool cpu_adam::accumulate(float* acc, const void* grad, dtype grad_type, 
   expects(!detail::overlaps(detail::make_range(acc, un * sizeof(float), 0),
                             detail::make_range(grad, un * dtype_size(grad_type), 0)),
           "grad", "overlaps acc");
-  const auto fn = detail::select_accumulate_range(isa_, grad_type);
-  const std::size_t gsz = dtype_size(grad_type);
-  const std::size_t pieces = (un + chunk_ - 1) / chunk_;
-  std::atomic<bool> bad{false};
-  pool_->parallel_for(pieces, [&](std::size_t k) {
-    const std::size_t lo = k * chunk_, cnt = std::min(un, lo + chunk_) - lo;
-    if (fn(acc + lo, static_cast<const unsigned char*>(grad) + lo * gsz, cnt, scale))
-      bad.store(true, std::memory_order_relaxed);
-  });
-  return !check_finite || !bad.load();
+  const bool bad = detail::parallel_accumulate(*pool_, isa_, chunk_, acc, grad, grad_type, un, scale, false);
+  return !check_finite || !bad;
 }
 
 inline bool cpu_adam::all_finite(const void* grad, dtype grad_type, index_t n, float scale) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -235,8 +236,7 @@ ZENFLOW_TARGET_AVX512 inline void adam_range(float* p, const G* g, float* m, flo
 template <bool Masked, bool Overwrite, class G>
 ZENFLOW_TARGET_AVX512 ZENFLOW_SIMD_INLINE __mmask16 accumulate_block(float* acc, const G* g, __m512 scale,
                                                                      __mmask16 k) {
-  const __m512 a =
-      _mm512_fmadd_ps(scale, load<Masked>(g, k), Overwrite ? _mm512_setzero_ps() : load<Masked>(acc, k));
+  const __m512 a = _mm512_fmadd_ps(scale, load<Masked>(g, k), Overwrite ? _mm512_setzero_ps() : load<Masked>(acc, k));
   store<Masked>(acc, a, k);
   return nonfinite(a) & k;
 }
@@ -558,18 +558,19 @@ inline bool cpu_accumulate_kernel(cpu_isa isa, float* acc, const void* g, dtype 
 
 /// cpu_accumulate_kernel over `pool`: pieces of `chunk` elements (a range below two pieces runs on
 /// the calling thread, no hand-off). Element-wise, so bit-identical for every pool size and chunk.
-inline void parallel_accumulate(thread_pool& pool, std::size_t chunk, float* acc, const void* g, dtype g_type,
-                                std::size_t n, float scale, bool overwrite) {
-  const accumulate_range_fn fn = select_accumulate_range(resolve_isa(cpu_isa::automatic), g_type, overwrite);
+/// Returns true when a resulting element is not finite.
+inline bool parallel_accumulate(thread_pool& pool, cpu_isa isa, std::size_t chunk, float* acc, const void* g,
+                                dtype g_type, std::size_t n, float scale, bool overwrite) {
+  const accumulate_range_fn fn = select_accumulate_range(resolve_isa(isa), g_type, overwrite);
   const std::size_t gsz = dtype_size(g_type);
-  if (n < 2 * chunk || pool.size() == 1) {
-    fn(acc, g, n, scale);
-    return;
-  }
+  if (n < 2 * chunk || pool.size() == 1) return fn(acc, g, n, scale);
+  std::atomic<bool> bad{false};
   pool.parallel_for((n + chunk - 1) / chunk, [&](std::size_t k) {
     const std::size_t lo = k * chunk, cnt = std::min(n, lo + chunk) - lo;
-    fn(acc + lo, static_cast<const unsigned char*>(g) + lo * gsz, cnt, scale);
+    if (fn(acc + lo, static_cast<const unsigned char*>(g) + lo * gsz, cnt, scale))
+      bad.store(true, std::memory_order_relaxed);
   });
+  return bad.load();
 }
 
 }  // namespace zenflow::detail
