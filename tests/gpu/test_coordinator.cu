@@ -142,10 +142,20 @@ run_state snapshot(const cuda_coordinator& gpu, const gpu_model& m) {
   s.b.resize(bias_size);
   ZENFLOW_CUDA_TRY(cudaMemcpy(s.w.data(), m.w_dev.data(), s.w.size() * 2, cudaMemcpyDeviceToHost));
   ZENFLOW_CUDA_TRY(cudaMemcpy(s.b.data(), m.b_dev.data(), bias_size * 4, cudaMemcpyDeviceToHost));
+  // The host optimizer's state of the weight's CPU columns only: a column on the GPU has its state
+  // in the device optimizer, and its host slots hold whatever its last CPU interval left (a
+  // checkpoint writes each column's state once, from the optimizer that owns it).
   const auto& h = gpu.host_optimizer();
-  s.cpu_params.assign(h.params(0).begin(), h.params(0).end());
-  s.cpu_exp_avg.assign(h.exp_avg(0).begin(), h.exp_avg(0).end());
-  s.cpu_exp_avg_sq.assign(h.exp_avg_sq(0).begin(), h.exp_avg_sq(0).end());
+  const auto on_gpu = gpu.gpu_columns(0);
+  for (index_t c = 0; c < cols; ++c) {
+    if (std::find(on_gpu.begin(), on_gpu.end(), static_cast<std::int32_t>(c)) != on_gpu.end()) continue;
+    const auto at = static_cast<std::size_t>(c * rows);  // the CPU tensor is column-contiguous
+    const auto n = static_cast<std::size_t>(rows);
+    s.cpu_params.insert(s.cpu_params.end(), h.params(0).begin() + at, h.params(0).begin() + at + n);
+    s.cpu_exp_avg.insert(s.cpu_exp_avg.end(), h.exp_avg(0).begin() + at, h.exp_avg(0).begin() + at + n);
+    s.cpu_exp_avg_sq.insert(s.cpu_exp_avg_sq.end(), h.exp_avg_sq(0).begin() + at, h.exp_avg_sq(0).begin() + at + n);
+  }
+  REQUIRE(!s.cpu_params.empty());
   return s;
 }
 
