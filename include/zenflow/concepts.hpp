@@ -81,17 +81,21 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
   { cq.counters().transfers } -> std::convertible_to<std::uint64_t>;
 };
 
-/// 3. host_optimizer: the CPU Adam/AdamW that owns fp32 master, m, v of every column. The
+/// 3. host_optimizer: the CPU Adam/AdamW that owns the fp32 master and the moments of every column. The
 ///    requirements are exactly what basic_coordinator calls on it, so a type that models the
 ///    concept can be plugged into the coordinator (cpu_adam is the library's model; the
 ///    coordinator's tests plug in wrappers that inject failures and delays).
 ///    R1 `O(adam, config)` — constructible from the coordinator's adam_options and a
-///       cpu_adam_config (its cpu_threads and pin_threads).
+///       cpu_adam_config (its cpu_threads, pin_threads and cpu_state).
 ///    R2 `add_tensor(initial, rows, cols)` — registers a rows x cols tensor from its fp32 master
 ///       values, column-contiguous (column c at [c*rows, (c+1)*rows)), moments 0; returns its index.
-///    R3 `params(t)`, `exp_avg(t)`, `exp_avg_sq(t)` — tensor t's master, m and v, column-contiguous,
-///       writable host memory (state moves through them on reselection and checkpoint load);
-///       `params(t)` also on a const optimizer (what basic_coordinator::host_optimizer() offers).
+///    R3 `params(t)` — tensor t's fp32 master, column-contiguous, writable host memory (edits the
+///       trainer makes are adopted into it); also on a const optimizer (what
+///       basic_coordinator::host_optimizer() offers). `export_columns(t, columns, p, m, v)` and
+///       `import_columns(t, columns, p, m, v)` — the master and the moments of tensor t's listed
+///       columns (ascending) as fp32, packed in list order: how state leaves and enters it on
+///       reselection and in checkpoints, whatever the optimizer holds (an import of an export
+///       leaves the state unchanged). The coordinator never reads the moments' storage itself.
 ///    R4 `step(tasks, grad_scale, check_finite)` — one Adam/AdamW step over a span of cpu_adam_task
 ///       (each tensor's CPU columns, its compact gradient, its hyper-parameters, a compact copy-out
 ///       in the parameter's dtype), every gradient element multiplied by grad_scale. Synchronous.
@@ -103,12 +107,13 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
 template <class O>
 concept host_optimizer = std::constructible_from<O, const adam_options&, const cpu_adam_config&> &&
     requires(O& o, const O& co, std::span<const float> initial, index_t rows, index_t cols, std::size_t t,
+             std::span<const std::int32_t> columns, std::span<float> out, std::span<const float> in,
              std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite, std::int64_t n) {
   { o.add_tensor(initial, rows, cols) } -> std::convertible_to<std::size_t>;
   { o.params(t) } -> std::convertible_to<std::span<float>>;
-  { o.exp_avg(t) } -> std::convertible_to<std::span<float>>;
-  { o.exp_avg_sq(t) } -> std::convertible_to<std::span<float>>;
   { co.params(t) } -> std::convertible_to<std::span<const float>>;
+  co.export_columns(t, columns, out, out, out);
+  o.import_columns(t, columns, in, in, in);
   o.step(tasks, grad_scale, check_finite);
   { co.step_count() } -> std::convertible_to<std::int64_t>;
   o.set_step_count(n);

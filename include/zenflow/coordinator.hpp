@@ -56,6 +56,11 @@ struct coordinator_config {
   /// process may use.
   std::size_t cpu_threads = 0;
   bool pin_threads = false;
+  /// How the CPU optimizer holds the CPU columns' moments (the table in cpu_adam.hpp): fp32, or
+  /// bf16 / 8-bit blockwise moments for fewer bytes held and moved per update. The fp32 master
+  /// is kept in every format; reselection and checkpoints move the state as fp32 (a checkpoint
+  /// loads into a coordinator of any format).
+  cpu_state_format cpu_state = cpu_state_format::fp32;
   std::size_t d2h_slot_bytes = std::size_t{4} << 20;  ///< gradient staging slot size
   std::size_t d2h_slots = 4;
   std::size_t h2d_slot_bytes = std::size_t{4} << 20;  ///< parameter staging slot size

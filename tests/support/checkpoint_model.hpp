@@ -27,6 +27,8 @@ struct checkpoint_configuration {
   std::int64_t steps;
   /// Train with missing_gradients::skip: some parameters get no gradient in some steps.
   bool missing_gradients = false;
+  /// How the CPU optimizer holds the moments (coordinator_config::cpu_state).
+  cpu_state_format cpu_state = cpu_state_format::fp32;
 };
 
 inline zenflow_options checkpoint_base_options() {
@@ -63,6 +65,11 @@ inline std::vector<checkpoint_configuration> checkpoint_configurations() {
   out.push_back({"zero_offload", zenflow_options::zero_offload(), 3});
   // Mid-interval, a CPU result pending, per-parameter counts that differ (see checkpoint_model::train).
   out.push_back({"missing_gradients", checkpoint_base_options(), 5, true});
+  // Compact CPU moments: the state leaves and enters the CPU optimizer through its fp32 export
+  // and import (reselections, the checkpoint), which must leave it unchanged.
+  out.push_back({"after_reselection_bf16_moments", reselect, 7, false, cpu_state_format::bf16_moments});
+  out.push_back(
+      {"pending_blockwise8_moments", checkpoint_base_options(), 4, false, cpu_state_format::blockwise8_moments});
   return out;
 }
 
@@ -71,8 +78,9 @@ class checkpoint_model {
  public:
   static constexpr index_t rows0 = 6, cols0 = 10, rows1 = 5, cols1 = 8, bias_size = 4;
 
-  explicit checkpoint_model(const zenflow_options& options, std::size_t cpu_threads = 1, bool missing_gradients = false)
-      : missing_(missing_gradients), coordinator_(options, config(cpu_threads)) {
+  explicit checkpoint_model(const zenflow_options& options, std::size_t cpu_threads = 1, bool missing_gradients = false,
+                            cpu_state_format cpu_state = cpu_state_format::fp32)
+      : missing_(missing_gradients), coordinator_(options, config(cpu_threads, cpu_state)) {
     w0_.resize(rows0 * cols0);
     g0_.resize(rows0 * cols0);
     w1_.resize(rows1 * cols1);
@@ -97,7 +105,7 @@ class checkpoint_model {
 
   /// The model of a configuration (its options, and whether it trains with missing gradients).
   explicit checkpoint_model(const checkpoint_configuration& c, std::size_t cpu_threads = 1)
-      : checkpoint_model(c.options, cpu_threads, c.missing_gradients) {}
+      : checkpoint_model(c.options, cpu_threads, c.missing_gradients, c.cpu_state) {}
 
   host_coordinator& coordinator() noexcept { return coordinator_; }
   host_stream& stream() noexcept { return stream_; }
@@ -154,20 +162,29 @@ class checkpoint_model {
     take(bias_);
   }
 
-  /// The CPU optimizer's fp32 master and moments of both weights.
+  /// The CPU optimizer's fp32 master and moments of both weights (the moments as it exports them
+  /// in fp32, whatever it holds).
   std::vector<float> cpu_state() const {
     std::vector<float> all;
     const auto& opt = coordinator_.host_optimizer();
-    for (std::size_t t = 0; t < 2; ++t)
-      for (auto part : {opt.params(t), opt.exp_avg(t), opt.exp_avg_sq(t)})
-        all.insert(all.end(), part.begin(), part.end());
+    for (std::size_t t = 0; t < 2; ++t) {
+      std::vector<std::int32_t> columns(static_cast<std::size_t>(opt.cols(t)));
+      for (std::size_t c = 0; c < columns.size(); ++c) columns[c] = static_cast<std::int32_t>(c);
+      const std::size_t n = opt.params(t).size();
+      std::vector<float> master(n), m(n), v(n);
+      opt.export_columns(t, columns, master, m, v);
+      all.insert(all.end(), opt.params(t).begin(), opt.params(t).end());
+      all.insert(all.end(), m.begin(), m.end());
+      all.insert(all.end(), v.begin(), v.end());
+    }
     return all;
   }
 
  private:
-  static coordinator_config config(std::size_t cpu_threads) {
+  static coordinator_config config(std::size_t cpu_threads, cpu_state_format cpu_state) {
     coordinator_config c;
     c.cpu_threads = cpu_threads;
+    c.cpu_state = cpu_state;
     c.d2h_slot_bytes = 64;  // small slots: gradients are split and pipelined
     c.d2h_slots = 2;
     c.h2d_slot_bytes = 64;

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -29,6 +30,12 @@ namespace {
 std::string temp_path(const std::string& name) {
   const auto file = "zenflow_test_checkpoint_" + std::to_string(::getpid()) + "_" + name;
   return (std::filesystem::temp_directory_path() / file).string();
+}
+
+// Element i of a float array field's bytes.
+void set_float(std::vector<char>& bytes, std::size_t i, float x) {
+  REQUIRE(bytes.size() >= (i + 1) * sizeof(float));
+  std::memcpy(bytes.data() + i * sizeof(float), &x, sizeof(float));
 }
 
 const checkpoint_configuration& configuration(const std::string& name) {
@@ -104,6 +111,7 @@ TEST_CASE("every checkpointable state loads, saves back identically and resumes 
     const auto file = saved_checkpoint(c);
     checkpoint_model original(c);
     original.train(c.steps);
+    CHECK(original.coordinator().host_optimizer().state_format() == c.cpu_state);
     checkpoint_model loaded(c);
     const auto path = temp_path("roundtrip.bin");
     write_file_bytes(path, file);
@@ -334,6 +342,9 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
          std::swap_ranges(s.begin(), s.begin() + 4, s.begin() + 4);
        },
        "ascending"},
+      {"pending", "a NaN CPU moment", [](auto& d) { set_float(d["w1.cpu_m"].bytes, 3, std::nanf("")); }, "CPU moments"},
+      {"pending_blockwise8_moments", "a negative CPU second moment",
+       [](auto& d) { set_float(d["w0.cpu_v"].bytes, 0, -1.0f); }, "CPU moments"},
       {"pending", "contents that are neither everything nor the optimizer state",
        [](auto& d) { d.template set<std::uint8_t>("contents", 2); }, "contents 2"},
       {"pending", "a bf16 parameter without its fp32 master",

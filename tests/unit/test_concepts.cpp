@@ -80,8 +80,10 @@ struct model_host_optimizer {
   std::size_t add_tensor(std::span<const float>, zenflow::index_t, zenflow::index_t) { return 0; }
   std::span<float> params(std::size_t) { return p; }
   std::span<const float> params(std::size_t) const { return p; }
-  std::span<float> exp_avg(std::size_t) { return p; }
-  std::span<float> exp_avg_sq(std::size_t) { return p; }
+  void export_columns(std::size_t, std::span<const std::int32_t>, std::span<float>, std::span<float>,
+                      std::span<float>) const {}
+  void import_columns(std::size_t, std::span<const std::int32_t>, std::span<const float>, std::span<const float>,
+                      std::span<const float>) {}
   zenflow::cpu_step_result step(std::span<const zenflow::cpu_adam_task>, float, bool) { return {}; }
   std::int64_t step_count() const { return 0; }
   void set_step_count(std::int64_t) {}
@@ -112,8 +114,14 @@ class wrapped_cpu_adam {
   }
   std::span<float> params(std::size_t t) { return adam_.params(t); }
   std::span<const float> params(std::size_t t) const { return adam_.params(t); }
-  std::span<float> exp_avg(std::size_t t) { return adam_.exp_avg(t); }
-  std::span<float> exp_avg_sq(std::size_t t) { return adam_.exp_avg_sq(t); }
+  void export_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<float> p, std::span<float> m,
+                      std::span<float> v) const {
+    adam_.export_columns(t, columns, p, m, v);
+  }
+  void import_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> p,
+                      std::span<const float> m, std::span<const float> v) {
+    adam_.import_columns(t, columns, p, m, v);
+  }
   void step(std::span<const zenflow::cpu_adam_task> tasks, float grad_scale, bool check_finite) {
     adam_.step(tasks, grad_scale, check_finite);
   }

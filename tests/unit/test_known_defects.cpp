@@ -84,6 +84,7 @@ struct watched_cpu_adam : cpu_adam {
   using cpu_adam::cpu_adam;
   static inline std::atomic<int> updating{0};
   static inline std::atomic<int> overlaps{0};
+  static inline std::atomic<int> state_moves{0};  // export_columns / import_columns calls
   cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
     ++updating;
     std::this_thread::sleep_for(std::chrono::milliseconds(15));
@@ -92,14 +93,27 @@ struct watched_cpu_adam : cpu_adam {
     return result;
   }
   std::span<float> params(std::size_t t) { return note(cpu_adam::params(t)); }
-  std::span<float> exp_avg(std::size_t t) { return note(cpu_adam::exp_avg(t)); }
-  std::span<float> exp_avg_sq(std::size_t t) { return note(cpu_adam::exp_avg_sq(t)); }
   std::span<const float> params(std::size_t t) const { return cpu_adam::params(t); }
+  void export_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<float> p, std::span<float> m,
+                      std::span<float> v) const {
+    note();
+    ++state_moves;
+    cpu_adam::export_columns(t, columns, p, m, v);
+  }
+  void import_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> p,
+                      std::span<const float> m, std::span<const float> v) {
+    note();
+    ++state_moves;
+    cpu_adam::import_columns(t, columns, p, m, v);
+  }
 
  private:
   static std::span<float> note(std::span<float> state) {
-    if (updating.load() > 0) ++overlaps;
+    note();
     return state;
+  }
+  static void note() {
+    if (updating.load() > 0) ++overlaps;
   }
 };
 
@@ -525,6 +539,7 @@ TEST_CASE("defect: two writers of the fp32 master at once (a CPU update and a re
   auto o = base_options();
   o.select_interval = interval_option::fixed(3);
   watched_cpu_adam::overlaps = 0;
+  watched_cpu_adam::state_moves = 0;
   basic_harness<basic_coordinator<host_backend, watched_cpu_adam>> h(o);
   int reselections = 0;
   for (int s = 0; s < 20; ++s) {
@@ -533,6 +548,7 @@ TEST_CASE("defect: two writers of the fp32 master at once (a CPU update and a re
   }
   h.finish();
   CHECK(reselections >= 5);
+  CHECK(watched_cpu_adam::state_moves.load() > 0);  // the migrations went through the watched calls
   CHECK(watched_cpu_adam::overlaps.load() == 0);
 }
 

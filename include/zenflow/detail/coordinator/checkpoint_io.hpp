@@ -62,20 +62,6 @@ inline std::vector<std::int32_t> owned_cpu_columns(column_range owned, std::span
       out.push_back(static_cast<std::int32_t>(c - owned.first));
   return out;
 }
-/// The listed columns (rows values each, column-contiguous) of `all`, in list order.
-inline std::vector<float> pick_columns(std::span<const float> all, std::size_t rows,
-                                       std::span<const std::int32_t> columns) {
-  std::vector<float> out;
-  out.reserve(columns.size() * rows);
-  for (const std::int32_t c : columns) out.insert(out.end(), all.begin() + c * rows, all.begin() + (c + 1) * rows);
-  return out;
-}
-/// The inverse of pick_columns: writes `in` into the listed columns of `all`.
-inline void put_columns(std::span<float> all, std::size_t rows, std::span<const std::int32_t> columns,
-                        std::span<const float> in) {
-  for (std::size_t j = 0; j < columns.size(); ++j)
-    std::copy(in.begin() + j * rows, in.begin() + (j + 1) * rows, all.begin() + columns[j] * rows);
-}
 /// Packed [master, m, v] per column without the masters: [m, v] per column.
 inline std::vector<float> without_master(std::span<const float> packed, std::size_t rows) {
   std::vector<float> out;
@@ -234,7 +220,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     copy_all_columns(p, values, transfer_direction::device_to_host, stream);
     // This rank's CPU columns (its owned columns not on the GPU), as columns of its CPU tensor.
     const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.selection);
-    const auto cpu_master = detail::pick_columns(host_opt_.params(p.cpu_tensor), rows, cpu_columns);
+    const std::size_t cpu_n = cpu_columns.size() * rows;
+    std::vector<float> cpu_master(cpu_n), cpu_m(cpu_n), cpu_v(cpu_n);
+    host_opt_.export_columns(p.cpu_tensor, cpu_columns, cpu_master, cpu_m, cpu_v);
     // The master is written unless it is the parameter's values (an f32 parameter's, everywhere but
     // in the columns whose pending result holds it).
     bool master = everything;
@@ -254,8 +242,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     }
     w.put(master);
     w.put_array<float>(master ? std::span<const float>(cpu_master) : std::span<const float>{});
-    w.put_array<float>(detail::pick_columns(host_opt_.exp_avg(p.cpu_tensor), rows, cpu_columns));
-    w.put_array<float>(detail::pick_columns(host_opt_.exp_avg_sq(p.cpu_tensor), rows, cpu_columns));
+    w.put_array<float>(std::span<const float>(cpu_m));
+    w.put_array<float>(std::span<const float>(cpu_v));
     w.put_array<std::int32_t>(p.selection);
     w.put_array<float>(master ? compact : detail::without_master(compact, rows));
     // Nothing is accumulated without a counted step: an empty accumulator is all zeros.
@@ -410,6 +398,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
                 s.pending.size() == (pending < 0 ? 0 : cpu_n * dtype_size(type)) &&
                 s.values.size() == (everything ? n * dtype_size(type) : 0),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
+    // The CPU optimizer takes moments that Adam can hold (the check it would make while loading).
+    for (std::size_t i = 0; i < cpu_n; ++i)
+      expects(std::isfinite(s.cpu_m[i]) && std::isfinite(s.cpu_v[i]) && s.cpu_v[i] >= 0.0f, "checkpoint", "parameter '",
+              name, "' holds CPU moments ", s.cpu_m[i], " and ", s.cpu_v[i], " at element ", i,
+              " (m must be finite, v finite and >= 0)");
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
   // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
@@ -492,9 +485,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     }
     // This rank's CPU columns; those on the GPU keep what the CPU tensor holds (never read: a
     // column leaving the GPU brings its state).
-    detail::put_columns(host_opt_.params(p.cpu_tensor), rows, cpu_columns, s.cpu_p);
-    detail::put_columns(host_opt_.exp_avg(p.cpu_tensor), rows, cpu_columns, s.cpu_m);
-    detail::put_columns(host_opt_.exp_avg_sq(p.cpu_tensor), rows, cpu_columns, s.cpu_v);
+    host_opt_.import_columns(p.cpu_tensor, cpu_columns, s.cpu_p, s.cpu_m, s.cpu_v);
     if (!s.selection.empty()) {
       device_buffer compact_dev(s.compact.size() * sizeof(float));
       Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);

@@ -161,7 +161,9 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator
 HostOptimizer basic_coordinator<Backend, HostOptimizer, Communicator>::make_host_optimizer(
     const adam_options& adam, const coordinator_config& config) {
   try {
-    return HostOptimizer(adam, cpu_adam_config{config.cpu_threads, config.pin_threads});
+    cpu_adam_config c{config.cpu_threads, config.pin_threads};
+    c.cpu_state = config.cpu_state;
+    return HostOptimizer(adam, c);
   } catch (const error& e) {
     // cpu_adam names its own config's field; the trainer set coordinator_config::cpu_threads.
     if (e.argument() == "config.threads") throw error("cpu_threads", e.reason());

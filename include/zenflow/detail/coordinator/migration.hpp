@@ -1,10 +1,12 @@
 // State migration of the coordinator on reselection: the columns that become important take their
-// fp32 master and moments from the CPU optimizer to the device optimizer, the columns that stop
-// being important hand theirs back (nothing is zeroed or truncated), and the per-parameter buffers
-// of the CPU columns follow the new selection.
+// fp32 master and moments (as the CPU optimizer exports them, whatever it holds) from the CPU
+// optimizer to the device optimizer, the columns that stop being important hand theirs back
+// (nothing is zeroed or truncated), and the per-parameter buffers of the CPU columns follow the new
+// selection.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -18,30 +20,34 @@
 namespace zenflow {
 
 namespace detail {
-/// Packs [master, m, v] of `columns` (column-contiguous CPU state, `rows` per column).
-inline void pack_columns(std::span<const float> p, std::span<const float> m, std::span<const float> v, index_t rows,
-                         std::span<const std::int32_t> columns, std::vector<float>& out) {
-  out.resize(columns.size() * 3 * static_cast<std::size_t>(rows));
-  float* dst = out.data();
-  for (std::int32_t c : columns) {
-    const std::size_t at = static_cast<std::size_t>(c) * rows;
-    for (auto* src : {&p, &m, &v}) {
-      std::memcpy(dst, src->data() + at, rows * sizeof(float));
-      dst += rows;
-    }
-  }
+/// Packs [master, m, v] of tensor t's `columns` (as columns of the tensor, ascending), `rows` per
+/// column, column after column, as the host optimizer exports them in fp32 (one column per call:
+/// the export writes the packed layout directly).
+template <class HostOptimizer>
+void pack_columns(const HostOptimizer& o, std::size_t t, index_t rows, std::span<const std::int32_t> columns,
+                  std::vector<float>& out) {
+  const auto n = static_cast<std::size_t>(rows);
+  out.resize(columns.size() * 3 * n);
+  const std::span<float> all(out);
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    o.export_columns(t, columns.subspan(j, 1), all.subspan(3 * j * n, n), all.subspan((3 * j + 1) * n, n),
+                     all.subspan((3 * j + 2) * n, n));
 }
-/// The inverse of pack_columns: writes `in` back into the columns' master, m and v.
-inline void unpack_columns(std::span<float> p, std::span<float> m, std::span<float> v, index_t rows,
-                           std::span<const std::int32_t> columns, std::span<const float> in) {
-  const float* src = in.data();
-  for (std::int32_t c : columns) {
-    const std::size_t at = static_cast<std::size_t>(c) * rows;
-    for (auto* dst : {&p, &m, &v}) {
-      std::memcpy(dst->data() + at, src, rows * sizeof(float));
-      src += rows;
+/// The inverse of pack_columns: imports `in` into tensor t's `columns`. Every column is checked
+/// before the first is imported (what the host optimizer's import checks: finite moments, v >= 0).
+template <class HostOptimizer>
+void unpack_columns(HostOptimizer& o, std::size_t t, index_t rows, std::span<const std::int32_t> columns,
+                    std::span<const float> in) {
+  const auto n = static_cast<std::size_t>(rows);
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    for (std::size_t i = 0; i < 2 * n; ++i) {
+      const float x = in[(3 * j + 1) * n + i];
+      expects(std::isfinite(x) && (i < n || x >= 0.0f), "state", "column ", columns[j], " leaves the GPU with ",
+              i < n ? "m" : "v", " = ", x, " at row ", i % n, " (the device optimizer's state is corrupt)");
     }
-  }
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    o.import_columns(t, columns.subspan(j, 1), in.subspan(3 * j * n, n), in.subspan((3 * j + 1) * n, n),
+                     in.subspan((3 * j + 2) * n, n));
 }
 /// The columns of `a` that are not in `b` (both ascending).
 inline std::vector<std::int32_t> set_difference(std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
@@ -66,9 +72,6 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
   const std::size_t per_column = 3 * static_cast<std::size_t>(rows);  // master, m, v
   const auto entering = detail::set_difference(selection, p.selection);
   const auto leaving = detail::set_difference(p.selection, selection);
-  const std::span<float> params = host_opt_.params(p.cpu_tensor);
-  const std::span<float> m = host_opt_.exp_avg(p.cpu_tensor);
-  const std::span<float> v = host_opt_.exp_avg_sq(p.cpu_tensor);
   // The part of an ascending column list in rank r's range, and this rank's part as columns of
   // its CPU tensor.
   auto part = [&](std::span<const std::int32_t> list, int r) {
@@ -92,7 +95,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
     float* const all = leaving_dev + k * per_column;
     std::vector<float> packed;
     const auto own_entering = part(entering, rank_);
-    detail::pack_columns(params, m, v, rows, local(own_entering), packed);
+    detail::pack_columns(host_opt_, p.cpu_tensor, rows, local(own_entering), packed);
     metrics_.bytes_host_to_device += packed.size() * sizeof(float);
     if constexpr (data_parallel) {
       std::size_t block = 0;
@@ -130,7 +133,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
       std::vector<float> back(own_leaving.size() * per_column);
       Backend::copy_async(back.data(), leaving_dev + skip, back.size() * sizeof(float), stream);
       Backend::synchronize(stream);
-      detail::unpack_columns(params, m, v, rows, local(own_leaving), back);
+      detail::unpack_columns(host_opt_, p.cpu_tensor, rows, local(own_leaving), back);
       metrics_.bytes_device_to_host += back.size() * sizeof(float);
     }
   }

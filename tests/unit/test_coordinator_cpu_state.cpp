@@ -1,0 +1,114 @@
+// Compact CPU state through the coordinator (coordinator_config::cpu_state): the CPU columns'
+// moments held as bf16 or 8-bit blocks train as fp32 moments do, across reselections (the state
+// leaves and enters the CPU optimizer through its fp32 export and import), in fewer bytes. The
+// checkpoint side (save, load, resume bit-identically, crafted files rejected) runs in
+// test_checkpoint.cpp through checkpoint_configurations(), which holds compact configurations.
+#include <zenflow/coordinator.hpp>
+
+#include "coordinator_harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+using namespace zenflow;
+using namespace zenflow::testing;
+
+namespace {
+
+struct run_result {
+  std::vector<float> weights;  // every weight element, as floats
+  double loss_before = 0.0, loss_after = 0.0;
+  std::size_t state_bytes = 0;
+  cpu_state_format format = cpu_state_format::fp32;
+  int reselections = 0;
+  std::vector<float> moments;  // the CPU columns' exported m and v at the end (both weights)
+};
+
+zenflow_options cpu_state_options() {
+  zenflow_options o;
+  o.adam.lr = 0.01f;
+  o.adam.weight_decay = 0.01f;
+  o.topk_ratio = 0.25f;
+  o.select_interval = interval_option::fixed(3);  // a reselection every 3 steps: state migrates often
+  o.update_interval = interval_option::fixed(2);
+  o.overlap_step = true;
+  return o;
+}
+
+run_result train(cpu_state_format format, std::int64_t steps) {
+  auto config = harness::small_config();
+  config.cpu_state = format;
+  harness h(cpu_state_options(), config);
+  run_result out;
+  out.loss_before = h.model.loss();
+  for (std::int64_t s = 0; s < steps; ++s) {
+    h.train(1);
+    out.reselections += h.coordinator.metrics().reselected ? 1 : 0;
+  }
+  h.finish();
+  out.loss_after = h.model.loss();
+  for (auto& w : h.model.weights) {
+    const const_matrix_view v = w.view();
+    for (index_t r = 0; r < w.rows; ++r)
+      for (index_t c = 0; c < w.cols; ++c) out.weights.push_back(toy_model::load(v, r, c));
+  }
+  const auto& opt = h.coordinator.host_optimizer();
+  out.state_bytes = opt.state_bytes();
+  out.format = opt.state_format();
+  for (std::size_t i = 0; i < h.model.weights.size(); ++i) {
+    const auto on_gpu = h.coordinator.gpu_columns(i);
+    std::vector<std::int32_t> cpu_columns;
+    for (index_t c = 0; c < h.model.weights[i].cols; ++c)
+      if (std::find(on_gpu.begin(), on_gpu.end(), static_cast<std::int32_t>(c)) == on_gpu.end())
+        cpu_columns.push_back(static_cast<std::int32_t>(c));
+    const std::size_t n = cpu_columns.size() * static_cast<std::size_t>(h.model.weights[i].rows);
+    std::vector<float> p(n), m(n), v(n);
+    opt.export_columns(i, cpu_columns, p, m, v);
+    out.moments.insert(out.moments.end(), m.begin(), m.end());
+    out.moments.insert(out.moments.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("compact CPU moments train through reselections as fp32 moments do, in fewer bytes") {
+  constexpr std::int64_t steps = 40;
+  const auto fp32 = train(cpu_state_format::fp32, steps);
+  REQUIRE(fp32.reselections >= 10);
+  REQUIRE(fp32.loss_after < 0.8 * fp32.loss_before);
+  for (const auto format : {cpu_state_format::bf16_moments, cpu_state_format::blockwise8_moments}) {
+    CAPTURE(cpu_state_format_name(format));
+    const auto compact = train(format, steps);
+    CHECK(compact.format == format);
+    CHECK(compact.reselections == fp32.reselections);
+    const bool q8 = format == cpu_state_format::blockwise8_moments;
+    // Master 4 B + moments 8 B (fp32), 4 B (bf16) or 2 B and two fp32 scales per block of a
+    // column (blocks of 9 and 12 rows here: 0.67-0.89 B per element).
+    CHECK(static_cast<double>(compact.state_bytes) <= (q8 ? 0.6 : 0.67) * static_cast<double>(fp32.state_bytes));
+    // The weights follow the fp32 run's: each within 1% (bf16) or 6% (8-bit) of the largest
+    // weight's magnitude (the 8-bit run's largest difference is about 4%); the loss within 0.5%.
+    double w_max = 0.0, far = 0.0;
+    for (const float w : fp32.weights) w_max = std::max(w_max, std::fabs(double{w}));
+    for (std::size_t i = 0; i < fp32.weights.size(); ++i)
+      far = std::max(far, std::fabs(static_cast<double>(compact.weights[i]) - fp32.weights[i]));
+    CHECK(far <= (q8 ? 0.06 : 0.01) * w_max);
+    CHECK(compact.loss_after == doctest::Approx(fp32.loss_after).epsilon(0.005));
+    // The CPU columns' moments as exported, against fp32's: each within 5% (bf16) or 10% (8-bit)
+    // of the largest |m| or of itself (v's scale varies by column).
+    REQUIRE(compact.moments.size() == fp32.moments.size());
+    double m_max = 0.0;
+    for (std::size_t i = 0; i < fp32.moments.size(); ++i) m_max = std::max(m_max, std::fabs(double{fp32.moments[i]}));
+    int apart = 0;
+    for (std::size_t i = 0; i < fp32.moments.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(compact.moments[i]) - fp32.moments[i]);
+      const double tol = q8 ? 0.10 : 0.05;
+      if (!(d <= tol * m_max || d <= tol * std::fabs(double{fp32.moments[i]}))) ++apart;
+    }
+    CHECK(apart == 0);
+  }
+}
