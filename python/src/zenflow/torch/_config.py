@@ -21,9 +21,10 @@ METHOD_DEFAULTS = {
 
 MODES = ("zenflow", "zero_offload", "dense")
 
-# Keys of DeepSpeed's zero_optimization.zenflow block this optimizer takes.
+# Keys of DeepSpeed's zero_optimization.zenflow block this optimizer takes ("cpu_state" is
+# zenflow's own: how the CPU columns' moments are held).
 _ZENFLOW_BLOCK_KEYS = ("topk_ratio", "select_strategy", "select_interval", "update_interval",
-                       "full_warm_up_rounds", "overlap_step", "steps_per_epoch")
+                       "full_warm_up_rounds", "overlap_step", "steps_per_epoch", "cpu_state")
 # Keys DeepSpeed's block may hold that describe DeepSpeed's own process layout: accepted, no effect.
 _ZENFLOW_BLOCK_IGNORED = ("offload", "pt_reserved_cores_perc", "auto_ratio")
 
@@ -111,7 +112,8 @@ def deepspeed_options(config):
     `config` is a whole DeepSpeed config (a dict, or the path of its JSON file) or just its
     ``zero_optimization.zenflow`` block. "auto" values mean the optimizer's defaults (the library's
     own "auto" for select_strategy, select_interval and update_interval). Read:
-      zero_optimization.zenflow   -> mode "zenflow" and the method's options;
+      zero_optimization.zenflow   -> mode "zenflow" and the method's options (and zenflow's own
+                                     "cpu_state": "fp32", "bf16_moments" or "blockwise8_moments");
       zero_optimization.offload_optimizer.device "cpu" without a zenflow block -> mode "zero_offload";
       neither -> mode "dense";
       optimizer.params            -> lr, betas, eps, weight_decay (type Adam or AdamW);

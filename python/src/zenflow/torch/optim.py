@@ -20,6 +20,8 @@ from . import _C
 from ._config import INT64_MAX, METHOD_DEFAULTS, deepspeed_options, method_options
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# coordinator_config::cpu_state's spellings (cpu_state_format_name).
+CPU_STATES = ("fp32", "bf16_moments", "blockwise8_moments")
 # Format of state_dict()["zenflow"]: 2 holds the optimizer state alone (the parameters are the
 # model's, as with torch.optim); 1 (the library's checkpoint with the parameters' values) is not read.
 _CHECKPOINT_FORMAT = 2
@@ -101,6 +103,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         the size of the CPU Adam's thread pool and of the pool that accumulates the offloaded
         gradients (two pools: an interval's update overlaps the next one's accumulation; 0: every
         core this process may use); keep a record per CPU update (:meth:`trace`).
+    cpu_state
+        how the CPU columns' Adam moments are held: ``"fp32"`` (default; 16 bytes per parameter
+        with the fp32 master), ``"bf16_moments"`` (12 bytes) or ``"blockwise8_moments"`` (about
+        10 bytes); both compact formats compute in fp32 and round stochastically. The fp32 master
+        is kept in every format, and ``state_dict()`` holds the moments as fp32 tensors, so a
+        checkpoint loads into an optimizer of any ``cpu_state``.
     process_group, timeout
         data parallel (e.g. under ``torchrun``): a ``torch.distributed`` process group (or
         ``torch.distributed.group.WORLD``) whose ranks each run this optimizer on their own
@@ -139,7 +147,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  select_interval=None, update_interval=None, full_warm_up_rounds=None, overlap_step=None,
                  steps_per_epoch=None, auto_select_steps=None, max_update_interval=None, max_grad_norm=None,
                  zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
-                 record_trace=False, column_dim=1, process_group=None, timeout=600.0):
+                 record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32"):
         if amsgrad:
             raise ValueError("amsgrad: not supported by zenflow's Adam")
         if maximize:
@@ -155,7 +163,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             torch_defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2,
                               "gradient_accumulation_steps": 1}
             for key, value in deepspeed_options(zenflow_config).items():
-                if key in given:
+                if key == "cpu_state":
+                    if cpu_state != "fp32" and cpu_state != value:
+                        raise ValueError(f"cpu_state: {cpu_state!r} contradicts zenflow_config's {value!r}")
+                    cpu_state = value
+                elif key in given:
                     if given[key] is not None and given[key] != value:
                         raise ValueError(f"{key}: {given[key]!r} contradicts zenflow_config's {value!r}")
                     given[key] = value
@@ -169,6 +181,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             raise ValueError(f"gradient_accumulation_steps: must be an integer in [1, {INT64_MAX}], got {steps!r}")
         if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or not 0 <= cpu_threads <= 4096:
             raise ValueError(f"cpu_threads: must be an integer in [0, 4096] (0: every core), got {cpu_threads!r}")
+        if cpu_state not in CPU_STATES:
+            raise ValueError(f"cpu_state: must be one of {', '.join(map(repr, CPU_STATES))}, got {cpu_state!r}")
         if not isinstance(submit_in_backward, bool):
             raise ValueError(f"submit_in_backward: must be True or False, got {submit_in_backward!r}")
         if hasattr(timeout, "total_seconds"):
@@ -184,7 +198,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.submit_in_backward = submit_in_backward
         self._config = {"cpu_threads": cpu_threads, "pin_threads": False, "d2h_slot_bytes": 4 << 20,
                         "d2h_slots": 4, "h2d_slot_bytes": 4 << 20, "h2d_slots": 2,
-                        "record_trace": bool(record_trace)}
+                        "record_trace": bool(record_trace), "cpu_state": cpu_state}
         self._timeout = float(timeout)
         self._core = None
         self._closed = False
@@ -421,6 +435,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def options(self):
         """The method's options in effect (DeepSpeed's names)."""
         return dict(self._method)
+
+    @property
+    def cpu_state(self):
+        """How the CPU columns' moments are held: "fp32", "bf16_moments" or "blockwise8_moments"."""
+        return self._config["cpu_state"]
 
     def flush(self):
         """Completes all CPU work and writes it into the parameters (before evaluating or saving
