@@ -9,6 +9,8 @@
 
 #include <zenflow/coordinator.hpp>
 
+#include "exported_state.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -168,14 +170,8 @@ class checkpoint_model {
     std::vector<float> all;
     const auto& opt = coordinator_.host_optimizer();
     for (std::size_t t = 0; t < 2; ++t) {
-      std::vector<std::int32_t> columns(static_cast<std::size_t>(opt.cols(t)));
-      for (std::size_t c = 0; c < columns.size(); ++c) columns[c] = static_cast<std::int32_t>(c);
-      const std::size_t n = opt.params(t).size();
-      std::vector<float> master(n), m(n), v(n);
-      opt.export_columns(t, columns, master, m, v);
-      all.insert(all.end(), opt.params(t).begin(), opt.params(t).end());
-      all.insert(all.end(), m.begin(), m.end());
-      all.insert(all.end(), v.begin(), v.end());
+      const auto s = zenflow_test::export_state(opt, t);
+      for (const auto* part : {&s.master, &s.exp_avg, &s.exp_avg_sq}) all.insert(all.end(), part->begin(), part->end());
     }
     return all;
   }

@@ -5,6 +5,7 @@
 // test_checkpoint.cpp through checkpoint_configurations(), which holds compact configurations.
 #include <zenflow/coordinator.hpp>
 
+#include "../support/exported_state.hpp"
 #include "coordinator_harness.hpp"
 
 #include <doctest/doctest.h>
@@ -65,11 +66,9 @@ run_result train(cpu_state_format format, std::int64_t steps) {
     for (index_t c = 0; c < h.model.weights[i].cols; ++c)
       if (std::find(on_gpu.begin(), on_gpu.end(), static_cast<std::int32_t>(c)) == on_gpu.end())
         cpu_columns.push_back(static_cast<std::int32_t>(c));
-    const std::size_t n = cpu_columns.size() * static_cast<std::size_t>(h.model.weights[i].rows);
-    std::vector<float> p(n), m(n), v(n);
-    opt.export_columns(i, cpu_columns, p, m, v);
-    out.moments.insert(out.moments.end(), m.begin(), m.end());
-    out.moments.insert(out.moments.end(), v.begin(), v.end());
+    const auto s = zenflow_test::export_state(opt, i, cpu_columns);
+    out.moments.insert(out.moments.end(), s.exp_avg.begin(), s.exp_avg.end());
+    out.moments.insert(out.moments.end(), s.exp_avg_sq.begin(), s.exp_avg_sq.end());
   }
   return out;
 }

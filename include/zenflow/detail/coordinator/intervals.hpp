@@ -276,8 +276,8 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary
       if (p.is_vector) continue;
       facts.has_matrices = true;
       (p.selection.empty() ? facts.dense_unselected : facts.any_selection) = true;
-      // Outside dense mode only whether some parameter has GPU columns matters.
-      if (facts.any_selection && (facts.dense_unselected || options_.mode != offload_mode::dense)) break;
+      // Dense mode asks whether a parameter still has no GPU columns, the others whether any has.
+      if (options_.mode == offload_mode::dense ? facts.dense_unselected : facts.any_selection) break;
     }
     return facts;
   });

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -33,21 +32,19 @@ void pack_columns(const HostOptimizer& o, std::size_t t, index_t rows, std::span
     o.export_columns(t, columns.subspan(j, 1), all.subspan(3 * j * n, n), all.subspan((3 * j + 1) * n, n),
                      all.subspan((3 * j + 2) * n, n));
 }
-/// The inverse of pack_columns: imports `in` into tensor t's `columns`. Every column is checked
-/// before the first is imported (what the host optimizer's import checks: finite moments, v >= 0).
+/// The inverse of pack_columns: imports `in` into tensor t's `columns` in one call, so that the
+/// host optimizer checks every column before it changes any.
 template <class HostOptimizer>
 void unpack_columns(HostOptimizer& o, std::size_t t, index_t rows, std::span<const std::int32_t> columns,
                     std::span<const float> in) {
   const auto n = static_cast<std::size_t>(rows);
+  const std::size_t total = columns.size() * n;
+  std::vector<float> parts(3 * total);  // [master | m | v], each in column order
   for (std::size_t j = 0; j < columns.size(); ++j)
-    for (std::size_t i = 0; i < 2 * n; ++i) {
-      const float x = in[(3 * j + 1) * n + i];
-      expects(std::isfinite(x) && (i < n || x >= 0.0f), "state", "column ", columns[j], " leaves the GPU with ",
-              i < n ? "m" : "v", " = ", x, " at row ", i % n, " (the device optimizer's state is corrupt)");
-    }
-  for (std::size_t j = 0; j < columns.size(); ++j)
-    o.import_columns(t, columns.subspan(j, 1), in.subspan(3 * j * n, n), in.subspan((3 * j + 1) * n, n),
-                     in.subspan((3 * j + 2) * n, n));
+    for (std::size_t s = 0; s < 3; ++s)
+      std::memcpy(parts.data() + s * total + j * n, in.data() + (3 * j + s) * n, n * sizeof(float));
+  const std::span<const float> all(parts);
+  o.import_columns(t, columns, all.first(total), all.subspan(total, total), all.subspan(2 * total, total));
 }
 /// The columns of `a` that are not in `b` (both ascending).
 inline std::vector<std::int32_t> set_difference(std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
