@@ -39,13 +39,28 @@
 // (detail/cpu_adam/compact_math.hpp). State moves in and out in fp32 by columns
 // (`export_columns` / `import_columns`: the GPU's columns are fp32) and as raw bytes per tensor
 // (`save_state` / `load_state`: a compact format saves compactly).
+//
+// Moments on an SSD (`cpu_adam_config::nvme`, the NVMe state tier; fp32 state): the fp32 master
+// stays in RAM (`params(t)`, 4 bytes per parameter) and m and v live in one preallocated O_DIRECT
+// state file (state_file.hpp: a CRC32C per block, verified on every read). A block of B bytes
+// holds B / 8 consecutive elements of one tensor (column-contiguous order) as [m | v]; a tensor
+// starts on a fresh block. `step` streams the blocks its columns touch (read ahead, the Adam on
+// the pool, write behind); a block that also holds unlisted columns is read and written back with
+// those unchanged. Results are bit-identical to RAM state. Construction creates a one-block file
+// (the directory, O_DIRECT, engine and pool are checked, and the file's lock is held); the first
+// call that touches the moments replaces it with one sized for every tensor registered (a full
+// disk is reported then, before any state changed); add_tensor after that throws. An I/O or checksum failure in a step
+// throws with the file, offset and errno or the block; the blocks written back before it hold the new state, the others
+// the old.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -59,10 +74,20 @@
 #include "zenflow/detail/cpu_adam/state_format.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/options.hpp"
+#include "zenflow/state_file.hpp"
 #include "zenflow/thread_pool.hpp"
 #include "zenflow/types.hpp"
 
 namespace zenflow {
+
+/// Where a cpu_adam keeps the moments on an SSD (see the header comment).
+struct nvme_state_config {
+  /// The state file: directory (on the SSD), file_name (""; "zenflow_state.rank<rank>.bin"), rank,
+  /// block_bytes, read_ahead, write_behind, direct, pin. `bytes` is ignored: the optimizer sizes
+  /// the file for its tensors.
+  state_file_config file;
+  io_engine_config engine;  ///< the I/O engine (io_uring or posix threads) and its queue depth
+};
 
 /// Construction settings of a `cpu_adam`.
 struct cpu_adam_config {
@@ -75,6 +100,9 @@ struct cpu_adam_config {
   /// Seed of the compact formats' stochastic rounding: runs with the same seed, tensors, gradients
   /// and steps are bit-identical (a checkpoint resumes bit-identically under the same seed).
   std::uint64_t seed = 0x7a656e666c6f77ull;
+  /// Set: the moments live in a state file on an SSD (fp32 state only); the fp32 master stays in
+  /// RAM. The directory, engine and pool are checked at construction (a one-block probe file).
+  std::optional<nvme_state_config> nvme = std::nullopt;
 };
 
 /// One tensor's share of a multi-tensor step. Pointers are host memory (pinned is fine).
@@ -128,8 +156,9 @@ class cpu_adam {
   /// for a bad index.
   [[nodiscard]] std::span<float> params(std::size_t t) { return tensor(t, "t").span(0); }
   [[nodiscard]] std::span<const float> params(std::size_t t) const { return tensor(t, "t").span(0); }
-  /// Tensor t's fp32 moments, fp32 format only: any other format throws (argument "cpu_state";
-  /// use export_columns / import_columns).
+  /// Tensor t's fp32 moments, fp32 format in RAM only: any other format throws (argument
+  /// "cpu_state"), and so do moments on an SSD (argument "nvme"; use export_columns /
+  /// import_columns).
   [[nodiscard]] std::span<float> exp_avg(std::size_t t) { return fp32_moment(t, 1); }
   [[nodiscard]] std::span<float> exp_avg_sq(std::size_t t) { return fp32_moment(t, 2); }
   [[nodiscard]] std::span<const float> exp_avg(std::size_t t) const { return fp32_moment(t, 1); }
@@ -141,6 +170,20 @@ class cpu_adam {
   [[nodiscard]] std::size_t state_bytes(std::size_t t) const;
   /// Bytes of state held for all tensors.
   [[nodiscard]] std::size_t state_bytes() const;
+  /// Bytes of state held in RAM: state_bytes(), less the moments when they live on an SSD.
+  [[nodiscard]] std::size_t host_state_bytes() const;
+
+  /// True when the moments live in a state file on an SSD (cpu_adam_config::nvme).
+  [[nodiscard]] bool on_nvme() const noexcept { return nvme_.has_value(); }
+  /// The moments' state file; nullptr in RAM mode. One block from construction (it checked the
+  /// directory and engine and holds the file's lock) until the first call that touches the
+  /// moments sizes it for every registered tensor. Its counters() account the I/O, status()
+  /// names the engine and pool.
+  [[nodiscard]] const state_file* nvme_file() const noexcept { return file_.get(); }
+  /// One line on the state file as constructed: its path, the I/O mode (O_DIRECT or buffered),
+  /// the engine (and why, when automatic chose) and the pool (its pinning); "" in RAM mode. Fixed
+  /// at construction: safe to read while a step runs on another thread.
+  [[nodiscard]] const std::string& nvme_status() const noexcept { return nvme_status_; }
 
   /// Writes the state of tensor t's listed columns (strictly ascending) in fp32, packed in list
   /// order (the j-th listed column at [j*rows, (j+1)*rows) of each output): the master as held and
@@ -221,6 +264,7 @@ class cpu_adam {
     std::size_t m_off = 0, v_off = 0;                // byte offsets of m and v
     std::size_t dm_off = 0, dv_off = 0, blocks = 0;  // 8-bit: byte offsets of the scales, blocks per moment
     std::size_t alloc_bytes = 0;
+    std::uint64_t first_block = 0;                                   // NVMe: the state file block its element 0 is in
     [[nodiscard]] std::span<float> span(int which) const noexcept {  // fp32 format (params: any)
       return {data.get() + static_cast<std::size_t>(which) * stride, size};
     }
@@ -257,6 +301,22 @@ class cpu_adam {
   void for_each_piece(std::size_t total, Fn&& fn);
   void step_compact(std::span<const cpu_adam_task> tasks, const std::vector<adam_step_constants>& constants,
                     std::size_t total);
+  // NVMe: a run of one tensor's elements inside one block of the state file. `tag` and `off` are
+  // the caller's (which buffer and where in it the run's first element goes).
+  struct nvme_piece {
+    std::uint64_t block = 0;
+    std::size_t slot = 0;  // the run's first element's position in the block
+    std::size_t n = 0;
+    std::size_t tag = 0;
+    std::size_t off = 0;
+  };
+  std::unique_ptr<state_file> make_state_file(std::uint64_t bytes) const;
+  void split_into_blocks(std::size_t t, std::size_t elem, std::size_t n, std::size_t tag, std::size_t off,
+                         std::vector<nvme_piece>& out) const;
+  // Streams the blocks of `pieces` (sorted here) in `mode`; fn(pieces of one block, m, v): m and v
+  // are the block's two halves (slot i of each belongs to the block's element i).
+  template <class Fn>
+  void nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn&& fn) const;
   // (byte offset, bytes) of each array of a tensor's state, in save_state's order
   [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> state_regions(const tensor_state& ts) const;
 
@@ -270,9 +330,17 @@ class cpu_adam {
   std::unique_ptr<thread_pool> pool_;
   std::vector<segment> segments_;                 // scratch of step()
   std::vector<detail::byte_range> state_ranges_;  // every tensor's state, sorted (validation)
+  std::optional<nvme_state_config> nvme_;
+  std::size_t slots_ = 0;                     // NVMe: elements per block (block_bytes / 8)
+  std::uint64_t blocks_ = 0;                  // NVMe: blocks the registered tensors need
+  mutable std::unique_ptr<state_file> file_;  // NVMe: one block until the first call that needs it
+  std::string nvme_status_;
+  mutable bool sized_ = false;      // NVMe: file_ holds every registered tensor's blocks
+  std::vector<nvme_piece> pieces_;  // scratch of step()
 };
 
 }  // namespace zenflow
 
 #include "zenflow/detail/cpu_adam/cpu_adam_impl.hpp"
+#include "zenflow/detail/cpu_adam/nvme_state.hpp"
 #include "zenflow/detail/cpu_adam/state_io.hpp"

@@ -59,6 +59,20 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
   seed_ = config.seed;
   isa_ = detail::resolve_isa(config.isa);
   chunk_ = config.chunk_elements;
+  if (config.nvme) {
+    expects(format_ == cpu_state_format::fp32, "config.nvme", "holds fp32 moments only; cpu_state is ",
+            cpu_state_format_name(format_));
+    nvme_ = config.nvme;
+    // A one-block file checks the directory, O_DIRECT, the engine and the pool now rather than
+    // at the first step, and holds the file's lock (a second optimizer on the same file fails
+    // here); the first call that touches the moments replaces it with one sized for the tensors.
+    file_ = make_state_file(nvme_->file.block_bytes);
+    nvme_status_ = detail::concat(file_->path(), ": ", file_->direct() ? "O_DIRECT" : "buffered I/O (no O_DIRECT)",
+                                  ", blocks of ", file_->block_bytes(), " bytes; engine: ", file_->engine().status(),
+                                  "; pool: ", file_->pool().size(), " x ", file_->pool().buffer_bytes(), " bytes, ",
+                                  file_->pool().status());
+    slots_ = nvme_->file.block_bytes / (2 * sizeof(float));
+  }
   pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
 }
 
@@ -70,6 +84,8 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   const auto size = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   expects(initial_params.size() == size, "initial_params", "has ", initial_params.size(),
           " elements, rows x cols = ", size);
+  expects(!sized_, "add_tensor",
+          "the moments' state file is sized (a step, export or import touched it): ", "register every tensor first");
   tensor_state ts;
   ts.rows = rows;
   ts.cols = cols;
@@ -77,13 +93,13 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   ts.stride = (size + 15) / 16 * 16;  // keeps each array 64-byte aligned
   const auto pad64 = [](std::size_t b) { return (b + 63) / 64 * 64; };
   ts.m_off = ts.v_off = ts.stride * sizeof(float);
-  switch (format_) {
-    case cpu_state_format::fp32:  // params | m | v
+  switch (nvme_ ? cpu_state_format::bf16_moments : format_) {  // NVMe: params only, the moments are on the SSD
+    case cpu_state_format::fp32:                               // params | m | v
       ts.v_off = ts.m_off + ts.stride * sizeof(float);
       ts.dm_off = ts.dv_off = ts.v_off + ts.stride * sizeof(float);
       break;
     case cpu_state_format::bf16_moments:  // params | m, v as one 32-bit word per element (bf16_word)
-      ts.dm_off = ts.dv_off = ts.m_off + pad64(size * sizeof(std::uint32_t));
+      ts.dm_off = ts.dv_off = ts.m_off + (nvme_ ? 0 : pad64(size * sizeof(std::uint32_t)));
       break;
     case cpu_state_format::blockwise8_moments:  // params | m codes | v codes | m scales | v scales
       ts.v_off = ts.m_off + pad64(size);
@@ -106,6 +122,10 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
 #endif
   std::memcpy(raw, initial_params.data(), size * sizeof(float));
   std::memset(ts.at(ts.m_off), 0, bytes - ts.m_off);  // moments (and scales) 0
+  if (nvme_) {                                        // a fresh file reads as zeros: moments 0
+    ts.first_block = blocks_;
+    blocks_ += (size + slots_ - 1) / slots_;
+  }
   tensors_.push_back(std::move(ts));
   return tensors_.size() - 1;
 }
@@ -197,8 +217,8 @@ inline void cpu_adam::build_segments(std::span<const cpu_adam_task> tasks) {
       s.begin = begin;
       s.n = n;
       s.p = ts.span(0).data() + state_off;
-      s.m = ts.at(ts.m_off + state_off * msz);
-      s.v = ts.at(ts.v_off + state_off * msz);
+      s.m = nvme_ ? nullptr : ts.at(ts.m_off + state_off * msz);  // NVMe: in a block, found per block
+      s.v = nvme_ ? nullptr : ts.at(ts.v_off + state_off * msz);
       s.elem = state_off;
       s.g = static_cast<const unsigned char*>(t.grad) + grad_off * gsz;
       s.out = t.copy_out ? static_cast<unsigned char*>(t.copy_out) + out_off * osz : nullptr;
@@ -280,7 +300,30 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
     });
     if (bad.load()) return {false, step_count_};
   }
-  if (format_ == cpu_state_format::fp32) {
+  if (nvme_) {
+    // Each block the step touches is read, updated on the pool and written back, in block order.
+    pieces_.clear();
+    for (std::size_t i = 0; i < segments_.size(); ++i)
+      split_into_blocks(tasks[segments_[i].task].tensor, segments_[i].elem, segments_[i].n, i, 0, pieces_);
+    struct work {
+      const nvme_piece* piece;
+      std::size_t offset, n;
+    };
+    std::vector<work> items;
+    nvme_stream(pieces_, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
+      items.clear();
+      for (const nvme_piece& p : block)
+        for (std::size_t o = 0; o < p.n; o += chunk_) items.push_back({&p, o, std::min(chunk_, p.n - o)});
+      pool_->parallel_for(items.size(), [&](std::size_t w) {
+        const work& it = items[w];
+        const segment& s = segments_[it.piece->tag];
+        const kernels& kk = k[s.task];
+        const std::size_t off = it.piece->off + it.offset, slot = it.piece->slot + it.offset;
+        kk.adam(s.p + off, s.g + off * kk.gsz, m + slot, v + slot, s.out ? s.out + off * kk.osz : nullptr, it.n,
+                task_constants[s.task]);
+      });
+    });
+  } else if (format_ == cpu_state_format::fp32) {
     for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
       const kernels& kk = k[s.task];
       kk.adam(s.p + off, s.g + off * kk.gsz, static_cast<float*>(s.m) + off, static_cast<float*>(s.v) + off,

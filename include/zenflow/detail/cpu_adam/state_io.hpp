@@ -30,6 +30,7 @@ inline constexpr std::uint32_t saved_state_magic = 0x5343465au;
 
 inline std::span<float> cpu_adam::fp32_moment(std::size_t t, int which) const {
   const tensor_state& ts = tensor(t, "t");
+  expects(!nvme_, "nvme", "the moments live in a state file on the SSD (use export_columns / import_columns)");
   expects(format_ == cpu_state_format::fp32, "cpu_state", "is ", cpu_state_format_name(format_),
           ": fp32 moment spans exist for fp32 state only (use export_columns / import_columns)");
   return ts.span(which);
@@ -43,6 +44,12 @@ inline std::size_t cpu_adam::state_bytes(std::size_t t) const {
 inline std::size_t cpu_adam::state_bytes() const {
   std::size_t total = 0;
   for (std::size_t t = 0; t < tensors_.size(); ++t) total += state_bytes(t);
+  return total;
+}
+
+inline std::size_t cpu_adam::host_state_bytes() const {
+  std::size_t total = 0;
+  for (std::size_t t = 0; t < tensors_.size(); ++t) total += nvme_ ? tensors_[t].size * sizeof(float) : state_bytes(t);
   return total;
 }
 
@@ -68,9 +75,21 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
   const tensor_state& ts = tensors_[t];
   const auto rows = static_cast<std::size_t>(ts.rows);
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
+  if (nvme_) {
+    std::vector<nvme_piece> pieces;
+    for (std::size_t j = 0; j < columns.size(); ++j)
+      split_into_blocks(t, static_cast<std::size_t>(columns[j]) * rows, rows, 0, j * rows, pieces);
+    nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const float* m, const float* v) {
+      for (const nvme_piece& p : block) {
+        std::memcpy(exp_avg.data() + p.off, m + p.slot, p.n * sizeof(float));
+        std::memcpy(exp_avg_sq.data() + p.off, v + p.slot, p.n * sizeof(float));
+      }
+    });
+  }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t src = static_cast<std::size_t>(columns[j]) * rows, dst = j * rows;
     std::memcpy(params.data() + dst, ts.span(0).data() + src, rows * sizeof(float));
+    if (nvme_) continue;
     switch (format_) {
       case cpu_state_format::fp32:
         std::memcpy(exp_avg.data() + dst, ts.span(1).data() + src, rows * sizeof(float));
@@ -111,9 +130,21 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
   const tensor_state& ts = tensors_[t];
   const auto rows = static_cast<std::size_t>(ts.rows);
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
+  if (nvme_) {  // the moments first: of the two, only the file can fail
+    std::vector<nvme_piece> pieces;
+    for (std::size_t j = 0; j < columns.size(); ++j)
+      split_into_blocks(t, static_cast<std::size_t>(columns[j]) * rows, rows, 0, j * rows, pieces);
+    nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
+      for (const nvme_piece& p : block) {
+        std::memcpy(m + p.slot, exp_avg.data() + p.off, p.n * sizeof(float));
+        std::memcpy(v + p.slot, exp_avg_sq.data() + p.off, p.n * sizeof(float));
+      }
+    });
+  }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t dst = static_cast<std::size_t>(columns[j]) * rows, src = j * rows;
     std::memcpy(ts.span(0).data() + dst, params.data() + src, rows * sizeof(float));
+    if (nvme_) continue;
     switch (format_) {
       case cpu_state_format::fp32:
         std::memcpy(ts.span(1).data() + dst, exp_avg.data() + src, rows * sizeof(float));
@@ -176,6 +207,19 @@ inline void cpu_adam::save_state(std::size_t t, std::span<std::byte> out) const 
     o += bytes;
   };
   put(&h, sizeof h);
+  if (nvme_) {  // as fp32 state in RAM saves it: params | m | v
+    put(ts.at(0), ts.size * sizeof(float));
+    std::byte* const m_out = o;  // m, then v (o may be unaligned: bytes)
+    std::vector<nvme_piece> pieces;
+    split_into_blocks(t, 0, ts.size, 0, 0, pieces);
+    nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const float* m, const float* v) {
+      for (const nvme_piece& p : block) {
+        std::memcpy(m_out + p.off * sizeof(float), m + p.slot, p.n * sizeof(float));
+        std::memcpy(m_out + (ts.size + p.off) * sizeof(float), v + p.slot, p.n * sizeof(float));
+      }
+    });
+    return;
+  }
   for (const auto& [off, bytes] : state_regions(ts)) put(ts.at(off), bytes);
 }
 
@@ -202,6 +246,19 @@ inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
     std::memcpy(dst, i, bytes);
     i += bytes;
   };
+  if (nvme_) {  // the moments first: of the two, only the file can fail
+    const std::byte* m_in = i + ts.size * sizeof(float);
+    std::vector<nvme_piece> pieces;
+    split_into_blocks(t, 0, ts.size, 0, 0, pieces);
+    nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
+      for (const nvme_piece& p : block) {
+        std::memcpy(m + p.slot, m_in + p.off * sizeof(float), p.n * sizeof(float));
+        std::memcpy(v + p.slot, m_in + (ts.size + p.off) * sizeof(float), p.n * sizeof(float));
+      }
+    });
+    get(ts.at(0), ts.size * sizeof(float));
+    return;
+  }
   for (const auto& [off, bytes] : state_regions(ts)) get(ts.at(off), bytes);
 }
 

@@ -1,0 +1,69 @@
+// cpu_adam's moments on an SSD (declared in zenflow/cpu_adam.hpp): the state file, the mapping of
+// a tensor's elements to its blocks, and the stream every step, export and import runs on.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zenflow/cpu_adam.hpp"
+
+namespace zenflow {
+
+inline std::unique_ptr<state_file> cpu_adam::make_state_file(std::uint64_t bytes) const {
+  state_file_config c = nvme_->file;
+  c.bytes = bytes;
+  try {
+    return std::make_unique<state_file>(c, nvme_->engine);
+  } catch (const error& e) {
+    // The state file names its own config's field; the caller set cpu_adam_config::nvme.
+    throw error(detail::concat("config.nvme.", e.argument()), e.reason());
+  }
+}
+
+inline void cpu_adam::split_into_blocks(std::size_t t, std::size_t elem, std::size_t n, std::size_t tag,
+                                        std::size_t off, std::vector<nvme_piece>& out) const {
+  const tensor_state& ts = tensors_[t];
+  while (n > 0) {
+    const std::size_t slot = elem % slots_;
+    const std::size_t count = std::min(n, slots_ - slot);
+    out.push_back({ts.first_block + elem / slots_, slot, count, tag, off});
+    elem += count, off += count, n -= count;
+  }
+}
+
+template <class Fn>
+void cpu_adam::nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn&& fn) const {
+  if (pieces.empty()) return;
+  if (!sized_) {  // replace the one-block file made at construction (fresh: it reads as zeros)
+    if (file_->block_count() < blocks_) {
+      file_.reset();
+      file_ = make_state_file(blocks_ * nvme_->file.block_bytes);
+    }
+    sized_ = true;
+  }
+  std::stable_sort(pieces.begin(), pieces.end(), [](const nvme_piece& a, const nvme_piece& b) {
+    return a.block != b.block ? a.block < b.block : a.slot < b.slot;
+  });
+  std::vector<block_range> ranges;
+  for (const nvme_piece& p : pieces) {
+    if (!ranges.empty() && ranges.back().first + ranges.back().count - 1 == p.block) continue;  // same block
+    if (!ranges.empty() && ranges.back().first + ranges.back().count == p.block)
+      ++ranges.back().count;
+    else
+      ranges.push_back({p.block, 1});
+  }
+  std::size_t next = 0;
+  file_->stream(ranges, mode, [&](const stream_block& b) {
+    const std::size_t first = next;
+    while (next < pieces.size() && pieces[next].block == b.index) ++next;
+    auto* m = reinterpret_cast<float*>(b.data.data());
+    fn(std::span<const nvme_piece>(pieces.data() + first, next - first), m, m + slots_);
+  });
+}
+
+}  // namespace zenflow

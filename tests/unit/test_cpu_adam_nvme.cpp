@@ -1,0 +1,328 @@
+// cpu_adam with its moments on an SSD (cpu_adam_config::nvme): bit-identical to RAM state through
+// steps over column subsets, every gradient and copy-out dtype, block-crossing tensors, chunking
+// and threads; export/import and save/load interchangeable with RAM state; only the blocks a step
+// touches move; a corrupted block fails the step before Adam sees it; bad configurations and
+// misuse are rejected by name.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <zenflow/concepts.hpp>
+#include <zenflow/cpu_adam.hpp>
+
+#include "../support/error_text.hpp"
+#include "../support/storage_test_utils.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+using zenflow::cpu_adam;
+using zenflow::cpu_adam_config;
+using zenflow::cpu_adam_task;
+using zenflow::dtype;
+using zenflow::index_t;
+using zenflow_test::contains;
+using zenflow_test::error_of;
+
+static_assert(zenflow::host_optimizer<cpu_adam>);
+
+namespace {
+
+constexpr std::size_t block_bytes = 4096;  // 512 elements of m and v per block: tensors cross blocks
+
+cpu_adam_config ram_config(std::size_t threads = 2, std::size_t chunk = 100) {
+  return cpu_adam_config{threads, false, zenflow::cpu_isa::automatic, chunk};
+}
+
+cpu_adam_config nvme_config(const zenflow_test::scratch_dir& dir, std::size_t threads = 2, std::size_t chunk = 100,
+                            zenflow::io_engine_kind engine = zenflow::io_engine_kind::automatic) {
+  cpu_adam_config c = ram_config(threads, chunk);
+  zenflow::nvme_state_config n;
+  n.file.directory = dir.path();
+  n.file.block_bytes = block_bytes;
+  n.file.read_ahead = 2;
+  n.file.write_behind = 2;
+  n.file.pin = zenflow::pin_policy::none;
+  n.engine = {engine, 8};
+  c.nvme = n;
+  return c;
+}
+
+zenflow::adam_options adamw() {
+  zenflow::adam_options o;
+  o.lr = 1e-2f;
+  o.weight_decay = 0.05f;
+  return o;
+}
+
+struct shape {
+  index_t rows, cols;
+};
+const std::vector<shape> shapes{{37, 50}, {1000, 1}, {700, 3}, {8, 8}};
+
+std::vector<float> values(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+void add_all(cpu_adam& o) {
+  for (std::size_t t = 0; t < shapes.size(); ++t)
+    o.add_tensor(values(static_cast<std::size_t>(shapes[t].rows * shapes[t].cols), 100 + static_cast<std::uint32_t>(t)),
+                 shapes[t].rows, shapes[t].cols);
+}
+
+// Every column but those with c % 4 == step % 4 (a moving GPU selection), strictly ascending.
+std::vector<std::int32_t> cpu_columns(index_t cols, int step) {
+  std::vector<std::int32_t> out;
+  for (index_t c = 0; c < cols; ++c)
+    if (cols == 1 || c % 4 != step % 4) out.push_back(static_cast<std::int32_t>(c));
+  return out;
+}
+
+struct state {
+  std::vector<float> p, m, v;
+};
+state exported(const cpu_adam& o, std::size_t t) {
+  const auto& s = shapes[t];
+  std::vector<std::int32_t> all(static_cast<std::size_t>(s.cols));
+  for (std::size_t c = 0; c < all.size(); ++c) all[c] = static_cast<std::int32_t>(c);
+  const auto n = static_cast<std::size_t>(s.rows * s.cols);
+  state out{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  o.export_columns(t, all, out.p, out.m, out.v);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// One step on both optimizers with the same tasks (gradient dtype and layout vary by step);
+// returns whether the copy-outs match bit for bit.
+bool step_both(cpu_adam& ram, cpu_adam& nvme, int step) {
+  std::vector<std::vector<float>> g32(shapes.size());
+  std::vector<std::vector<zenflow::bfloat16>> g16(shapes.size());
+  std::vector<std::vector<std::int32_t>> cols(shapes.size());
+  std::vector<std::vector<zenflow::bfloat16>> out_a(shapes.size()), out_b(shapes.size());
+  std::vector<cpu_adam_task> tasks(shapes.size());
+  const bool bf16_grad = step % 2 == 1, compact = step % 3 == 0;
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    const auto& s = shapes[t];
+    cols[t] = cpu_columns(s.cols, step);
+    const std::size_t n =
+        compact ? cols[t].size() * static_cast<std::size_t>(s.rows) : static_cast<std::size_t>(s.rows * s.cols);
+    g32[t] = values(n, 1000u * static_cast<std::uint32_t>(step) + static_cast<std::uint32_t>(t), 0.1f);
+    for (float x : g32[t]) g16[t].push_back(zenflow::bfloat16(x));
+    out_a[t].assign(n, zenflow::bfloat16(0.0f));
+    out_b[t].assign(n, zenflow::bfloat16(0.0f));
+    tasks[t].tensor = t;
+    tasks[t].columns = cols[t];
+    tasks[t].grad_compact = compact;
+    tasks[t].out_compact = compact;
+    tasks[t].grad = bf16_grad ? static_cast<const void*>(g16[t].data()) : g32[t].data();
+    tasks[t].grad_type = bf16_grad ? dtype::bf16 : dtype::f32;
+  }
+  std::vector<cpu_adam_task> tasks_b = tasks;
+  for (std::size_t t = 0; t < shapes.size(); ++t)
+    tasks[t].copy_out = out_a[t].data(), tasks_b[t].copy_out = out_b[t].data();
+  // Tasks in another order on the SSD side: the blocks are streamed in file order whatever the order.
+  std::reverse(tasks_b.begin(), tasks_b.end());
+  const auto a = ram.step(tasks, 0.5f);
+  const auto b = nvme.step(tasks_b, 0.5f);
+  REQUIRE(a.applied == b.applied);
+  bool same = true;
+  for (std::size_t t = 0; t < shapes.size(); ++t)
+    same = same && std::memcmp(out_a[t].data(), out_b[t].data(), out_a[t].size() * 2) == 0;
+  return same;
+}
+
+}  // namespace
+
+TEST_CASE("moments on an SSD: bit-identical to RAM state over column subsets, dtypes, engines and threads") {
+  for (const auto engine : {zenflow::io_engine_kind::posix, zenflow::io_engine_kind::automatic}) {
+    for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+      CAPTURE(static_cast<int>(engine));
+      CAPTURE(threads);
+      zenflow_test::scratch_dir dir;
+      cpu_adam ram(adamw(), ram_config(threads));
+      cpu_adam nvme(adamw(), nvme_config(dir, threads, 100, engine));
+      add_all(ram);
+      add_all(nvme);
+      CHECK(nvme.on_nvme());
+      REQUIRE(nvme.nvme_file() != nullptr);
+      CHECK(nvme.nvme_file()->block_count() == 1);  // sized by the first call that touches the moments
+      for (int s = 0; s < 7; ++s) CHECK(step_both(ram, nvme, s));
+      REQUIRE(nvme.nvme_file() != nullptr);
+      CHECK(nvme.step_count() == 7);
+      for (std::size_t t = 0; t < shapes.size(); ++t) {
+        const state a = exported(ram, t), b = exported(nvme, t);
+        CHECK(same_bits(a.p, b.p));
+        CHECK(same_bits(a.m, b.m));
+        CHECK(same_bits(a.v, b.v));
+        CHECK(std::memcmp(ram.params(t).data(), nvme.params(t).data(), ram.params(t).size_bytes()) == 0);
+      }
+      // A block per 512 elements, each tensor on fresh blocks: 4 + 2 + 5 + 1.
+      CHECK(nvme.nvme_file()->block_count() == 12);
+      CHECK(nvme.nvme_file()->counters().checksum_failures == 0);
+      // RAM holds the master only.
+      CHECK(nvme.host_state_bytes() == ram.state_bytes() / 3);
+      CHECK(nvme.state_bytes() == ram.state_bytes());
+    }
+  }
+}
+
+TEST_CASE("moments on an SSD: a step with a non-finite gradient changes nothing and moves no block") {
+  zenflow_test::scratch_dir dir;
+  cpu_adam ram(adamw(), ram_config());
+  cpu_adam nvme(adamw(), nvme_config(dir));
+  add_all(ram);
+  add_all(nvme);
+  REQUIRE(step_both(ram, nvme, 0));
+  const state before = exported(nvme, 0);
+  auto* file = nvme.nvme_file();
+  REQUIRE(file != nullptr);
+  const auto written = file->counters().bytes_written;
+  std::vector<float> g(37 * 50, 0.0f);
+  g[777] = std::numeric_limits<float>::quiet_NaN();
+  cpu_adam_task task;
+  task.tensor = 0;
+  task.grad = g.data();
+  CHECK_FALSE(nvme.step({&task, 1}).applied);
+  CHECK(file->counters().bytes_written == written);
+  const state after = exported(nvme, 0);
+  CHECK(same_bits(before.m, after.m));
+  CHECK(same_bits(before.p, after.p));
+}
+
+TEST_CASE("moments on an SSD: a step reads and writes only the blocks its columns touch") {
+  zenflow_test::scratch_dir dir;
+  cpu_adam nvme(adamw(), nvme_config(dir));
+  add_all(nvme);  // tensor 2 (700 x 3) is blocks 6..10
+  std::vector<float> g(700, 0.25f);
+  const std::int32_t column[] = {1};  // elements 700..1399: blocks 7 and 8 of the file (slots 188..)
+  cpu_adam_task task;
+  task.tensor = 2;
+  task.grad = g.data();
+  task.columns = column;
+  task.grad_compact = true;
+  REQUIRE(nvme.step({&task, 1}).applied);
+  const auto& c = nvme.nvme_file()->counters();
+  CHECK(c.bytes_read == 2 * block_bytes);
+  CHECK(c.bytes_written == 2 * block_bytes);
+  const state s = exported(nvme, 2);
+  for (std::size_t i = 0; i < 2100; ++i) {
+    const bool updated = i >= 700 && i < 1400;
+    if ((s.m[i] != 0.0f) != updated) FAIL_CHECK("element " << i << " m " << s.m[i]);
+  }
+}
+
+TEST_CASE("moments on an SSD: export, import, save and load interchange with RAM state") {
+  zenflow_test::scratch_dir dir;
+  cpu_adam ram(adamw(), ram_config());
+  cpu_adam nvme(adamw(), nvme_config(dir));
+  add_all(ram);
+  add_all(nvme);
+  for (int s = 0; s < 3; ++s) REQUIRE(step_both(ram, nvme, s));
+  // save_state writes the RAM fp32 bytes: each side loads the other's.
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    std::vector<std::byte> a(ram.saved_state_size(t)), b(nvme.saved_state_size(t));
+    ram.save_state(t, a);
+    nvme.save_state(t, b);
+    CHECK(a == b);
+  }
+  // Import columns 3 and 40..42 of tensor 0 from fresh values; export gives them back, the rest unchanged.
+  const std::int32_t cols[] = {3, 40, 41, 42};
+  const std::size_t n = 4 * 37;
+  const auto p = values(n, 7), m = values(n, 8);
+  auto v = values(n, 9);
+  for (auto& x : v) x = x * x;
+  const state before = exported(nvme, 0);
+  nvme.import_columns(0, cols, p, m, v);
+  ram.import_columns(0, cols, p, m, v);
+  std::vector<float> p2(n), m2(n), v2(n);
+  nvme.export_columns(0, cols, p2, m2, v2);
+  CHECK(same_bits(p, p2));
+  CHECK(same_bits(m, m2));
+  CHECK(same_bits(v, v2));
+  const state after = exported(nvme, 0);
+  for (std::size_t i = 0; i < 37 * 50; ++i) {
+    const std::size_t c = i / 37;
+    if (c == 3 || (c >= 40 && c <= 42)) continue;
+    if (after.m[i] != before.m[i] || after.v[i] != before.v[i]) FAIL_CHECK("element " << i << " changed");
+  }
+  // A RAM save loads into the SSD side and both keep stepping identically.
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    std::vector<std::byte> a(ram.saved_state_size(t));
+    ram.save_state(t, a);
+    nvme.load_state(t, a);
+  }
+  for (int s = 3; s < 6; ++s) CHECK(step_both(ram, nvme, s));
+  for (std::size_t t = 0; t < shapes.size(); ++t) CHECK(same_bits(exported(ram, t).v, exported(nvme, t).v));
+  // A non-finite moment is rejected before anything changes.
+  auto bad = m;
+  bad[5] = std::numeric_limits<float>::infinity();
+  const state kept = exported(nvme, 0);
+  CHECK(contains(error_of([&] { nvme.import_columns(0, cols, p, bad, v); }), "exp_avg"));
+  CHECK(same_bits(kept.m, exported(nvme, 0).m));
+}
+
+TEST_CASE("moments on an SSD: a corrupted block fails the step with its offset; Adam never sees it") {
+  zenflow_test::scratch_dir dir;
+  cpu_adam nvme(adamw(), nvme_config(dir, 1));
+  add_all(nvme);
+  std::vector<float> g(37 * 50, 0.1f);
+  cpu_adam_task task;
+  task.tensor = 0;
+  task.grad = g.data();
+  REQUIRE(nvme.step({&task, 1}).applied);
+  const std::vector<float> params_before(nvme.params(0).begin(), nvme.params(0).end());
+  {  // flip a byte of block 2 behind the optimizer's back
+    const int fd = ::open(nvme.nvme_file()->path().c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    const unsigned char garbage = 0x5a;
+    REQUIRE(::pwrite(fd, &garbage, 1, 2 * block_bytes + 100) == 1);
+    ::close(fd);
+  }
+  const std::string e = error_of([&] { nvme.step({&task, 1}); });
+  CHECK(contains(e, "block 2"));
+  INFO(e);
+  CHECK(contains(e, "CRC32C"));
+  CHECK(nvme.step_count() == 1);
+  CHECK(nvme.nvme_file()->counters().checksum_failures == 1);
+  // The blocks before it were updated and written back (the step failed midway: documented); the
+  // master of the corrupted block's elements was not touched.
+  for (std::size_t i = 2 * 512; i < 3 * 512; ++i)
+    if (nvme.params(0)[i] != params_before[i]) FAIL_CHECK("element " << i << " of the bad block was updated");
+}
+
+TEST_CASE("moments on an SSD: bad configurations and misuse are rejected by name") {
+  zenflow_test::scratch_dir dir;
+  {
+    auto c = nvme_config(dir);
+    c.cpu_state = zenflow::cpu_state_format::bf16_moments;
+    CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme: holds fp32 moments only"));
+  }
+  {
+    auto c = nvme_config(dir);
+    c.nvme->file.directory = dir.path() / "missing";
+    CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme.directory"));
+  }
+  {
+    auto c = nvme_config(dir);
+    c.nvme->file.block_bytes = 1000;
+    CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme.block_bytes"));
+  }
+  {  // two optimizers on one file: the second fails at construction
+    cpu_adam first(adamw(), nvme_config(dir));
+    CHECK(contains(error_of([&] { cpu_adam second(adamw(), nvme_config(dir)); }), "in use by another process"));
+  }
+  cpu_adam o(adamw(), nvme_config(dir));
+  add_all(o);
+  CHECK(contains(error_of([&] { (void)o.exp_avg(0); }), "nvme"));
+  (void)exported(o, 0);  // sizes the file
+  CHECK(contains(error_of([&] { o.add_tensor(std::vector<float>(4), 2, 2); }), "register every tensor first"));
+}
