@@ -61,6 +61,11 @@ struct coordinator_config {
   /// is kept in every format; reselection and checkpoints move the state as fp32 (a checkpoint
   /// loads into a coordinator of any format).
   cpu_state_format cpu_state = cpu_state_format::fp32;
+  /// Set: the CPU columns' moments live in a state file on an SSD (the NVMe state tier, fp32
+  /// moments; cpu_adam.hpp): host RAM keeps the fp32 master and the gradient accumulator (8 bytes
+  /// per CPU-column parameter instead of 16) and a pool of read_ahead + 1 + write_behind blocks.
+  /// The file is named for this rank (file.rank is set to it) unless file_name is given.
+  std::optional<nvme_state_config> nvme = std::nullopt;
   std::size_t d2h_slot_bytes = std::size_t{4} << 20;  ///< gradient staging slot size
   std::size_t d2h_slots = 4;
   std::size_t h2d_slot_bytes = std::size_t{4} << 20;  ///< parameter staging slot size
@@ -75,10 +80,16 @@ struct coordinator_config {
 
 /// What one step did and what it cost. Printable.
 struct step_metrics {
-  std::int64_t step = -1;                  ///< 0-based training step this describes
-  double stall_seconds = 0.0;              ///< time the trainer thread waited on CPU-side work
-  std::string stall_reason;                ///< why it waited ("" when it did not)
-  double cpu_update_seconds = 0.0;         ///< duration of the last completed CPU update
+  std::int64_t step = -1;           ///< 0-based training step this describes
+  double stall_seconds = 0.0;       ///< time the trainer thread waited on CPU-side work
+  std::string stall_reason;         ///< why it waited ("" when it did not)
+  double cpu_update_seconds = 0.0;  ///< duration of the last completed CPU update
+  /// NVMe state tier (coordinator_config::nvme): the last completed CPU update's reads and writes
+  /// of its state file, and the part of cpu_update_seconds it spent waiting on the disk (0 with
+  /// the state in RAM).
+  std::uint64_t cpu_update_disk_read_bytes = 0;
+  std::uint64_t cpu_update_disk_written_bytes = 0;
+  double cpu_update_disk_wait_seconds = 0.0;
   std::uint64_t bytes_device_to_host = 0;  ///< offloaded by this step: its CPU-column gradients, migration
   std::uint64_t bytes_host_to_device = 0;  ///< written back by this step: CPU-updated columns, migration
   double selection_overlap = 1.0;          ///< mean overlap of the last selection with the one before
@@ -446,7 +457,8 @@ class basic_coordinator {
   static selector_type make_selector(const zenflow_options& options, Communicator* comm);
   static zenflow_options validated(const zenflow_options& options);
   static coordinator_config validated(const coordinator_config& config);
-  static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config);
+  static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config,
+                                           Communicator* comm);
   void stop_workers() noexcept;
 
   // Checks and failure (registration.hpp).

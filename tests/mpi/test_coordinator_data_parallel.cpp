@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <utility>
@@ -34,6 +35,7 @@
 
 #include "../support/data_parallel_model.hpp"
 #include "../support/error_text.hpp"
+#include "../support/exported_state.hpp"
 #include "mpi_doctest.hpp"
 
 using namespace std::chrono_literals;
@@ -461,4 +463,64 @@ TEST_CASE("defect: a hang when a selection is empty (a rank owns none of a param
   }
   CHECK(dp.cpu_step_count(0) == ref.cpu_step_count(0));
   CHECK(dp.cpu_step_count(1) == ref.cpu_step_count(1));
+}
+
+TEST_CASE("moments on disk: one state file per rank in a shared directory, training as with moments in RAM") {
+  const int rank = world_rank(), ranks = world_size(), steps = 10;
+  // On disk under the working directory (the build tree): /tmp may be memory-backed.
+  long pid = static_cast<long>(getpid());
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  const auto dir = std::filesystem::current_path() / ("zenflow_dp_nvme_" + std::to_string(pid));
+  if (rank == 0) std::filesystem::create_directory(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    const auto options = zenflow_test::data_parallel_test_options(0.0f);
+    zenflow::coordinator_config disk_config;
+    zenflow::nvme_state_config n;
+    n.file.directory = dir;
+    n.file.block_bytes = 4096;
+    n.file.read_ahead = n.file.write_behind = 1;
+    n.file.pin = zenflow::pin_policy::none;
+    n.engine = {zenflow::io_engine_kind::automatic, 4};
+    disk_config.nvme = n;
+    zenflow::mpi_communicator comm_ram(MPI_COMM_WORLD, test_options()), comm_disk(MPI_COMM_WORLD, test_options());
+    model ram_model, disk_model;
+    dp_coordinator ram(comm_ram, options), disk(comm_disk, options, disk_config);
+    ram_model.register_with(ram);
+    disk_model.register_with(disk);
+    host_stream s_ram, s_disk;
+    for (int t = 0; t < steps; ++t) {
+      ram_model.make_gradients(t, rank, ranks);
+      disk_model.make_gradients(t, rank, ranks);
+      ram_model.submit(ram, &s_ram, true);
+      disk_model.submit(disk, &s_disk, true);
+      ram.step(&s_ram);
+      disk.step(&s_disk);
+      s_ram.synchronize();
+      s_disk.synchronize();
+    }
+    ram.finish(&s_ram);
+    disk.finish(&s_disk);
+    CHECK(disk_model.bytes() == ram_model.bytes());
+    for (std::size_t i = 0; i < 2; ++i) {
+      const auto a = zenflow_test::export_state(ram.host_optimizer(), i);
+      const auto b = zenflow_test::export_state(disk.host_optimizer(), i);
+      CHECK(a.exp_avg == b.exp_avg);
+      CHECK(a.exp_avg_sq == b.exp_avg_sq);
+      CHECK(a.master == b.master);
+    }
+    const auto* file = disk.host_optimizer().nvme_file();
+    REQUIRE(file != nullptr);
+    CHECK(file->path() == (dir / ("zenflow_state.rank" + std::to_string(rank) + ".bin")).string());
+    CHECK(file->counters().bytes_written > 0);
+    MPI_Barrier(MPI_COMM_WORLD);  // every rank's file exists now
+    for (int r = 0; r < ranks; ++r)
+      CHECK(std::filesystem::exists(dir / ("zenflow_state.rank" + std::to_string(r) + ".bin")));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // every coordinator removed its file
+  if (rank == 0) {
+    CHECK(std::filesystem::is_empty(dir));
+    std::filesystem::remove_all(dir);
+  }
 }

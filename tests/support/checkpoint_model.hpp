@@ -10,12 +10,14 @@
 #include <zenflow/coordinator.hpp>
 
 #include "exported_state.hpp"
+#include "storage_test_utils.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -31,6 +33,8 @@ struct checkpoint_configuration {
   bool missing_gradients = false;
   /// How the CPU optimizer holds the moments (coordinator_config::cpu_state).
   cpu_state_format cpu_state = cpu_state_format::fp32;
+  /// The CPU columns' moments in a state file on disk (coordinator_config::nvme).
+  bool nvme = false;
 };
 
 inline zenflow_options checkpoint_base_options() {
@@ -72,6 +76,8 @@ inline std::vector<checkpoint_configuration> checkpoint_configurations() {
   out.push_back({"after_reselection_bf16_moments", reselect, 7, false, cpu_state_format::bf16_moments});
   out.push_back(
       {"pending_blockwise8_moments", checkpoint_base_options(), 4, false, cpu_state_format::blockwise8_moments});
+  // Moments on disk: the checkpoint streams them from the state file and back.
+  out.push_back({"after_reselection_nvme", reselect, 7, false, cpu_state_format::fp32, true});
   return out;
 }
 
@@ -81,8 +87,10 @@ class checkpoint_model {
   static constexpr index_t rows0 = 6, cols0 = 10, rows1 = 5, cols1 = 8, bias_size = 4;
 
   explicit checkpoint_model(const zenflow_options& options, std::size_t cpu_threads = 1, bool missing_gradients = false,
-                            cpu_state_format cpu_state = cpu_state_format::fp32)
-      : missing_(missing_gradients), coordinator_(options, config(cpu_threads, cpu_state)) {
+                            cpu_state_format cpu_state = cpu_state_format::fp32, bool nvme = false)
+      : missing_(missing_gradients),
+        dir_(nvme ? std::make_unique<zenflow_test::scratch_dir>() : nullptr),
+        coordinator_(options, config(cpu_threads, cpu_state, dir_.get())) {
     w0_.resize(rows0 * cols0);
     g0_.resize(rows0 * cols0);
     w1_.resize(rows1 * cols1);
@@ -107,7 +115,7 @@ class checkpoint_model {
 
   /// The model of a configuration (its options, and whether it trains with missing gradients).
   explicit checkpoint_model(const checkpoint_configuration& c, std::size_t cpu_threads = 1)
-      : checkpoint_model(c.options, cpu_threads, c.missing_gradients, c.cpu_state) {}
+      : checkpoint_model(c.options, cpu_threads, c.missing_gradients, c.cpu_state, c.nvme) {}
 
   host_coordinator& coordinator() noexcept { return coordinator_; }
   host_stream& stream() noexcept { return stream_; }
@@ -177,10 +185,20 @@ class checkpoint_model {
   }
 
  private:
-  static coordinator_config config(std::size_t cpu_threads, cpu_state_format cpu_state) {
+  static coordinator_config config(std::size_t cpu_threads, cpu_state_format cpu_state,
+                                   const zenflow_test::scratch_dir* nvme_dir) {
     coordinator_config c;
     c.cpu_threads = cpu_threads;
     c.cpu_state = cpu_state;
+    if (nvme_dir != nullptr) {
+      nvme_state_config n;
+      n.file.directory = nvme_dir->path();
+      n.file.block_bytes = 4096;  // 512 elements: each weight's state spans one block
+      n.file.read_ahead = n.file.write_behind = 1;
+      n.file.pin = pin_policy::none;
+      n.engine = {io_engine_kind::automatic, 4};
+      c.nvme = n;
+    }
     c.d2h_slot_bytes = 64;  // small slots: gradients are split and pipelined
     c.d2h_slots = 2;
     c.h2d_slot_bytes = 64;
@@ -206,6 +224,7 @@ class checkpoint_model {
   std::vector<bfloat16> w0_, g0_;
   std::vector<float> w1_, g1_, bias_, bias_grad_;
   bool missing_ = false;
+  std::unique_ptr<zenflow_test::scratch_dir> dir_;  // the state file's, with nvme
   host_stream stream_;
   host_coordinator coordinator_;
 };

@@ -3,9 +3,11 @@
 // leaves and enters the CPU optimizer through its fp32 export and import), in fewer bytes. The
 // checkpoint side (save, load, resume bit-identically, crafted files rejected) runs in
 // test_checkpoint.cpp through checkpoint_configurations(), which holds compact configurations.
+// Moments on disk (coordinator_config::nvme) train bit-identically to moments in RAM.
 #include <zenflow/coordinator.hpp>
 
 #include "../support/exported_state.hpp"
+#include "../support/storage_test_utils.hpp"
 #include "coordinator_harness.hpp"
 
 #include <doctest/doctest.h>
@@ -13,6 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 using namespace zenflow;
@@ -27,6 +33,10 @@ struct run_result {
   cpu_state_format format = cpu_state_format::fp32;
   int reselections = 0;
   std::vector<float> moments;  // the CPU columns' exported m and v at the end (both weights)
+  std::size_t host_state_bytes = 0;
+  std::uint64_t disk_bytes_read = 0, disk_bytes_written = 0;
+  std::uint64_t metrics_disk_read = 0, metrics_disk_written = 0;  // sums over the steps' metrics
+  int metrics_lines_with_disk = 0;
 };
 
 zenflow_options cpu_state_options() {
@@ -40,15 +50,33 @@ zenflow_options cpu_state_options() {
   return o;
 }
 
-run_result train(cpu_state_format format, std::int64_t steps) {
+run_result train(cpu_state_format format, std::int64_t steps, const zenflow_options& options = cpu_state_options(),
+                 const zenflow_test::scratch_dir* nvme_dir = nullptr) {
   auto config = harness::small_config();
   config.cpu_state = format;
-  harness h(cpu_state_options(), config);
+  if (nvme_dir != nullptr) {
+    nvme_state_config n;
+    n.file.directory = nvme_dir->path();
+    n.file.block_bytes = 4096;  // 512 elements per block: the weights' columns share blocks
+    n.file.read_ahead = n.file.write_behind = 2;
+    n.file.pin = pin_policy::none;
+    n.engine = {io_engine_kind::automatic, 8};
+    config.nvme = n;
+  }
+  harness h(options, config);
   run_result out;
   out.loss_before = h.model.loss();
   for (std::int64_t s = 0; s < steps; ++s) {
     h.train(1);
-    out.reselections += h.coordinator.metrics().reselected ? 1 : 0;
+    const auto& m = h.coordinator.metrics();
+    out.reselections += m.reselected ? 1 : 0;
+    if (m.cpu_update_launched || m.written_back) {  // a new CPU update's figures (reported until the next one)
+      out.metrics_disk_read += m.cpu_update_disk_read_bytes;
+      out.metrics_disk_written += m.cpu_update_disk_written_bytes;
+    }
+    std::ostringstream line;
+    line << m;
+    out.metrics_lines_with_disk += line.str().find("(disk: read") != std::string::npos ? 1 : 0;
   }
   h.finish();
   out.loss_after = h.model.loss();
@@ -59,7 +87,12 @@ run_result train(cpu_state_format format, std::int64_t steps) {
   }
   const auto& opt = h.coordinator.host_optimizer();
   out.state_bytes = opt.state_bytes();
+  out.host_state_bytes = opt.host_state_bytes();
   out.format = opt.state_format();
+  if (opt.nvme_file() != nullptr) {
+    out.disk_bytes_read = opt.nvme_file()->counters().bytes_read;
+    out.disk_bytes_written = opt.nvme_file()->counters().bytes_written;
+  }
   for (std::size_t i = 0; i < h.model.weights.size(); ++i) {
     const auto on_gpu = h.coordinator.gpu_columns(i);
     std::vector<std::int32_t> cpu_columns;
@@ -109,5 +142,33 @@ TEST_CASE("compact CPU moments train through reselections as fp32 moments do, in
       if (!(d <= tol * m_max || d <= tol * std::fabs(double{fp32.moments[i]}))) ++apart;
     }
     CHECK(apart == 0);
+  }
+}
+
+TEST_CASE("moments on disk train bit-identically to moments in RAM, through reselections and every mode") {
+  auto zero_offload = zenflow_options::zero_offload();
+  zero_offload.adam = cpu_state_options().adam;
+  for (const auto& [name, options] :
+       {std::pair{"zenflow", cpu_state_options()}, std::pair{"zero_offload", zero_offload}}) {
+    CAPTURE(name);
+    const auto ram = train(cpu_state_format::fp32, 24, options);
+    zenflow_test::scratch_dir dir;
+    const auto disk = train(cpu_state_format::fp32, 24, options, &dir);
+    REQUIRE(ram.weights.size() == disk.weights.size());
+    CHECK(std::memcmp(ram.weights.data(), disk.weights.data(), ram.weights.size() * sizeof(float)) == 0);
+    REQUIRE(ram.moments.size() == disk.moments.size());
+    CHECK(std::memcmp(ram.moments.data(), disk.moments.data(), ram.moments.size() * sizeof(float)) == 0);
+    CHECK(disk.reselections == ram.reselections);
+    // RAM keeps the fp32 master only: a third of the CPU optimizer's state.
+    CHECK(disk.state_bytes == ram.state_bytes);
+    CHECK(disk.host_state_bytes * 3 == ram.state_bytes);
+    CHECK(disk.disk_bytes_read > 0);
+    CHECK(disk.disk_bytes_written > 0);
+    // The steps' metrics name the CPU updates' disk traffic (RAM state reports none).
+    CHECK(disk.metrics_disk_read > 0);
+    CHECK(disk.metrics_disk_written > 0);
+    CHECK(disk.metrics_lines_with_disk > 0);
+    CHECK(ram.metrics_disk_read == 0);
+    CHECK(ram.metrics_lines_with_disk == 0);
   }
 }

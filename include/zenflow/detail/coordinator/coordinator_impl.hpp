@@ -31,10 +31,13 @@ namespace zenflow {
 inline std::ostream& operator<<(std::ostream& os, const step_metrics& m) {
   os << "step " << m.step << " stall " << m.stall_seconds * 1e3 << " ms";
   if (!m.stall_reason.empty()) os << " (" << m.stall_reason << ")";
-  os << " cpu_update " << m.cpu_update_seconds * 1e3 << " ms d2h " << m.bytes_device_to_host << " B h2d "
-     << m.bytes_host_to_device << " B overlap " << m.selection_overlap << " interval " << m.interval
-     << (m.reselected ? " reselected" : "") << (m.cpu_update_launched ? " cpu-update" : "")
-     << (m.written_back ? " write-back" : "");
+  os << " cpu_update " << m.cpu_update_seconds * 1e3 << " ms";
+  if (m.cpu_update_disk_read_bytes + m.cpu_update_disk_written_bytes > 0)
+    os << " (disk: read " << m.cpu_update_disk_read_bytes << " B, wrote " << m.cpu_update_disk_written_bytes
+       << " B, waited " << m.cpu_update_disk_wait_seconds * 1e3 << " ms)";
+  os << " d2h " << m.bytes_device_to_host << " B h2d " << m.bytes_host_to_device << " B overlap " << m.selection_overlap
+     << " interval " << m.interval << (m.reselected ? " reselected" : "")
+     << (m.cpu_update_launched ? " cpu-update" : "") << (m.written_back ? " write-back" : "");
   return os;
 }
 
@@ -69,7 +72,7 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
       options_(validated(options)),
       config_(validated(config)),
       comm_(comm),
-      host_opt_(make_host_optimizer(options.adam, config)),
+      host_opt_(make_host_optimizer(options.adam, config, comm)),
       device_opt_(options.adam),
       selector_(make_selector(options, comm)),
       offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads),
@@ -159,14 +162,19 @@ coordinator_config basic_coordinator<Backend, HostOptimizer, Communicator>::vali
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 HostOptimizer basic_coordinator<Backend, HostOptimizer, Communicator>::make_host_optimizer(
-    const adam_options& adam, const coordinator_config& config) {
+    const adam_options& adam, const coordinator_config& config, Communicator* comm) {
   try {
     cpu_adam_config c{config.cpu_threads, config.pin_threads};
     c.cpu_state = config.cpu_state;
+    c.nvme = config.nvme;
+    (void)comm;
+    if constexpr (data_parallel)
+      if (c.nvme && comm != nullptr) c.nvme->file.rank = comm->rank();  // one file per rank
     return HostOptimizer(adam, c);
   } catch (const error& e) {
-    // cpu_adam names its own config's field; the trainer set coordinator_config::cpu_threads.
+    // cpu_adam names its own config's fields; the trainer set coordinator_config's.
     if (e.argument() == "config.threads") throw error("cpu_threads", e.reason());
+    if (e.argument().starts_with("config.nvme")) throw error(e.argument().substr(7), e.reason());
     throw;
   }
 }
@@ -318,6 +326,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
   {
     detail::state_lock lock(shared_.mutex);
     metrics_.cpu_update_seconds = shared_.last_update_seconds;
+    metrics_.cpu_update_disk_read_bytes = shared_.last_update_disk_read;
+    metrics_.cpu_update_disk_written_bytes = shared_.last_update_disk_written;
+    metrics_.cpu_update_disk_wait_seconds = shared_.last_update_disk_wait;
   }
   collectives_enqueued(stream);  // the control stream's next collective comes after this step's
   if constexpr (Backend::device_space == memory_space::host) Backend::record(step_done_, stream);

@@ -179,10 +179,14 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_interval(std
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::int64_t i, stream_type stream,
                                                                          const char* reason, std::int64_t at_end_of) {
+  const double stalled = metrics_.stall_seconds;
   stall_until([&] { return shared_.updated_interval >= i; }, reason);
   bool applied;
   {
     detail::state_lock lock(shared_.mutex);
+    if (metrics_.stall_seconds > stalled && shared_.last_update_disk_wait > 0.0)  // name the disk's share
+      metrics_.stall_reason += detail::concat(" (the CPU update waited ", shared_.last_update_disk_wait * 1e3,
+                                              " ms on its NVMe state file)");
     applied = shared_.accumulated_count(i) > 0;
     update_.mark_written_back(lock, i, at_end_of);
   }

@@ -33,6 +33,9 @@ struct shared_state {
   std::int64_t launched_interval = -1;  ///< CPU updates of intervals <= this were handed over
   std::int64_t updated_interval = -1;   ///< CPU updates of intervals <= this are done
   double last_update_seconds = 0.0;     ///< duration of the last completed CPU update
+  /// NVMe state tier: the last completed CPU update's state-file I/O (zero with state in RAM).
+  std::uint64_t last_update_disk_read = 0, last_update_disk_written = 0;
+  double last_update_disk_wait = 0.0;  ///< seconds of last_update_seconds spent waiting on the disk
 
   // Failure and shutdown.
   std::exception_ptr error;  ///< the first error of any thread (never cleared)

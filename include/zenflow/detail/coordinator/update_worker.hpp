@@ -132,7 +132,24 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
       tasks.push_back(t);
       updated.push_back(&item);
     }
-    if (!tasks.empty()) optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+    if (!tasks.empty()) {
+      if constexpr (requires { optimizer_.nvme_file(); }) {
+        const auto* file = optimizer_.nvme_file();
+        const state_file_counters before = file != nullptr ? file->counters() : state_file_counters{};
+        optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+        file = optimizer_.nvme_file();  // the first step sizes (replaces) the file
+        if (file != nullptr) {
+          const state_file_counters& after = file->counters();
+          const bool replaced = after.bytes_read < before.bytes_read || after.bytes_written < before.bytes_written;
+          std::lock_guard lock(state_.mutex);
+          state_.last_update_disk_read = after.bytes_read - (replaced ? 0 : before.bytes_read);
+          state_.last_update_disk_written = after.bytes_written - (replaced ? 0 : before.bytes_written);
+          state_.last_update_disk_wait = after.wait_seconds - (replaced ? 0.0 : before.wait_seconds);
+        }
+      } else {
+        optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+      }
+    }
     for (const update_item* item : updated) {
       ++*item->cpu_steps;
       if constexpr (!host_device_memory)
