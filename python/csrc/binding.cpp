@@ -168,6 +168,26 @@ zenflow::coordinator_config to_config(const py::dict& d) {
   const auto format = zenflow::parse_cpu_state_format(state);
   if (!format) throw zenflow::error("cpu_state", "must be fp32, bf16_moments or blockwise8_moments, got " + state);
   c.cpu_state = *format;
+  if (d.contains("nvme") && !d["nvme"].is_none()) {  // zenflow.torch checked the keys and their values
+    const auto n = d["nvme"].cast<py::dict>();
+    zenflow::nvme_state_config s;
+    s.file.directory = get<std::string>(n, "directory");
+    if (n.contains("file_name")) s.file.file_name = get<std::string>(n, "file_name");
+    s.file.block_bytes = get<std::size_t>(n, "block_bytes");
+    s.file.read_ahead = get<std::size_t>(n, "read_ahead");
+    s.file.write_behind = get<std::size_t>(n, "write_behind");
+    const auto pin = get<std::string>(n, "pin");
+    s.file.pin = pin == "required" ? zenflow::pin_policy::required
+                 : pin == "none"   ? zenflow::pin_policy::none
+                                   : zenflow::pin_policy::automatic;
+    const auto engine = get<std::string>(n, "engine");
+    s.engine.kind = engine == "io_uring" ? zenflow::io_engine_kind::uring
+                    : engine == "posix"  ? zenflow::io_engine_kind::posix
+                                         : zenflow::io_engine_kind::automatic;
+    s.engine.queue_depth = get<std::size_t>(n, "queue_depth");
+    s.engine.threads = get<std::size_t>(n, "threads");
+    c.nvme = s;
+  }
   return c;
 }
 
@@ -184,6 +204,9 @@ py::dict to_dict(const zenflow::step_metrics& m) {
   d["reselected"] = m.reselected;
   d["cpu_update_launched"] = m.cpu_update_launched;
   d["written_back"] = m.written_back;
+  d["cpu_update_disk_read_bytes"] = m.cpu_update_disk_read_bytes;
+  d["cpu_update_disk_written_bytes"] = m.cpu_update_disk_written_bytes;
+  d["cpu_update_disk_wait_seconds"] = m.cpu_update_disk_wait_seconds;
   return d;
 }
 
@@ -394,6 +417,7 @@ class coordinator {
   std::int64_t step_count() const { return h().step_count(); }
   int rank() const { return h().rank(); }
   int ranks() const { return h().ranks(); }
+  std::string nvme_status() const { return h().nvme_status(); }
   std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
     return h().owned_columns(i);
@@ -476,6 +500,7 @@ PYBIND11_MODULE(_C, m) {
       .def("rank", &coordinator::rank)
       .def("ranks", &coordinator::ranks)
       .def("owned_columns", &coordinator::owned_columns, py::arg("index"))
+      .def("nvme_status", &coordinator::nvme_status)
       .def("close", &coordinator::close)
       .def("abort", &coordinator::abort, py::arg("reason"))
       .def("closed", &coordinator::closed);

@@ -51,6 +51,8 @@ class handle {
   [[nodiscard]] virtual int ranks() const noexcept = 0;
   /// [first, last) of the columns of 2-D parameter i whose CPU state this rank holds.
   [[nodiscard]] virtual std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const = 0;
+  /// The CPU optimizer's state file (cpu_adam::nvme_status): "" with the state in RAM.
+  [[nodiscard]] virtual std::string nvme_status() const = 0;
   /// Data parallel: fails this rank's group on purpose (its communicator is aborted with `reason`,
   /// which reaches the peers), so that closing the handle waits for no peer and issues no
   /// collective: what a rank that exits after an error does instead of finish(). One process:
@@ -131,6 +133,7 @@ class coordinator_handle final : public handle {
     const auto r = coordinator_.owned_columns(i);
     return {r.first, r.last};
   }
+  [[nodiscard]] std::string nvme_status() const override { return coordinator_.host_optimizer().nvme_status(); }
   void abort(const std::string& reason) noexcept override {
     if constexpr (data_parallel) communicator_->abort(reason);
     (void)reason;

@@ -10,7 +10,7 @@ CPU tensors run on the library's host backend; CUDA tensors on its CUDA backend,
 import torch as _torch  # libtorch must be loaded before the extension
 
 from . import _C
-from ._config import deepspeed_options
+from ._config import deepspeed_options, nvme_config
 from .optim import ZenFlowAdamW, param_groups
 
 ZenFlowError = _C.ZenFlowError
@@ -22,6 +22,7 @@ __all__ = [
     "cuda_status",
     "nccl_available",
     "deepspeed_options",
+    "nvme_config",
     "param_groups",
 ]
 

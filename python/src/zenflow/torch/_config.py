@@ -106,6 +106,120 @@ def _block(name, value):
     return value
 
 
+# The NVMe state tier (the CPU columns' moments in a state file on an SSD): DeepSpeed's
+# zero_optimization.offload_optimizer and aio blocks, key by key.
+_OFFLOAD_KEYS = ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read", "pipeline_write",
+                 "fast_init", "ratio", "io_engine")
+_AIO_KEYS = ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
+             "overlap_events", "use_gds")
+# The library's state_file_config / io_engine_config defaults.
+NVME_DEFAULTS = {"block_bytes": 1 << 20, "read_ahead": 4, "write_behind": 4, "pin": "automatic",
+                 "engine": "automatic", "queue_depth": 32, "threads": 0}
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: must be true or false, got {value!r}")
+    return value
+
+
+def nvme_config(offload_optimizer, aio):
+    """The state file's settings from DeepSpeed's offload_optimizer and aio blocks (None: RAM).
+
+    offload_optimizer: device "cpu" (state in RAM) or "nvme" (the moments in a state file under
+    nvme_path, one file per rank); buffer_count: the pool's blocks (read_ahead + 1 + write_behind,
+    split between reading ahead and writing behind as pipeline_read / pipeline_write allow);
+    pin_memory: pin the pool (True: required, False: never; absent: when the process may);
+    pipeline_read / pipeline_write: overlap the reads / writes with the CPU Adam; io_engine
+    (zenflow's own): "auto", "io_uring" or "posix". aio: block_size (bytes per I/O and checksum),
+    queue_depth, intra_op_parallelism or thread_count (the posix engine's threads). Every key is
+    honoured or rejected with the reason; fast_init (no effect: the file is preallocated), and
+    single_submit False / overlap_events False (the engine submits each block as the stream
+    issues it, and the stream always overlaps its I/O with the Adam) warn.
+    """
+    offload = _block("offload_optimizer", offload_optimizer) or {}
+    aio = _block("aio", aio) or {}
+    unknown = [k for k in offload if k not in _OFFLOAD_KEYS]
+    if unknown:
+        raise ValueError(f"offload_optimizer: unknown key(s) {', '.join(map(repr, unknown))}; known: "
+                         f"{', '.join(_OFFLOAD_KEYS)}")
+    unknown = [k for k in aio if k not in _AIO_KEYS]
+    if unknown:
+        raise ValueError(f"aio: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(_AIO_KEYS)}")
+    device = offload.get("device", "cpu")
+    if device not in ("cpu", "nvme"):
+        raise ValueError(f"offload_optimizer.device: must be \"cpu\" or \"nvme\", got {device!r} (no offload: "
+                         f"mode=\"dense\")")
+    if device == "cpu":
+        extra = [k for k in offload if k != "device"] + list(aio)
+        if extra:
+            raise ValueError(f"offload_optimizer: {', '.join(map(repr, extra))} configure the NVMe state tier, "
+                             f"and device is \"cpu\" (set device \"nvme\" and nvme_path)")
+        return None
+    out = dict(NVME_DEFAULTS)
+    path = offload.get("nvme_path")
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"offload_optimizer.nvme_path: device \"nvme\" needs the path of a directory on the SSD, "
+                         f"got {path!r}")
+    out["directory"] = os.fspath(path)
+    read = _flag("offload_optimizer.pipeline_read", offload.get("pipeline_read", True))
+    write = _flag("offload_optimizer.pipeline_write", offload.get("pipeline_write", True))
+    if "buffer_count" in offload:
+        count = _count("offload_optimizer.buffer_count", offload["buffer_count"], 1)
+        ways = int(read) + int(write)
+        if count < 1 + ways:
+            raise ValueError(f"offload_optimizer.buffer_count: {count} buffers cannot hold the block being updated "
+                             f"and one read ahead and one written behind; need at least {1 + ways} (or turn "
+                             f"pipeline_read / pipeline_write off)")
+        ahead = (count - 1) // ways if read and ways else 0
+        out["read_ahead"] = ahead if read else 0
+        out["write_behind"] = (count - 1 - ahead) if write else 0
+    else:
+        out["read_ahead"] = out["read_ahead"] if read else 0
+        out["write_behind"] = out["write_behind"] if write else 0
+    if "pin_memory" in offload:
+        out["pin"] = "required" if _flag("offload_optimizer.pin_memory", offload["pin_memory"]) else "none"
+    if "fast_init" in offload:
+        _flag("offload_optimizer.fast_init", offload["fast_init"])
+        warnings.warn("offload_optimizer.fast_init: no effect here: the state file is preallocated (fallocate, "
+                      "zero-filled) when the optimizer is built", stacklevel=4)
+    if "ratio" in offload:
+        ratio = _number("offload_optimizer.ratio", offload["ratio"], 0.0, True, 1.0)
+        if ratio != 1.0:
+            raise ValueError(f"offload_optimizer.ratio: zenflow keeps the CPU columns' state whole on the tier; "
+                             f"a partial ratio ({ratio}) is not supported")
+    engine = offload.get("io_engine", "auto")
+    if engine not in ("auto", "io_uring", "posix"):
+        raise ValueError(f"offload_optimizer.io_engine: must be \"auto\", \"io_uring\" or \"posix\", got {engine!r}")
+    out["engine"] = {"auto": "automatic", "io_uring": "io_uring", "posix": "posix"}[engine]
+    if "block_size" in aio:
+        size = _count("aio.block_size", aio["block_size"], 4096)
+        if size % 4096 or size > 1 << 30:
+            raise ValueError(f"aio.block_size: must be a multiple of 4096 (the O_DIRECT alignment) up to 1 GiB, "
+                             f"got {size}")
+        out["block_bytes"] = size
+    if "queue_depth" in aio:
+        out["queue_depth"] = _count("aio.queue_depth", aio["queue_depth"], 1)
+    threads = [aio[k] for k in ("intra_op_parallelism", "thread_count") if k in aio]
+    for name in ("intra_op_parallelism", "thread_count"):
+        if name in aio:
+            _count(f"aio.{name}", aio[name], 1)
+    if len(threads) == 2 and threads[0] != threads[1]:
+        raise ValueError(f"aio: intra_op_parallelism {threads[0]} contradicts thread_count {threads[1]}")
+    if threads:
+        out["threads"] = threads[0]
+    if "use_gds" in aio and _flag("aio.use_gds", aio["use_gds"]):
+        raise ValueError("aio.use_gds: GPUDirect Storage is not supported: the CPU Adam reads the state in host "
+                         "memory, so it goes through the host anyway")
+    if "single_submit" in aio and not _flag("aio.single_submit", aio["single_submit"]):
+        warnings.warn("aio.single_submit false: the engines submit each block's request as the stream issues "
+                      "it; the stream keeps read_ahead + write_behind blocks in flight", stacklevel=4)
+    if "overlap_events" in aio and not _flag("aio.overlap_events", aio["overlap_events"]):
+        warnings.warn("aio.overlap_events false: the stream always overlaps its reads and writes with the CPU "
+                      "Adam (pipeline_read / pipeline_write turn that off)", stacklevel=4)
+    return out
+
+
 def deepspeed_options(config):
     """Keyword arguments of ZenFlowAdamW from a DeepSpeed config.
 
@@ -114,8 +228,11 @@ def deepspeed_options(config):
     own "auto" for select_strategy, select_interval and update_interval). Read:
       zero_optimization.zenflow   -> mode "zenflow" and the method's options (and zenflow's own
                                      "cpu_state": "fp32", "bf16_moments" or "blockwise8_moments");
-      zero_optimization.offload_optimizer.device "cpu" without a zenflow block -> mode "zero_offload";
+      zero_optimization.offload_optimizer.device "cpu" or "nvme" without a zenflow block -> mode
+                                     "zero_offload";
       neither -> mode "dense";
+      zero_optimization.offload_optimizer with device "nvme", and aio -> offload_optimizer and aio
+                                     (the NVMe state tier: see :func:`nvme_config`);
       optimizer.params            -> lr, betas, eps, weight_decay (type Adam or AdamW);
       gradient_clipping           -> max_grad_norm;
       gradient_accumulation_steps -> gradient_accumulation_steps.
@@ -147,9 +264,14 @@ def deepspeed_options(config):
                 out[key] = value
             elif _auto(value) is not None:
                 out[key] = value
-    elif whole:
-        device = (_block("zero_optimization.offload_optimizer", zero.get("offload_optimizer")) or {}).get("device", "none")
-        out["mode"] = "zero_offload" if device == "cpu" else "dense"
+    offload = (_block("zero_optimization.offload_optimizer", zero.get("offload_optimizer")) or {}) if whole else {}
+    device = offload.get("device", "none")
+    if block is None and whole:
+        out["mode"] = "zero_offload" if device in ("cpu", "nvme") else "dense"
+    if whole and device == "nvme":
+        out["offload_optimizer"] = dict(offload)
+        if config.get("aio") is not None:
+            out["aio"] = dict(_block("aio", config.get("aio")))
     if whole:
         opt = _block("optimizer", config.get("optimizer"))
         if opt is not None:

@@ -6,6 +6,7 @@ weight the optimizer continues from (tensor version counters tell which were edi
 """
 
 import atexit
+import itertools
 import math
 import os
 import struct
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from . import _C
-from ._config import INT64_MAX, METHOD_DEFAULTS, deepspeed_options, method_options
+from ._config import INT64_MAX, METHOD_DEFAULTS, deepspeed_options, method_options, nvme_config
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # coordinator_config::cpu_state's spellings (cpu_state_format_name).
@@ -28,6 +29,7 @@ _CHECKPOINT_FORMAT = 2
 _FLOAT32_MAX = 3.4028234663852886e38
 
 # Optimizers still open; closed (CPU work completed and written back) at interpreter exit.
+_state_files = itertools.count()  # names each NVMe state file this process creates
 _open = weakref.WeakSet()
 
 
@@ -109,6 +111,18 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         10 bytes); both compact formats compute in fp32 and round stochastically. The fp32 master
         is kept in every format, and ``state_dict()`` holds the moments as fp32 tensors, so a
         checkpoint loads into an optimizer of any ``cpu_state``.
+    offload_optimizer, aio
+        the NVMe state tier, as DeepSpeed's ``zero_optimization.offload_optimizer`` and ``aio``
+        blocks: ``offload_optimizer={"device": "nvme", "nvme_path": "/mnt/nvme/zenflow"}`` keeps
+        the CPU columns' Adam moments in one preallocated O_DIRECT file per rank in that directory
+        (a CRC32C per block, verified on every read) and streams them through the CPU Adam in
+        blocks (read ahead, update, write behind); RAM keeps the fp32 master and the gradient
+        accumulator (8 bytes per parameter instead of 16) and a pool of ``buffer_count`` blocks.
+        fp32 moments only. Results are bit-identical to state in RAM. Other keys: buffer_count,
+        pin_memory, pipeline_read, pipeline_write, io_engine ("auto", "io_uring", "posix"); aio:
+        block_size, queue_depth, intra_op_parallelism / thread_count (see
+        :func:`zenflow.torch.nvme_config`). :attr:`nvme_status` names the engine in use;
+        ``metrics()`` reports each CPU update's disk bytes and wait.
     process_group, timeout
         data parallel (e.g. under ``torchrun``): a ``torch.distributed`` process group (or
         ``torch.distributed.group.WORLD``) whose ranks each run this optimizer on their own
@@ -147,7 +161,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  select_interval=None, update_interval=None, full_warm_up_rounds=None, overlap_step=None,
                  steps_per_epoch=None, auto_select_steps=None, max_update_interval=None, max_grad_norm=None,
                  zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
-                 record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32"):
+                 record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32",
+                 offload_optimizer=None, aio=None):
         if amsgrad:
             raise ValueError("amsgrad: not supported by zenflow's Adam")
         if maximize:
@@ -167,6 +182,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     if cpu_state != "fp32" and cpu_state != value:
                         raise ValueError(f"cpu_state: {cpu_state!r} contradicts zenflow_config's {value!r}")
                     cpu_state = value
+                elif key in ("offload_optimizer", "aio"):
+                    mine = offload_optimizer if key == "offload_optimizer" else aio
+                    if mine is not None and mine != value:
+                        raise ValueError(f"{key}: {mine!r} contradicts zenflow_config's {value!r}")
+                    if key == "offload_optimizer":
+                        offload_optimizer = value
+                    else:
+                        aio = value
                 elif key in given:
                     if given[key] is not None and given[key] != value:
                         raise ValueError(f"{key}: {given[key]!r} contradicts zenflow_config's {value!r}")
@@ -183,6 +206,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             raise ValueError(f"cpu_threads: must be an integer in [0, 4096] (0: every core), got {cpu_threads!r}")
         if cpu_state not in CPU_STATES:
             raise ValueError(f"cpu_state: must be one of {', '.join(map(repr, CPU_STATES))}, got {cpu_state!r}")
+        nvme = nvme_config(offload_optimizer, aio)
+        if nvme is not None:
+            if cpu_state != "fp32":
+                raise ValueError(f"offload_optimizer: device \"nvme\" holds fp32 moments only; cpu_state is "
+                                 f"{cpu_state!r}")
+            if not os.path.isdir(nvme["directory"]):
+                raise ValueError(f"offload_optimizer.nvme_path: {nvme['directory']!r} is not a directory (create it "
+                                 f"on the SSD first)")
         if not isinstance(submit_in_backward, bool):
             raise ValueError(f"submit_in_backward: must be True or False, got {submit_in_backward!r}")
         if hasattr(timeout, "total_seconds"):
@@ -198,7 +229,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.submit_in_backward = submit_in_backward
         self._config = {"cpu_threads": cpu_threads, "pin_threads": False, "d2h_slot_bytes": 4 << 20,
                         "d2h_slots": 4, "h2d_slot_bytes": 4 << 20, "h2d_slots": 2,
-                        "record_trace": bool(record_trace), "cpu_state": cpu_state}
+                        "record_trace": bool(record_trace), "cpu_state": cpu_state, "nvme": nvme}
         self._timeout = float(timeout)
         self._core = None
         self._closed = False
@@ -441,6 +472,19 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         """How the CPU columns' moments are held: "fp32", "bf16_moments" or "blockwise8_moments"."""
         return self._config["cpu_state"]
 
+    @property
+    def nvme(self):
+        """The NVMe state tier's settings (a dict: directory, block_bytes, read_ahead, write_behind,
+        pin, engine, queue_depth, threads), or None with the state in RAM."""
+        return None if self._config["nvme"] is None else dict(self._config["nvme"])
+
+    @property
+    def nvme_status(self):
+        """One line on the state file: its path, O_DIRECT, the I/O engine in use (and why, when
+        chosen automatically) and the pool's pinning. "" with the state in RAM; None before the
+        first step() builds the optimizer's state."""
+        return None if self._core is None else self._core.nvme_status()
+
     def flush(self):
         """Completes all CPU work and writes it into the parameters (before evaluating or saving
         the model's weights); training may go on. Adopts edited parameters first. Synchronizes."""
@@ -637,9 +681,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             core = self._data_parallel_core(options, device)
         elif device.type == "cuda":
             with torch.cuda.device(device):
-                core = _C.Coordinator(options, self._config, "cuda")
+                core = _C.Coordinator(options, self._core_config(), "cuda")
         else:
-            core = _C.Coordinator(options, self._config, "cpu")
+            core = _C.Coordinator(options, self._core_config(), "cpu")
         self._group_index = []
         # The coordinator writes through the registered storage until it is closed: keep that
         # storage alive even if a parameter's .data is replaced (which step() then rejects).
@@ -666,6 +710,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._core = core
         self._record_versions()
         return core
+
+    def _core_config(self):
+        """The coordinator's config. With the NVMe tier, each coordinator this optimizer builds gets a
+        state file of its own (load_state_dict builds the next one while it keeps the last for a
+        rollback; several optimizers may share a directory): named for the process, a process-wide
+        count and the rank."""
+        config = dict(self._config)
+        if config["nvme"] is not None:
+            rank = 0
+            if self._process_group is not None:
+                import torch.distributed as dist
+                rank = dist.get_rank(self._process_group)
+            name = f"zenflow_state.{os.getpid()}.{next(_state_files)}.rank{rank}.bin"
+            config["nvme"] = dict(config["nvme"], file_name=name)
+        return config
 
     def _data_parallel_core(self, options, device):
         """The coordinator of one rank of ``process_group``: on a Gloo group of its own (CPU
@@ -695,10 +754,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 nccl_id = torch.zeros(128, dtype=torch.uint8)
             dist.broadcast(nccl_id, src=first, group=self._own_group)
             with torch.cuda.device(device):
-                return _C.Coordinator(options, self._config, "cuda", self._own_group, None, self._timeout,
+                return _C.Coordinator(options, self._core_config(), "cuda", self._own_group, None, self._timeout,
                                       nccl_id.numpy().tobytes())
         store = dist.distributed_c10d._get_process_group_store(self._own_group)
-        return _C.Coordinator(options, self._config, "cpu", self._own_group, store, self._timeout)
+        return _C.Coordinator(options, self._core_config(), "cpu", self._own_group, store, self._timeout)
 
     def _hand_over(self, i, param):
         """The post-accumulate-grad hook of parameter i (submit_in_backward): hands the gradient

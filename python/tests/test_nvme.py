@@ -1,0 +1,190 @@
+"""The NVMe state tier from zenflow.torch: the CPU columns' moments in a state file on disk
+(``offload_optimizer={"device": "nvme", "nvme_path": ...}`` or DeepSpeed's offload_optimizer and
+aio blocks) train bit-identically to moments in RAM (our loop and transformers.Trainer), report
+their disk traffic, checkpoint interchangeably with RAM state, and every DeepSpeed key is
+honoured or rejected with its reason."""
+
+import os
+import re
+import shutil
+import tempfile
+import warnings
+
+import pytest
+import torch
+
+from conftest import make_model, train_step
+from reference import Dataset, model
+from zenflow.torch import ZenFlowAdamW, ZenFlowError, deepspeed_options, nvme_config
+
+ASYNC = dict(topk_ratio=0.25, update_interval=2, select_interval=3)
+
+
+@pytest.fixture
+def state_dir():
+    """A directory on a disk file system (state files refuse tmpfs): under $ZENFLOW_TEST_STATE_DIR,
+    else under the working directory's build/ (the README's commands run from the repository)."""
+    base = os.environ.get("ZENFLOW_TEST_STATE_DIR") or os.path.join(os.getcwd(), "build")
+    os.makedirs(base, exist_ok=True)
+    d = tempfile.mkdtemp(prefix="zenflow_nvme_test.", dir=base)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def nvme(path, **more):
+    # Small blocks: the tiny model's tensors span several, and columns share them.
+    return dict(offload_optimizer={"device": "nvme", "nvme_path": path, **more}, aio={"block_size": 4096})
+
+
+def run(steps, **options):
+    m = make_model()
+    opt = ZenFlowAdamW(m.parameters(), lr=1e-2, **options)
+    for s in range(steps):
+        train_step(m, opt, s)
+    opt.flush()
+    return m, opt
+
+
+@pytest.mark.parametrize("mode", ["zenflow", "zero_offload"])
+def test_moments_on_disk_train_bit_identically(state_dir, mode):
+    extra = ASYNC if mode == "zenflow" else {}
+    ram_model, ram = run(10, mode=mode, **extra)
+    disk_model, disk = run(10, mode=mode, **extra, **nvme(state_dir))
+    for a, b in zip(ram_model.parameters(), disk_model.parameters()):
+        assert torch.equal(a, b)
+    sa, sb = ram.state_dict()["state"], disk.state_dict()["state"]
+    for k in sa:
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(sa[k][key], sb[k][key])
+    status = disk.nvme_status
+    assert state_dir in status and "engine" in status and "pool" in status
+    assert ram.nvme_status == "" and ram.nvme is None
+    assert disk.nvme["block_bytes"] == 4096
+    m = disk.metrics()
+    assert m["cpu_update_disk_read_bytes"] > 0 and m["cpu_update_disk_written_bytes"] > 0
+    assert ram.metrics()["cpu_update_disk_read_bytes"] == 0
+    files = os.listdir(state_dir)
+    assert len(files) == 1 and re.fullmatch(r"zenflow_state\.\d+\.\d+\.rank0\.bin", files[0]), files
+    ram.close()
+    disk.close()
+    assert os.listdir(state_dir) == []  # the state file is scratch: removed with the optimizer
+
+
+def test_checkpoints_move_between_disk_and_ram(state_dir):
+    _, disk = run(6, **ASYNC, **nvme(state_dir))
+    saved = disk.state_dict()
+    disk.close()
+    # The disk optimizer's checkpoint resumes in RAM and on disk alike, bit for bit.
+    results = []
+    for options in ({}, nvme(state_dir)):
+        m = make_model()
+        opt = ZenFlowAdamW(m.parameters(), lr=1e-2, **ASYNC, **options)
+        train_step(m, opt, 0)  # builds the optimizer; the checkpoint then replaces its state
+        opt.load_state_dict(saved)
+        for s in range(6, 10):
+            train_step(m, opt, s)
+        opt.flush()
+        results.append([p.detach().clone() for p in m.parameters()])
+        opt.close()
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_transformers_trainer_with_moments_on_disk(state_dir):
+    from transformers import Trainer, TrainingArguments
+
+    def train(**options):
+        m = model()
+        opt = ZenFlowAdamW(m.parameters(), lr=5e-4, **ASYNC, **options)
+        with tempfile.TemporaryDirectory() as d:
+            args = TrainingArguments(output_dir=d, per_device_train_batch_size=8, report_to="none",
+                                     save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True,
+                                     max_steps=12)
+            Trainer(model=m, args=args, train_dataset=Dataset(), optimizers=(opt, None)).train()
+        opt.close()
+        return m
+
+    ram, disk = train(), train(**nvme(state_dir))
+    for a, b in zip(ram.parameters(), disk.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_deepspeed_config_with_nvme(state_dir):
+    config = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": state_dir,
+                                                                      "buffer_count": 5, "pin_memory": False,
+                                                                      "pipeline_read": True, "pipeline_write": True},
+                                    "zenflow": {"topk_ratio": 0.25, "update_interval": 2, "select_interval": 3}},
+              "aio": {"block_size": 8192, "queue_depth": 16, "intra_op_parallelism": 2, "single_submit": True,
+                      "overlap_events": True, "use_gds": False}}
+    got = deepspeed_options(config)
+    assert got["mode"] == "zenflow" and got["offload_optimizer"]["device"] == "nvme" and got["aio"]["block_size"] == 8192
+    m = make_model()
+    opt = ZenFlowAdamW.from_deepspeed(m.parameters(), config)
+    assert opt.nvme == {"directory": state_dir, "block_bytes": 8192, "read_ahead": 2, "write_behind": 2, "pin": "none",
+                        "engine": "automatic", "queue_depth": 16, "threads": 2}
+    for s in range(4):
+        train_step(m, opt, s)
+    assert "O_DIRECT" in opt.nvme_status or "buffered" in opt.nvme_status
+    opt.close()
+    # Without the zenflow block, device nvme is ZeRO-Offload with its state on disk.
+    plain = {"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": state_dir}}}
+    assert deepspeed_options(plain) == {"mode": "zero_offload",
+                                        "offload_optimizer": {"device": "nvme", "nvme_path": state_dir}}
+
+
+def test_nvme_keys_honoured_or_rejected(state_dir):
+    base = {"device": "nvme", "nvme_path": state_dir}
+    assert nvme_config(None, None) is None
+    assert nvme_config({"device": "cpu"}, None) is None
+    d = nvme_config(base, None)
+    assert (d["read_ahead"], d["write_behind"], d["pin"], d["block_bytes"]) == (4, 4, "automatic", 1 << 20)
+    # buffer_count splits between reading ahead and writing behind as the pipelines allow.
+    assert (lambda d: (d["read_ahead"], d["write_behind"]))(nvme_config({**base, "buffer_count": 4}, None)) == (1, 2)
+    assert (lambda d: (d["read_ahead"], d["write_behind"]))(
+        nvme_config({**base, "buffer_count": 4, "pipeline_write": False}, None)) == (3, 0)
+    assert (lambda d: (d["read_ahead"], d["write_behind"]))(
+        nvme_config({**base, "pipeline_read": False, "pipeline_write": False}, None)) == (0, 0)
+    assert nvme_config({**base, "pin_memory": True}, None)["pin"] == "required"
+    assert nvme_config({**base, "io_engine": "posix"}, None)["engine"] == "posix"
+    assert nvme_config(base, {"thread_count": 3})["threads"] == 3
+    rejected = [
+        ({"device": "nvme"}, None, "nvme_path"),
+        ({"device": "disk", "nvme_path": state_dir}, None, "device"),
+        ({"device": "cpu", "nvme_path": state_dir}, None, "device is \"cpu\""),
+        ({**base, "buffer_count": 2}, None, "buffer_count"),
+        ({**base, "ratio": 0.5}, None, "ratio"),
+        ({**base, "io_engine": "spdk"}, None, "io_engine"),
+        ({**base, "swap_folder": "x"}, None, "unknown key"),
+        (base, {"block_size": 1000}, "block_size"),
+        (base, {"queue_depth": 0}, "queue_depth"),
+        (base, {"use_gds": True}, "GPUDirect"),
+        (base, {"intra_op_parallelism": 2, "thread_count": 3}, "contradicts"),
+        (base, {"block_sz": 4096}, "unknown key"),
+        ({**base, "pin_memory": "yes"}, None, "pin_memory"),
+    ]
+    for offload, aio, message in rejected:
+        with pytest.raises(ValueError, match=message):
+            nvme_config(offload, aio)
+    for offload, aio, message in [({**base, "fast_init": True}, None, "fast_init"),
+                                  (base, {"single_submit": False}, "single_submit"),
+                                  (base, {"overlap_events": False}, "overlap_events")]:
+        with pytest.warns(UserWarning, match=message):
+            nvme_config(offload, aio)
+    m = make_model()
+    with pytest.raises(ValueError, match="fp32 moments only"):
+        ZenFlowAdamW(m.parameters(), cpu_state="bf16_moments", **nvme(state_dir))
+    with pytest.raises(ValueError, match="not a directory"):
+        ZenFlowAdamW(m.parameters(), **nvme(os.path.join(state_dir, "missing")))
+    with pytest.raises(ValueError, match="contradicts"):
+        ZenFlowAdamW(m.parameters(), offload_optimizer={"device": "nvme", "nvme_path": "/elsewhere"},
+                     zenflow_config={"zero_optimization": {"offload_optimizer": base}})
+
+
+def test_library_errors_name_the_setting(state_dir):
+    # The queue must hold every block a stream may have in flight: the library says so at the first step.
+    m = make_model()
+    opt = ZenFlowAdamW(m.parameters(), offload_optimizer={"device": "nvme", "nvme_path": state_dir},
+                       aio={"queue_depth": 2})
+    with pytest.raises(ZenFlowError, match="queue_depth"):
+        train_step(m, opt, 0)
