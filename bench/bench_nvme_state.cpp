@@ -11,7 +11,9 @@
 //                    RAM), write it back with its new checksum
 //
 // and reports roofline_fraction = (read time + write time) / stream time (bar: >= 0.85), the
-// rates, and the time the stream's thread waited on the disk.
+// rates, and the time the stream's thread waited on the disk. cpu_adam_nvme measures the same for
+// zenflow::cpu_adam with its moments on the disk (cpu_adam_config::nvme: m and v in the file, the
+// fp32 master in RAM), the CPU update a coordinator runs: one step over every column.
 //
 // Layout of a block: 85 columns of 1024 rows (with B = 1 MiB), column-contiguous, as three
 // arrays: master | m | v (12 B per parameter; the rest of the block is padding). The bench
@@ -89,6 +91,58 @@ double sequential(zenflow::any_io_engine& engine, std::uint32_t file, const zenf
   return seconds_since(t0);
 }
 
+// The roofline's own preallocated file (written once), engine and pool: sequential O_DIRECT reads
+// and writes of `blocks` blocks at queue depth qd.
+class roofline_file {
+ public:
+  roofline_file(std::uint64_t blocks, std::size_t block, zenflow::io_engine_kind kind, std::size_t qd)
+      : blocks_(blocks),
+        path_((bench_dir() / "zenflow_bench_roofline.bin").string()),
+        engine_(zenflow::make_io_engine({kind, qd})),
+        pool_(qd, block) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd_ < 0 || ::fallocate(fd_, 0, 0, static_cast<off_t>(blocks * block)) != 0) {
+      error_ = "cannot create " + path_ + ": " + std::strerror(errno);
+      return;
+    }
+    std::vector<std::span<std::byte>> spans;
+    for (std::size_t i = 0; i < pool_.size(); ++i) spans.push_back(pool_.buffer(i));
+    engine_.register_buffers(spans);
+    file_ = engine_.add_file(fd_, path_);
+    added_ = true;
+    (void)write();  // every extent written once
+  }
+  roofline_file(const roofline_file&) = delete;
+  roofline_file& operator=(const roofline_file&) = delete;
+  ~roofline_file() {
+    if (added_) engine_.remove_file(file_);
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  [[nodiscard]] const std::string& error() const noexcept { return error_; }
+  double read() { return sequential(engine_, file_, pool_, blocks_, zenflow::io_op::read); }
+  double write() { return sequential(engine_, file_, pool_, blocks_, zenflow::io_op::write); }
+
+ private:
+  std::uint64_t blocks_;
+  std::string path_;
+  zenflow::any_io_engine engine_;
+  zenflow::pinned_buffer_pool pool_;
+  int fd_ = -1;
+  std::uint32_t file_ = 0;
+  bool added_ = false;
+  std::string error_;
+};
+
+bool io_uring_missing(benchmark::State& state, zenflow::io_engine_kind kind) {
+  zenflow::any_io_engine probe = zenflow::make_io_engine({zenflow::io_engine_kind::automatic, 2});
+  if (kind == zenflow::io_engine_kind::uring && probe.name() != "io_uring") {
+    state.SkipWithError(("io_uring does not run here: " + probe.status()).c_str());
+    return true;
+  }
+  return false;
+}
+
 void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
   const std::uint64_t want = env_u64("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30);
   const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
@@ -98,11 +152,7 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
   const std::uint64_t blocks = (want + block - 1) / block;
   const std::size_t params = blocks * per_block;
 
-  zenflow::any_io_engine probe = zenflow::make_io_engine({zenflow::io_engine_kind::automatic, 2});
-  if (kind == zenflow::io_engine_kind::uring && probe.name() != "io_uring") {
-    state.SkipWithError(("io_uring does not run here: " + probe.status()).c_str());
-    return;
-  }
+  if (io_uring_missing(state, kind)) return;
 
   // The state file (stream) and the roofline's file, same size, same directory.
   zenflow::state_file_config cfg;
@@ -114,20 +164,11 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
   cfg.write_behind = qd / 2;
   zenflow::state_file file(cfg, {kind, qd});
 
-  const std::string roof_path = (bench_dir() / "zenflow_bench_roofline.bin").string();
-  const int roof_fd = ::open(roof_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-  if (roof_fd < 0 || ::fallocate(roof_fd, 0, 0, static_cast<off_t>(blocks * block)) != 0) {
-    state.SkipWithError(("cannot create " + roof_path + ": " + std::strerror(errno)).c_str());
-    if (roof_fd >= 0) ::close(roof_fd), ::unlink(roof_path.c_str());
+  roofline_file roof(blocks, block, kind, qd);
+  if (!roof.error().empty()) {
+    state.SkipWithError(roof.error().c_str());
     return;
   }
-  zenflow::any_io_engine roof_engine = zenflow::make_io_engine({kind, qd});
-  zenflow::pinned_buffer_pool roof_pool(qd, block);
-  std::vector<std::span<std::byte>> spans;
-  for (std::size_t i = 0; i < roof_pool.size(); ++i) spans.push_back(roof_pool.buffer(i));
-  roof_engine.register_buffers(spans);
-  const std::uint32_t roof_file = roof_engine.add_file(roof_fd, roof_path);
-  (void)sequential(roof_engine, roof_file, roof_pool, blocks, zenflow::io_op::write);  // every extent written once
 
   // The optimizer: one tensor of a block's columns; the accumulated gradient of every parameter.
   zenflow::adam_options adam;
@@ -152,8 +193,8 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
   std::int64_t step = 0;
   double t_read = 0, t_write = 0, t_stream = 0, t_wait = 0;
   for (auto _ : state) {
-    t_read += sequential(roof_engine, roof_file, roof_pool, blocks, zenflow::io_op::read);
-    t_write += sequential(roof_engine, roof_file, roof_pool, blocks, zenflow::io_op::write);
+    t_read += roof.read();
+    t_write += roof.write();
     ++step;
     file.reset_counters();
     const auto t0 = clock_type::now();
@@ -183,10 +224,73 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
   state.counters["state_GB"] = bytes * 1e-9;
   state.counters["pool_pinned_MB"] = static_cast<double>(file.pool().pinned_bytes()) * 1e-6;
   state.SetLabel(file.engine().status());
+}
 
-  roof_engine.remove_file(roof_file);
-  ::close(roof_fd);
-  ::unlink(roof_path.c_str());
+// zenflow::cpu_adam with its moments on the disk (cpu_adam_config::nvme): what a coordinator's
+// CPU update runs. One step over every column of one 1024-row tensor whose m and v fill the
+// state bytes (8 B per parameter on disk; the fp32 master and the gradient in RAM), against the
+// roofline's sequential read + write of the same bytes.
+void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
+  const std::uint64_t want = env_u64("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30);
+  const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
+  const std::size_t qd = env_u64("ZENFLOW_BENCH_NVME_QD", 32);
+  if (io_uring_missing(state, kind)) return;
+  const std::size_t per_block = block / 8;  // m and v of this many elements per block
+  const std::uint64_t blocks = (want + block - 1) / block;
+  const zenflow::index_t cols = static_cast<zenflow::index_t>(blocks * per_block / rows);
+  const std::size_t params = static_cast<std::size_t>(rows * cols);
+
+  zenflow::cpu_adam_config config;
+  zenflow::nvme_state_config nvme;
+  nvme.file.directory = bench_dir();
+  nvme.file.file_name = "zenflow_bench_state.bin";
+  nvme.file.block_bytes = block;
+  nvme.file.read_ahead = qd / 2 - 1;
+  nvme.file.write_behind = qd / 2;
+  nvme.engine = {kind, qd};
+  config.nvme = nvme;
+  zenflow::adam_options adam;
+  adam.lr = 1e-3f;
+  adam.weight_decay = 0.01f;
+  zenflow::cpu_adam opt(adam, config);
+  std::vector<float> values(params);
+  for (std::size_t i = 0; i < params; ++i) values[i] = 0.01f * static_cast<float>(i % 101);
+  opt.add_tensor(values, rows, cols);
+  std::uint32_t seed = 12345;
+  for (float& g : values) {  // the gradient
+    seed = seed * 1664525u + 1013904223u;
+    g = 1e-3f * (static_cast<float>(seed >> 8) * (1.0f / 16777216.0f) - 0.5f);
+  }
+  zenflow::cpu_adam_task task{0, values.data(), zenflow::dtype::f32, {}};
+  opt.step({&task, 1}, 1.0f, false);  // sizes the file and writes every block once
+
+  roofline_file roof(blocks, block, kind, qd);
+  if (!roof.error().empty()) {
+    state.SkipWithError(roof.error().c_str());
+    return;
+  }
+  double t_read = 0, t_write = 0, t_step = 0, t_wait = 0;
+  for (auto _ : state) {
+    t_read += roof.read();
+    t_write += roof.write();
+    const double wait0 = opt.nvme_file()->counters().wait_seconds;
+    const auto t0 = clock_type::now();
+    opt.step({&task, 1}, 1.0f, false);
+    t_step += seconds_since(t0);
+    t_wait += opt.nvme_file()->counters().wait_seconds - wait0;
+  }
+  const double it = static_cast<double>(state.iterations());
+  const double bytes = static_cast<double>(blocks * block);
+  state.counters["read_GBps"] = bytes * it / t_read * 1e-9;
+  state.counters["write_GBps"] = bytes * it / t_write * 1e-9;
+  state.counters["step_GBps"] = 2 * bytes * it / t_step * 1e-9;  // read + written
+  state.counters["step_Mparams_per_s"] = static_cast<double>(params) * it / t_step * 1e-6;
+  state.counters["step_wait_fraction"] = t_wait / t_step;
+  state.counters["roofline_fraction"] = (t_read + t_write) / t_step;
+  state.counters["disk_GB"] = bytes * 1e-9;
+  state.counters["ram_state_GB"] = static_cast<double>(opt.host_state_bytes()) * 1e-9;
+  state.counters["pool_pinned_MB"] = static_cast<double>(opt.nvme_file()->pool().pinned_bytes()) * 1e-6;
+  state.SetLabel(opt.nvme_status());
 }
 
 }  // namespace
@@ -196,6 +300,15 @@ BENCHMARK_CAPTURE(nvme_adam, io_uring, zenflow::io_engine_kind::uring)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 BENCHMARK_CAPTURE(nvme_adam, posix, zenflow::io_engine_kind::posix)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+
+BENCHMARK_CAPTURE(cpu_adam_nvme, io_uring, zenflow::io_engine_kind::uring)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK_CAPTURE(cpu_adam_nvme, posix, zenflow::io_engine_kind::posix)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
