@@ -443,7 +443,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def metrics(self):
         """The last step's step_metrics as a dict: stall_seconds, stall_reason, cpu_update_seconds,
         bytes_device_to_host, bytes_host_to_device, selection_overlap, interval, reselected,
-        cpu_update_launched, written_back, step."""
+        cpu_update_launched, written_back, step; with the NVMe tier the last CPU update's
+        cpu_update_disk_read_bytes, cpu_update_disk_written_bytes and cpu_update_disk_wait_seconds
+        (0 with the state in RAM)."""
         return dict(self._metrics)
 
     def trace(self):
