@@ -14,6 +14,8 @@
 // rates, and the time the stream's thread waited on the disk. cpu_adam_nvme measures the same for
 // zenflow::cpu_adam with its moments on the disk (cpu_adam_config::nvme: m and v in the file, the
 // fp32 master in RAM), the CPU update a coordinator runs: one step over every column.
+// coordinator_memory measures the host RAM a ZeRO-Offload coordinator adds per parameter with its
+// moments in RAM and on disk (resident memory, and the coordinator's own accounting).
 //
 // Layout of a block: 85 columns of 1024 rows (with B = 1 MiB), column-contiguous, as three
 // arrays: master | m | v (12 B per parameter; the rest of the block is padding). The bench
@@ -24,6 +26,7 @@
 // measure, not tmpfs), ZENFLOW_BENCH_NVME_BYTES (state bytes, default 2 GiB),
 // ZENFLOW_BENCH_NVME_BLOCK (default 1 MiB), ZENFLOW_BENCH_NVME_QD (default 32). The files are
 // removed at the end.
+#include <zenflow/coordinator.hpp>
 #include <zenflow/cpu_adam.hpp>
 #include <zenflow/io_engine.hpp>
 #include <zenflow/state_file.hpp>
@@ -36,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -295,6 +299,61 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
 
 }  // namespace
 
+// This process's resident memory in bytes (VmRSS).
+std::uint64_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  return 0;
+}
+
+// Host RAM a coordinator holds for its CPU state, moments in RAM (state 0) against moments on
+// disk (state 1): a ZeRO-Offload host_coordinator (every column on the CPU) over one bf16
+// 1024-row matrix of range(0) M parameters, trained 3 steps; the resident memory it added (VmRSS
+// with it alive, minus VmRSS before it was built: the model's weight and gradient are not
+// counted) per parameter, and its own accounting (cpu_adam::host_state_bytes + the accumulator).
+void coordinator_memory(benchmark::State& state) {
+  const bool on_disk = state.range(1) != 0;
+  const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
+  const std::size_t params = static_cast<std::size_t>(rows * cols);
+  std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params, zenflow::bfloat16(1e-3f));
+  zenflow::coordinator_config config;
+  config.cpu_threads = 2;
+  if (on_disk) {
+    zenflow::nvme_state_config n;
+    n.file.directory = bench_dir();
+    n.file.file_name = "zenflow_bench_state.bin";
+    config.nvme = n;
+  }
+  double added = 0, accounted = 0, seconds = 0;
+  for (auto _ : state) {
+    const std::uint64_t before = resident_bytes();
+    zenflow::host_stream stream;
+    zenflow::host_coordinator c(zenflow::zenflow_options::zero_offload(), config);
+    c.register_parameter("w", zenflow::matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
+                         zenflow::const_matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
+                         zenflow::dtype::bf16);
+    const auto t0 = clock_type::now();
+    for (int step = 0; step < 3; ++step) {
+      c.submit_gradient(0, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16),
+                        &stream);
+      c.step(&stream);
+      stream.synchronize();
+    }
+    c.finish(&stream);
+    seconds += seconds_since(t0) / 3;
+    added += static_cast<double>(resident_bytes() - before);
+    accounted += static_cast<double>(c.host_optimizer().host_state_bytes() + params * sizeof(float));
+  }
+  const double it = static_cast<double>(state.iterations());
+  state.counters["params_M"] = static_cast<double>(params) * 1e-6;
+  state.counters["rss_bytes_per_param"] = added / it / static_cast<double>(params);
+  state.counters["accounted_bytes_per_param"] = accounted / it / static_cast<double>(params);
+  state.counters["step_s"] = seconds / it;
+  state.SetLabel(on_disk ? "moments on disk" : "moments in RAM");
+}
+
 BENCHMARK_CAPTURE(nvme_adam, io_uring, zenflow::io_engine_kind::uring)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
@@ -312,5 +371,12 @@ BENCHMARK_CAPTURE(cpu_adam_nvme, posix, zenflow::io_engine_kind::posix)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
+
+BENCHMARK(coordinator_memory)
+    ->ArgsProduct({{64, 256}, {0, 1}})
+    ->ArgNames({"Mparams", "on_disk"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 
 BENCHMARK_MAIN();
