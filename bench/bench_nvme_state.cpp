@@ -138,6 +138,20 @@ class roofline_file {
   std::string error_;
 };
 
+// The counters of `pass` (read and write every one of `bytes` once per iteration) against the
+// roofline's sequential read and write of the same bytes: <pass>_GBps (read + written),
+// <pass>_Mparams_per_s, <pass>_wait_fraction (waiting on the disk), roofline_fraction.
+void report_pass(benchmark::State& state, const std::string& pass, double bytes, std::size_t params, double t_read,
+                 double t_write, double t_pass, double t_wait) {
+  const double it = static_cast<double>(state.iterations());
+  state.counters["read_GBps"] = bytes * it / t_read * 1e-9;
+  state.counters["write_GBps"] = bytes * it / t_write * 1e-9;
+  state.counters[pass + "_GBps"] = 2 * bytes * it / t_pass * 1e-9;
+  state.counters[pass + "_Mparams_per_s"] = static_cast<double>(params) * it / t_pass * 1e-6;
+  state.counters[pass + "_wait_fraction"] = t_wait / t_pass;
+  state.counters["roofline_fraction"] = (t_read + t_write) / t_pass;
+}
+
 bool io_uring_missing(benchmark::State& state, zenflow::io_engine_kind kind) {
   zenflow::any_io_engine probe = zenflow::make_io_engine({zenflow::io_engine_kind::automatic, 2});
   if (kind == zenflow::io_engine_kind::uring && probe.name() != "io_uring") {
@@ -217,14 +231,8 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
     t_stream += seconds_since(t0);
     t_wait += file.counters().wait_seconds;
   }
-  const double it = static_cast<double>(state.iterations());
   const double bytes = static_cast<double>(blocks * block);
-  state.counters["read_GBps"] = bytes * it / t_read * 1e-9;
-  state.counters["write_GBps"] = bytes * it / t_write * 1e-9;
-  state.counters["stream_GBps"] = 2 * bytes * it / t_stream * 1e-9;  // read + written
-  state.counters["stream_Mparams_per_s"] = static_cast<double>(params) * it / t_stream * 1e-6;
-  state.counters["stream_wait_fraction"] = t_wait / t_stream;
-  state.counters["roofline_fraction"] = (t_read + t_write) / t_stream;
+  report_pass(state, "stream", bytes, params, t_read, t_write, t_stream, t_wait);
   state.counters["state_GB"] = bytes * 1e-9;
   state.counters["pool_pinned_MB"] = static_cast<double>(file.pool().pinned_bytes()) * 1e-6;
   state.SetLabel(file.engine().status());
@@ -283,14 +291,8 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
     t_step += seconds_since(t0);
     t_wait += opt.nvme_file()->counters().wait_seconds - wait0;
   }
-  const double it = static_cast<double>(state.iterations());
   const double bytes = static_cast<double>(blocks * block);
-  state.counters["read_GBps"] = bytes * it / t_read * 1e-9;
-  state.counters["write_GBps"] = bytes * it / t_write * 1e-9;
-  state.counters["step_GBps"] = 2 * bytes * it / t_step * 1e-9;  // read + written
-  state.counters["step_Mparams_per_s"] = static_cast<double>(params) * it / t_step * 1e-6;
-  state.counters["step_wait_fraction"] = t_wait / t_step;
-  state.counters["roofline_fraction"] = (t_read + t_write) / t_step;
+  report_pass(state, "step", bytes, params, t_read, t_write, t_step, t_wait);
   state.counters["disk_GB"] = bytes * 1e-9;
   state.counters["ram_state_GB"] = static_cast<double>(opt.host_state_bytes()) * 1e-9;
   state.counters["pool_pinned_MB"] = static_cast<double>(opt.nvme_file()->pool().pinned_bytes()) * 1e-6;

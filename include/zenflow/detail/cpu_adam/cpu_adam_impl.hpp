@@ -93,13 +93,17 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   ts.stride = (size + 15) / 16 * 16;  // keeps each array 64-byte aligned
   const auto pad64 = [](std::size_t b) { return (b + 63) / 64 * 64; };
   ts.m_off = ts.v_off = ts.stride * sizeof(float);
-  switch (nvme_ ? cpu_state_format::bf16_moments : format_) {  // NVMe: params only, the moments are on the SSD
-    case cpu_state_format::fp32:                               // params | m | v
+  switch (format_) {
+    case cpu_state_format::fp32:  // params | m | v; NVMe: params only (the moments are in the state file)
+      if (nvme_) {
+        ts.dm_off = ts.dv_off = ts.m_off;
+        break;
+      }
       ts.v_off = ts.m_off + ts.stride * sizeof(float);
       ts.dm_off = ts.dv_off = ts.v_off + ts.stride * sizeof(float);
       break;
     case cpu_state_format::bf16_moments:  // params | m, v as one 32-bit word per element (bf16_word)
-      ts.dm_off = ts.dv_off = ts.m_off + (nvme_ ? 0 : pad64(size * sizeof(std::uint32_t)));
+      ts.dm_off = ts.dv_off = ts.m_off + pad64(size * sizeof(std::uint32_t));
       break;
     case cpu_state_format::blockwise8_moments:  // params | m codes | v codes | m scales | v scales
       ts.v_off = ts.m_off + pad64(size);
