@@ -2,6 +2,7 @@
 // patterns, a forked child that reports back, and the process's locked memory.
 #pragma once
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,8 +68,11 @@ struct child_result {
 
 /// Runs `body` in a forked child (which must not use doctest). The child's return value is its
 /// exit code; `report(text)` sends text back. Exceptions escaping body become exit code 99 with
-/// what() as output. Call only while this process runs no other threads.
-inline child_result run_in_child(const std::function<int(const std::function<void(const std::string&)>&)>& body) {
+/// what() as output. With `kill_at`: once the child has reported text containing it, the child
+/// is killed with SIGKILL `kill_delay_ms` later (child_result::signal is then SIGKILL). Call only
+/// while this process runs no other threads.
+inline child_result run_in_child(const std::function<int(const std::function<void(const std::string&)>&)>& body,
+                                 const std::string& kill_at = "", int kill_delay_ms = 0) {
   int fds[2];
   if (::pipe(fds) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
   std::fflush(nullptr);
@@ -98,11 +102,17 @@ inline child_result run_in_child(const std::function<int(const std::function<voi
   }
   ::close(fds[1]);
   child_result r;
+  bool killed = false;
   char buf[4096];
   for (;;) {
     const ssize_t n = ::read(fds[0], buf, sizeof buf);
     if (n > 0) {
       r.output.append(buf, static_cast<std::size_t>(n));
+      if (!killed && !kill_at.empty() && r.output.find(kill_at) != std::string::npos) {
+        ::usleep(static_cast<useconds_t>(kill_delay_ms) * 1000);
+        ::kill(pid, SIGKILL);
+        killed = true;
+      }
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {
