@@ -6,7 +6,8 @@
 //   zenflow-sync   top 10% of columns on the GPU, the rest every 4 steps on the CPU, synchronously
 //   zenflow-async  the same with the CPU update overlapped and written back one interval later
 // then ZenFlow async again with the CPU columns' moments in bf16 and in 8-bit blocks
-// (coordinator_config::cpu_state), each within 0.5 point of zenflow-async's held-out accuracy.
+// (coordinator_config::cpu_state), each within 0.5 point of zenflow-async's held-out accuracy,
+// and with the moments in a state file on disk (coordinator_config::nvme), bit-identical to it.
 // This build runs the coordinator's host backend (a host_stream stands in for the GPU stream).
 // It prints the options of each run, per-step loss, stall time and bytes moved, writes
 // finetune_mlp.csv (one row per mode and step; docs/plot_finetune.py turns it into
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -146,7 +148,8 @@ struct mlp {
 
 mode_result train(const std::string& name, zenflow::zenflow_options options, const dataset& data,
                   const std::vector<std::size_t>& train_idx, const std::vector<std::size_t>& test_idx, int epochs,
-                  std::ofstream& csv, zenflow::cpu_state_format cpu_state = zenflow::cpu_state_format::fp32) {
+                  std::ofstream& csv, zenflow::cpu_state_format cpu_state = zenflow::cpu_state_format::fp32,
+                  const std::filesystem::path& nvme_dir = {}) {
   options.adam.lr = 2e-3f;
   options.adam.weight_decay = 0.01f;
   options.adam.adamw_mode = true;
@@ -158,7 +161,14 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
   config.d2h_slot_bytes = 64 << 10;
   config.h2d_slot_bytes = 64 << 10;
   config.cpu_state = cpu_state;
+  if (!nvme_dir.empty()) {  // the CPU columns' moments in a state file on disk
+    zenflow::nvme_state_config nvme;
+    nvme.file.directory = nvme_dir;
+    nvme.file.block_bytes = 64 << 10;  // 8192 parameters' m and v per block: fc1 spans 8
+    config.nvme = nvme;
+  }
   zenflow::host_coordinator coordinator(options, config);
+  if (!nvme_dir.empty()) fmt::print("[{}] {}\n", name, coordinator.host_optimizer().nvme_status());
   for (std::size_t l = 0; l < model.layers.size(); ++l) {
     auto& L = model.layers[l];
     coordinator.register_parameter("fc" + std::to_string(l) + ".weight",
@@ -214,6 +224,15 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
   }
   model.run(xt.data(), yt.data(), yt.size(), false, &correct);
   result.accuracy = 100.0 * correct / static_cast<double>(yt.size());
+  result.weights_hash = 0xcbf29ce484222325ull;
+  const auto hash = [&](const void* data, std::size_t bytes) {
+    for (std::size_t i = 0; i < bytes; ++i)
+      result.weights_hash = (result.weights_hash ^ static_cast<const unsigned char*>(data)[i]) * 0x100000001b3ull;
+  };
+  for (const auto& L : model.layers) {
+    hash(L.w.data(), L.w.size() * sizeof(L.w[0]));
+    hash(L.b.data(), L.b.size() * sizeof(L.b[0]));
+  }
   return result;
 }
 
@@ -307,6 +326,14 @@ int main(int argc, char** argv) {
     results.push_back(
         train(fmt::format("zenflow-async-{}", format == zenflow::cpu_state_format::bf16_moments ? "bf16" : "8bit"),
               zenflow_async, data, train_idx, test_idx, epochs, csv, format));
+  // ZenFlow async with the CPU columns' moments in a state file on disk (coordinator_config::nvme),
+  // in a directory under the working directory (a disk file system, not tmpfs).
+  const std::filesystem::path nvme_dir = std::filesystem::current_path() / "finetune_mlp_state";
+  std::filesystem::create_directories(nvme_dir);
+  const std::size_t on_disk = results.size();
+  results.push_back(train("zenflow-async-nvme", zenflow_async, data, train_idx, test_idx, epochs, csv,
+                          zenflow::cpu_state_format::fp32, nvme_dir));
+  std::filesystem::remove_all(nvme_dir);
   print_table(results);
   fmt::print("per-step rows written to finetune_mlp.csv (plot: python3 docs/plot_finetune.py finetune_mlp.csv)\n");
   bool ok = true;
@@ -318,7 +345,15 @@ int main(int argc, char** argv) {
                within ? "within 1 point (pass)" : "NOT within 1 point (fail)");
     ok = ok && within;
   }
-  for (std::size_t i = compact; i < results.size(); ++i) {
+  {
+    // Moments on disk must train bit-identically to moments in RAM.
+    const bool same =
+        results[on_disk].weights_hash == results[3].weights_hash && results[on_disk].accuracy == results[3].accuracy;
+    fmt::print("{} final weights are {} {}'s: {}\n", results[on_disk].name, same ? "bit-identical to" : "NOT",
+               results[3].name, same ? "pass" : "fail");
+    ok = ok && same;
+  }
+  for (std::size_t i = compact; i < on_disk; ++i) {
     // Compact moments must train as fp32 moments do: 0.5 point is 2 of the 360 test digits.
     const double gap = results[3].accuracy - results[i].accuracy;
     const bool within = gap <= 0.5;

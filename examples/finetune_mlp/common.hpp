@@ -47,6 +47,7 @@ struct mode_result {
   double accuracy = 0.0, final_loss = 0.0, stall_ms = 0.0, seconds = 0.0;
   std::uint64_t bytes_d2h = 0, bytes_h2d = 0;
   std::int64_t steps = 0;
+  std::uint64_t weights_hash = 0;  ///< FNV-1a of the final weights and biases (host runs)
 };
 
 /// Prints the options a run trains with.
