@@ -317,6 +317,12 @@ class cpu_adam {
   // are the block's two halves (slot i of each belongs to the block's element i).
   template <class Fn>
   void nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn&& fn) const;
+  // The pieces of tensor t's listed columns, off = the column's place in a packed buffer.
+  [[nodiscard]] std::vector<nvme_piece> column_pieces(std::size_t t, std::span<const std::int32_t> columns) const;
+  // Copies the moments of `pieces` out of the file into m_out / v_out (element p.off and on), or
+  // from m_in / v_in into it. Bytes: a saved state's arrays may be unaligned.
+  void nvme_read_moments(std::vector<nvme_piece>& pieces, std::byte* m_out, std::byte* v_out) const;
+  void nvme_write_moments(std::vector<nvme_piece>& pieces, const std::byte* m_in, const std::byte* v_in);
   // (byte offset, bytes) of each array of a tensor's state, in save_state's order
   [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> state_regions(const tensor_state& ts) const;
 

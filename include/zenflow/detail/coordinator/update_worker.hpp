@@ -134,17 +134,17 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
     }
     if (!tasks.empty()) {
       if constexpr (requires { optimizer_.nvme_file(); }) {
+        // The one-block file a cpu_adam makes at construction moves no byte before the first
+        // step replaces it: its counters are zero, so after - before holds across the swap.
         const auto* file = optimizer_.nvme_file();
         const state_file_counters before = file != nullptr ? file->counters() : state_file_counters{};
         optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
-        file = optimizer_.nvme_file();  // the first step sizes (replaces) the file
-        if (file != nullptr) {
+        if ((file = optimizer_.nvme_file()) != nullptr) {
           const state_file_counters& after = file->counters();
-          const bool replaced = after.bytes_read < before.bytes_read || after.bytes_written < before.bytes_written;
           std::lock_guard lock(state_.mutex);
-          state_.last_update_disk_read = after.bytes_read - (replaced ? 0 : before.bytes_read);
-          state_.last_update_disk_written = after.bytes_written - (replaced ? 0 : before.bytes_written);
-          state_.last_update_disk_wait = after.wait_seconds - (replaced ? 0.0 : before.wait_seconds);
+          state_.last_update_disk_read = after.bytes_read - before.bytes_read;
+          state_.last_update_disk_written = after.bytes_written - before.bytes_written;
+          state_.last_update_disk_wait = after.wait_seconds - before.wait_seconds;
         }
       } else {
         optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);

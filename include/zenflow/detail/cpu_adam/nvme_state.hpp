@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,6 +64,34 @@ void cpu_adam::nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn
     while (next < pieces.size() && pieces[next].block == b.index) ++next;
     auto* m = reinterpret_cast<float*>(b.data.data());
     fn(std::span<const nvme_piece>(pieces.data() + first, next - first), m, m + slots_);
+  });
+}
+
+inline auto cpu_adam::column_pieces(std::size_t t, std::span<const std::int32_t> columns) const
+    -> std::vector<nvme_piece> {
+  const auto rows = static_cast<std::size_t>(tensors_[t].rows);
+  std::vector<nvme_piece> pieces;
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    split_into_blocks(t, static_cast<std::size_t>(columns[j]) * rows, rows, 0, j * rows, pieces);
+  return pieces;
+}
+
+inline void cpu_adam::nvme_read_moments(std::vector<nvme_piece>& pieces, std::byte* m_out, std::byte* v_out) const {
+  nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const float* m, const float* v) {
+    for (const nvme_piece& p : block) {
+      std::memcpy(m_out + p.off * sizeof(float), m + p.slot, p.n * sizeof(float));
+      std::memcpy(v_out + p.off * sizeof(float), v + p.slot, p.n * sizeof(float));
+    }
+  });
+}
+
+inline void cpu_adam::nvme_write_moments(std::vector<nvme_piece>& pieces, const std::byte* m_in,
+                                         const std::byte* v_in) {
+  nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
+    for (const nvme_piece& p : block) {
+      std::memcpy(m + p.slot, m_in + p.off * sizeof(float), p.n * sizeof(float));
+      std::memcpy(v + p.slot, v_in + p.off * sizeof(float), p.n * sizeof(float));
+    }
   });
 }
 

@@ -76,15 +76,8 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
   const auto rows = static_cast<std::size_t>(ts.rows);
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
   if (nvme_) {
-    std::vector<nvme_piece> pieces;
-    for (std::size_t j = 0; j < columns.size(); ++j)
-      split_into_blocks(t, static_cast<std::size_t>(columns[j]) * rows, rows, 0, j * rows, pieces);
-    nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const float* m, const float* v) {
-      for (const nvme_piece& p : block) {
-        std::memcpy(exp_avg.data() + p.off, m + p.slot, p.n * sizeof(float));
-        std::memcpy(exp_avg_sq.data() + p.off, v + p.slot, p.n * sizeof(float));
-      }
-    });
+    auto pieces = column_pieces(t, columns);
+    nvme_read_moments(pieces, std::as_writable_bytes(exp_avg).data(), std::as_writable_bytes(exp_avg_sq).data());
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t src = static_cast<std::size_t>(columns[j]) * rows, dst = j * rows;
@@ -131,15 +124,8 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
   const auto rows = static_cast<std::size_t>(ts.rows);
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
   if (nvme_) {  // the moments first: of the two, only the file can fail
-    std::vector<nvme_piece> pieces;
-    for (std::size_t j = 0; j < columns.size(); ++j)
-      split_into_blocks(t, static_cast<std::size_t>(columns[j]) * rows, rows, 0, j * rows, pieces);
-    nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
-      for (const nvme_piece& p : block) {
-        std::memcpy(m + p.slot, exp_avg.data() + p.off, p.n * sizeof(float));
-        std::memcpy(v + p.slot, exp_avg_sq.data() + p.off, p.n * sizeof(float));
-      }
-    });
+    auto pieces = column_pieces(t, columns);
+    nvme_write_moments(pieces, std::as_bytes(exp_avg).data(), std::as_bytes(exp_avg_sq).data());
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t dst = static_cast<std::size_t>(columns[j]) * rows, src = j * rows;
@@ -209,15 +195,9 @@ inline void cpu_adam::save_state(std::size_t t, std::span<std::byte> out) const 
   put(&h, sizeof h);
   if (nvme_) {  // as fp32 state in RAM saves it: params | m | v
     put(ts.at(0), ts.size * sizeof(float));
-    std::byte* const m_out = o;  // m, then v (o may be unaligned: bytes)
-    std::vector<nvme_piece> pieces;
+    std::vector<nvme_piece> pieces;  // m, then v
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const float* m, const float* v) {
-      for (const nvme_piece& p : block) {
-        std::memcpy(m_out + p.off * sizeof(float), m + p.slot, p.n * sizeof(float));
-        std::memcpy(m_out + (ts.size + p.off) * sizeof(float), v + p.slot, p.n * sizeof(float));
-      }
-    });
+    nvme_read_moments(pieces, o, o + ts.size * sizeof(float));
     return;
   }
   for (const auto& [off, bytes] : state_regions(ts)) put(ts.at(off), bytes);
@@ -250,12 +230,7 @@ inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
     const std::byte* m_in = i + ts.size * sizeof(float);
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
-      for (const nvme_piece& p : block) {
-        std::memcpy(m + p.slot, m_in + p.off * sizeof(float), p.n * sizeof(float));
-        std::memcpy(v + p.slot, m_in + (ts.size + p.off) * sizeof(float), p.n * sizeof(float));
-      }
-    });
+    nvme_write_moments(pieces, m_in, m_in + ts.size * sizeof(float));
     get(ts.at(0), ts.size * sizeof(float));
     return;
   }
