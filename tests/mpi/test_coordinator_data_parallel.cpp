@@ -33,9 +33,11 @@
 #include <utility>
 #include <vector>
 
+#include "../support/coordinator_instances.hpp"
 #include "../support/data_parallel_model.hpp"
 #include "../support/error_text.hpp"
 #include "../support/exported_state.hpp"
+#include "mpi_coordinator_instance.hpp"
 #include "mpi_doctest.hpp"
 
 using namespace std::chrono_literals;

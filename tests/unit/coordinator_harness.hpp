@@ -4,6 +4,8 @@
 
 #include <zenflow/coordinator.hpp>
 
+#include "../support/coordinator_instances.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>

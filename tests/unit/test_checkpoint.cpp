@@ -8,6 +8,7 @@
 //   - crafted files with a valid checksum (one field changed, header resealed) are rejected
 //     before anything changes, and the coordinator still loads the real file afterwards.
 #include "../support/checkpoint_model.hpp"
+#include "../support/coordinator_instances.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/resource.h>

@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "../support/coordinator_instances.hpp"
 #include "../support/data_parallel_model.hpp"
 #include "../support/exported_state.hpp"
 
