@@ -12,9 +12,11 @@
 // It prints the options of each run, per-step loss, stall time and bytes moved, writes
 // finetune_mlp.csv (one row per mode and step; docs/plot_finetune.py turns it into
 // docs/finetune.png) and a final table, and exits non-zero if ZenFlow's held-out accuracy is not
-// within 1 percentage point of dense.
+// within 1 percentage point of dense, or the run on disk is not bit-identical to the run in RAM.
 //
 // Usage: finetune_mlp [digits.csv] [epochs]
+// The accuracy comparisons hold for the default 20 epochs or more; a shorter run (the sanitizer
+// builds run 4 epochs) still checks bit-identity and says that it skipped them.
 #include <zenflow/coordinator.hpp>
 #include <zenflow/format.hpp>
 
@@ -23,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -274,7 +277,18 @@ void print_table(const std::vector<mode_result>& results) {
 
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : ZENFLOW_DIGITS_CSV;
-  const int epochs = argc > 2 ? std::stoi(argv[2]) : 20;
+  constexpr int default_epochs = 20;
+  int epochs = default_epochs;
+  if (argc > 2) {
+    const std::string arg = argv[2];
+    const auto [end, err] = std::from_chars(arg.data(), arg.data() + arg.size(), epochs);
+    if (err != std::errc{} || end != arg.data() + arg.size() || epochs < 1) {
+      fmt::print(stderr, "finetune_mlp: epochs (the second argument) must be a whole number >= 1, got '{}'\n", arg);
+      return 2;
+    }
+  }
+  // Fewer epochs than the default leave the modes too far from convergence to compare accuracy.
+  const bool compare_accuracy = epochs >= default_epochs;
   const dataset data = load_digits(path);
   // The same held-out split for every mode: 20% of the samples, chosen by a fixed seed.
   std::vector<std::size_t> idx(data.n);
@@ -337,7 +351,10 @@ int main(int argc, char** argv) {
   print_table(results);
   fmt::print("per-step rows written to finetune_mlp.csv (plot: python3 docs/plot_finetune.py finetune_mlp.csv)\n");
   bool ok = true;
-  for (std::size_t base = 0; base < compact; base += 4) {
+  if (!compare_accuracy)
+    fmt::print("{} epochs (fewer than {}): the accuracy comparisons are skipped, bit-identity is checked\n", epochs,
+               default_epochs);
+  for (std::size_t base = 0; compare_accuracy && base < compact; base += 4) {
     const double gap = results[base].accuracy - results[base + 3].accuracy;
     const bool within = gap <= 1.0;
     fmt::print("{} held-out accuracy is {:.2f} points {} {}: {}\n", results[base + 3].name, std::fabs(gap),
@@ -353,7 +370,7 @@ int main(int argc, char** argv) {
                results[3].name, same ? "pass" : "fail");
     ok = ok && same;
   }
-  for (std::size_t i = compact; i < on_disk; ++i) {
+  for (std::size_t i = compact; compare_accuracy && i < on_disk; ++i) {
     // Compact moments must train as fp32 moments do: 0.5 point is 2 of the 360 test digits.
     const double gap = results[3].accuracy - results[i].accuracy;
     const bool within = gap <= 0.5;
@@ -362,7 +379,7 @@ int main(int argc, char** argv) {
                within ? "within 0.5 point (pass)" : "NOT within 0.5 point (fail)");
     ok = ok && within;
   }
-  if (compact == 8) {
+  if (compare_accuracy && compact == 8) {
     // The GPU run must also learn what the host run learns (a GPU half that barely updated its
     // weights would sit near chance in every mode and still pass the gap check above). Different
     // GEMM summation orders make the runs differ slightly; 2 points is ~7 of the 360 test digits.
