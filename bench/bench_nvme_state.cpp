@@ -16,6 +16,8 @@
 // fp32 master in RAM), the CPU update a coordinator runs: one step over every column.
 // coordinator_memory measures the host RAM a ZeRO-Offload coordinator adds per parameter with its
 // moments in RAM and on disk (resident memory, and the coordinator's own accounting).
+// coordinator_stall measures what the trainer waits for per step, ZeRO-Offload against ZenFlow
+// async, with the moments in RAM and on disk (ZENFLOW_BENCH_STEP_MS: the simulated GPU step).
 //
 // Layout of a block: 85 columns of 1024 rows (with B = 1 MiB), column-contiguous, as three
 // arrays: master | m | v (12 B per parameter; the rest of the block is padding). The bench
@@ -42,6 +44,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -356,6 +359,83 @@ void coordinator_memory(benchmark::State& state) {
   state.SetLabel(on_disk ? "moments on disk" : "moments in RAM");
 }
 
+// What the trainer waits for with the moments on disk: ZeRO-Offload (every column on the CPU,
+// updated every step) against ZenFlow async (10% of the columns on the "GPU", the rest updated
+// once per interval of 8 steps, overlapped), each with the moments in RAM (on_disk 0) and on disk
+// (1). A host_coordinator over one bf16 1024-row matrix of range(0) M parameters; each step's
+// forward and backward is a sleep of ZENFLOW_BENCH_STEP_MS (default 100 ms) on the stream: a GPU
+// busy computing while it takes no host core. 2 intervals of warm-up, then 3 intervals (24
+// steps) timed: step time and what it adds to the compute (over_compute_s), stall per step (the
+// trainer waiting in step(); ZeRO-Offload's includes the wait for the gradients, so the compute),
+// and the last CPU update's time, disk wait and bytes. ZeRO-Offload pays the CPU update in every
+// step; ZenFlow hides it while the interval's compute (8 x the step time) covers it.
+void coordinator_stall(benchmark::State& state) {
+  const bool zenflow_async = state.range(1) != 0;
+  const bool on_disk = state.range(2) != 0;
+  const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
+  const std::size_t params = static_cast<std::size_t>(rows * cols);
+  const auto compute = std::chrono::milliseconds(env_u64("ZENFLOW_BENCH_STEP_MS", 100));
+  std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params);
+  for (std::size_t i = 0; i < params; ++i)  // column norms that differ, so the selection matters
+    grad[i] = zenflow::bfloat16(1e-3f * static_cast<float>(1 + (i / rows) % 97));
+  zenflow::coordinator_config config;
+  config.cpu_threads = 2;
+  if (on_disk) {
+    zenflow::nvme_state_config n;
+    n.file.directory = bench_dir();
+    n.file.file_name = "zenflow_bench_state.bin";
+    config.nvme = n;
+  }
+  zenflow::zenflow_options options = zenflow::zenflow_options::zero_offload();
+  constexpr int interval = 8;
+  if (zenflow_async) {
+    options = zenflow::zenflow_options{};
+    options.topk_ratio = 0.1f;
+    options.update_interval = zenflow::interval_option::fixed(interval);
+    options.select_interval = zenflow::interval_option::fixed(1000);
+    options.overlap_step = true;
+  }
+  double step_s = 0, stall_s = 0, update_s = 0, wait_s = 0, read_b = 0, written_b = 0;
+  int steps = 0;
+  for (auto _ : state) {
+    zenflow::host_stream stream(1);
+    zenflow::host_coordinator c(options, config);
+    c.register_parameter("w", zenflow::matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
+                         zenflow::const_matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
+                         zenflow::dtype::bf16);
+    for (int step = 0; step < 5 * interval; ++step) {
+      const auto t0 = clock_type::now();
+      stream.enqueue([compute] { std::this_thread::sleep_for(compute); });  // forward + backward
+      c.submit_gradient(0, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16),
+                        &stream);
+      const auto& m = c.step(&stream);
+      stream.synchronize();
+      if (step < 2 * interval) continue;  // warm-up: the selection, the first intervals
+      step_s += seconds_since(t0);
+      stall_s += m.stall_seconds;
+      if (m.cpu_update_seconds > 0) {
+        update_s = m.cpu_update_seconds;
+        wait_s = m.cpu_update_disk_wait_seconds;
+        read_b = static_cast<double>(m.cpu_update_disk_read_bytes);
+        written_b = static_cast<double>(m.cpu_update_disk_written_bytes);
+      }
+      ++steps;
+    }
+    c.finish(&stream);
+  }
+  state.counters["params_M"] = static_cast<double>(params) * 1e-6;
+  state.counters["step_s"] = step_s / steps;
+  state.counters["stall_s_per_step"] = stall_s / steps;
+  state.counters["stall_fraction"] = stall_s / step_s;
+  state.counters["over_compute_s"] = step_s / steps - std::chrono::duration<double>(compute).count();
+  state.counters["cpu_update_s"] = update_s;
+  state.counters["disk_wait_s"] = wait_s;
+  state.counters["disk_read_MB"] = read_b * 1e-6;
+  state.counters["disk_written_MB"] = written_b * 1e-6;
+  state.SetLabel(std::string(zenflow_async ? "zenflow async, interval 8" : "zero-offload") +
+                 (on_disk ? ", moments on disk" : ", moments in RAM"));
+}
+
 BENCHMARK_CAPTURE(nvme_adam, io_uring, zenflow::io_engine_kind::uring)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
@@ -377,6 +457,13 @@ BENCHMARK_CAPTURE(cpu_adam_nvme, posix, zenflow::io_engine_kind::posix)
 BENCHMARK(coordinator_memory)
     ->ArgsProduct({{64, 256}, {0, 1}})
     ->ArgNames({"Mparams", "on_disk"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+
+BENCHMARK(coordinator_stall)
+    ->ArgsProduct({{64}, {0, 1}, {0, 1}})
+    ->ArgNames({"Mparams", "zenflow_async", "on_disk"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
