@@ -39,6 +39,15 @@ void set_float(std::vector<char>& bytes, std::size_t i, float x) {
   std::memcpy(bytes.data() + i * sizeof(float), &x, sizeof(float));
 }
 
+// Index of row `row` of selected column `column`'s first (which 0) or second (1) moment in
+// parameter `name`'s compact GPU state ([master,] m, v per selected column).
+std::size_t compact_moment(checkpoint_document& d, const std::string& name, std::size_t column, std::size_t which,
+                           std::size_t row) {
+  const auto rows = static_cast<std::size_t>(d.get<std::int64_t>(name + ".rows"));
+  const std::size_t master = d.get<std::uint8_t>(name + ".master") != 0 ? 1 : 0;
+  return column * (master + 2) * rows + (master + which) * rows + row;
+}
+
 const checkpoint_configuration& configuration(const std::string& name) {
   static const auto all = checkpoint_configurations();
   for (const auto& c : all)
@@ -346,6 +355,19 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
       {"pending", "a NaN CPU moment", [](auto& d) { set_float(d["w1.cpu_m"].bytes, 3, std::nanf("")); }, "CPU moments"},
       {"pending_blockwise8_moments", "a negative CPU second moment",
        [](auto& d) { set_float(d["w0.cpu_v"].bytes, 0, -1.0f); }, "CPU moments"},
+      // The GPU columns' moments ([master,] m, v per selected column) reach the CPU optimizer at a
+      // reselection: a bad one must not load and fail the training later.
+      {"pending", "a NaN GPU first moment",
+       [](auto& d) { set_float(d["w1.compact"].bytes, compact_moment(d, "w1", 1, 0, 2), std::nanf("")); },
+       "GPU moments"},
+      {"pending", "a negative GPU second moment",
+       [](auto& d) { set_float(d["w0.compact"].bytes, compact_moment(d, "w0", 0, 1, 3), -1e-10f); }, "GPU moments"},
+      {"pending", "a negative second moment of a 1-D parameter ([master,] m, v)",
+       [](auto& d) {
+         auto& state = d["bias.state"].bytes;
+         set_float(state, state.size() / sizeof(float) - 1, -1.0f);
+       },
+       "holds moments"},
       {"pending", "contents that are neither everything nor the optimizer state",
        [](auto& d) { d.template set<std::uint8_t>("contents", 2); }, "contents 2"},
       {"pending", "a bf16 parameter without its fp32 master",

@@ -339,6 +339,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       expects(s.vector_state.size() == (s.master ? 3 : 2) * static_cast<std::size_t>(p.vector.size) &&
                   s.values.size() == (everything ? p.vector.size * dtype_size(p.vector.type) : 0),
               "checkpoint", "parameter '", name, "' has state of the wrong size");
+      const auto moments = std::span<const float>(s.vector_state).last(2 * static_cast<std::size_t>(p.vector.size));
+      for (std::size_t i = 0, n = moments.size() / 2; i < n; ++i)
+        expects(std::isfinite(moments[i]) && std::isfinite(moments[n + i]) && moments[n + i] >= 0.0f, "checkpoint",
+                "parameter '", name, "' holds moments ", moments[i], " and ", moments[n + i], " at element ", i,
+                " (m must be finite, v finite and >= 0)");
       continue;
     }
     const auto rows = r.get<index_t>(), cols = r.get<index_t>();
@@ -403,6 +408,16 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       expects(std::isfinite(s.cpu_m[i]) && std::isfinite(s.cpu_v[i]) && s.cpu_v[i] >= 0.0f, "checkpoint", "parameter '",
               name, "' holds CPU moments ", s.cpu_m[i], " and ", s.cpu_v[i], " at element ", i,
               " (m must be finite, v finite and >= 0)");
+    // So do the GPU columns' moments: a reselection hands them to the CPU optimizer.
+    const auto column = static_cast<std::size_t>(rows);
+    const std::size_t stride = (s.master ? 3 : 2) * column;  // [master,] m, v per selected column
+    for (std::size_t l = 0; l < k; ++l)
+      for (std::size_t i = 0; i < column; ++i) {
+        const float m = s.compact[(l + 1) * stride - 2 * column + i], v = s.compact[(l + 1) * stride - column + i];
+        expects(std::isfinite(m) && std::isfinite(v) && v >= 0.0f, "checkpoint", "parameter '", name,
+                "' holds GPU moments ", m, " and ", v, " at row ", i, " of selected column ", l,
+                " (m must be finite, v finite and >= 0)");
+      }
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
   // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
