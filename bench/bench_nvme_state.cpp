@@ -302,6 +302,20 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   state.SetLabel(opt.nvme_status());
 }
 
+// The coordinator benchmarks' configuration: 2 CPU threads, the moments in RAM or in a state file
+// in the bench directory.
+zenflow::coordinator_config coordinator_config_for(bool on_disk) {
+  zenflow::coordinator_config config;
+  config.cpu_threads = 2;
+  if (on_disk) {
+    zenflow::nvme_state_config n;
+    n.file.directory = bench_dir();
+    n.file.file_name = "zenflow_bench_state.bin";
+    config.nvme = n;
+  }
+  return config;
+}
+
 }  // namespace
 
 // This process's resident memory in bytes (VmRSS).
@@ -323,14 +337,7 @@ void coordinator_memory(benchmark::State& state) {
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
   std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params, zenflow::bfloat16(1e-3f));
-  zenflow::coordinator_config config;
-  config.cpu_threads = 2;
-  if (on_disk) {
-    zenflow::nvme_state_config n;
-    n.file.directory = bench_dir();
-    n.file.file_name = "zenflow_bench_state.bin";
-    config.nvme = n;
-  }
+  const zenflow::coordinator_config config = coordinator_config_for(on_disk);
   double added = 0, accounted = 0, seconds = 0;
   for (auto _ : state) {
     const std::uint64_t before = resident_bytes();
@@ -378,14 +385,7 @@ void coordinator_stall(benchmark::State& state) {
   std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params);
   for (std::size_t i = 0; i < params; ++i)  // column norms that differ, so the selection matters
     grad[i] = zenflow::bfloat16(1e-3f * static_cast<float>(1 + (i / rows) % 97));
-  zenflow::coordinator_config config;
-  config.cpu_threads = 2;
-  if (on_disk) {
-    zenflow::nvme_state_config n;
-    n.file.directory = bench_dir();
-    n.file.file_name = "zenflow_bench_state.bin";
-    config.nvme = n;
-  }
+  const zenflow::coordinator_config config = coordinator_config_for(on_disk);
   zenflow::zenflow_options options = zenflow::zenflow_options::zero_offload();
   constexpr int interval = 8;
   if (zenflow_async) {
