@@ -69,6 +69,10 @@ inline std::vector<float> without_master(std::span<const float> packed, std::siz
     out.insert(out.end(), packed.begin() + at + rows, packed.begin() + at + 3 * rows);
   return out;
 }
+/// Whether Adam can hold moments m and v (the check the optimizers make when they import them).
+inline bool valid_moments(float m, float v) noexcept {
+  return std::isfinite(m) && std::isfinite(v) && v >= 0.0f;
+}
 /// Whether `master` is exactly the values (elements of `type`, upcast), bit for bit.
 inline bool is_value_of(std::span<const std::byte> values, dtype type, std::span<const float> master) {
   bool same = true;
@@ -341,8 +345,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
               "checkpoint", "parameter '", name, "' has state of the wrong size");
       const auto moments = std::span<const float>(s.vector_state).last(2 * static_cast<std::size_t>(p.vector.size));
       for (std::size_t i = 0, n = moments.size() / 2; i < n; ++i)
-        expects(std::isfinite(moments[i]) && std::isfinite(moments[n + i]) && moments[n + i] >= 0.0f, "checkpoint",
-                "parameter '", name, "' holds moments ", moments[i], " and ", moments[n + i], " at element ", i,
+        expects(detail::valid_moments(moments[i], moments[n + i]), "checkpoint", "parameter '", name,
+                "' holds moments ", moments[i], " and ", moments[n + i], " at element ", i,
                 " (m must be finite, v finite and >= 0)");
       continue;
     }
@@ -405,18 +409,16 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
     // The CPU optimizer takes moments that Adam can hold (the check it would make while loading).
     for (std::size_t i = 0; i < cpu_n; ++i)
-      expects(std::isfinite(s.cpu_m[i]) && std::isfinite(s.cpu_v[i]) && s.cpu_v[i] >= 0.0f, "checkpoint", "parameter '",
-              name, "' holds CPU moments ", s.cpu_m[i], " and ", s.cpu_v[i], " at element ", i,
-              " (m must be finite, v finite and >= 0)");
+      expects(detail::valid_moments(s.cpu_m[i], s.cpu_v[i]), "checkpoint", "parameter '", name, "' holds CPU moments ",
+              s.cpu_m[i], " and ", s.cpu_v[i], " at element ", i, " (m must be finite, v finite and >= 0)");
     // So do the GPU columns' moments: a reselection hands them to the CPU optimizer.
     const auto column = static_cast<std::size_t>(rows);
     const std::size_t stride = (s.master ? 3 : 2) * column;  // [master,] m, v per selected column
     for (std::size_t l = 0; l < k; ++l)
       for (std::size_t i = 0; i < column; ++i) {
         const float m = s.compact[(l + 1) * stride - 2 * column + i], v = s.compact[(l + 1) * stride - column + i];
-        expects(std::isfinite(m) && std::isfinite(v) && v >= 0.0f, "checkpoint", "parameter '", name,
-                "' holds GPU moments ", m, " and ", v, " at row ", i, " of selected column ", l,
-                " (m must be finite, v finite and >= 0)");
+        expects(detail::valid_moments(m, v), "checkpoint", "parameter '", name, "' holds GPU moments ", m, " and ", v,
+                " at row ", i, " of selected column ", l, " (m must be finite, v finite and >= 0)");
       }
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
