@@ -12,12 +12,15 @@
 //
 // and reports roofline_fraction = (read time + write time) / stream time (bar: >= 0.85), the
 // rates, and the time the stream's thread waited on the disk. cpu_adam_nvme measures the same for
-// zenflow::cpu_adam with its moments on the disk (cpu_adam_config::nvme: m and v in the file, the
-// fp32 master in RAM), the CPU update a coordinator runs: one step over every column.
-// coordinator_memory measures the host RAM a ZeRO-Offload coordinator adds per parameter with its
-// moments in RAM and on disk (resident memory, and the coordinator's own accounting).
-// coordinator_stall measures what the trainer waits for per step, ZeRO-Offload against ZenFlow
-// async, with the moments in RAM and on disk (ZENFLOW_BENCH_STEP_MS: the simulated GPU step).
+// zenflow::cpu_adam with its state on the disk (cpu_adam_config::nvme; master_on_disk 1: the fp32
+// master, m and v in the file; 0: m and v only, the master in RAM), the CPU update a coordinator
+// runs: one step over every column. coordinator_memory measures the host RAM a ZeRO-Offload
+// coordinator adds per parameter with its state in RAM, its moments on disk and its master too
+// (resident memory, and the coordinator's own accounting). coordinator_stall measures what the
+// trainer waits for per step, ZeRO-Offload against ZenFlow async, with the state in RAM and on
+// disk (ZENFLOW_BENCH_STEP_MS: the simulated GPU step). larger_than_ram (only with
+// ZENFLOW_BENCH_LARGER_THAN_RAM_GB set) steps a cpu_adam whose state on disk is that many GB, more
+// than the machine's RAM, and reports its peak resident memory (VmHWM).
 //
 // Layout of a block: 85 columns of 1024 rows (with B = 1 MiB), column-contiguous, as three
 // arrays: master | m | v (12 B per parameter; the rest of the block is padding). The bench
@@ -38,6 +41,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -246,11 +250,13 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
 // state bytes (8 B per parameter on disk; the fp32 master and the gradient in RAM), against the
 // roofline's sequential read + write of the same bytes.
 void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
+  const bool master_on_disk = state.range(0) != 0;
   const std::uint64_t want = env_u64("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30);
   const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
   const std::size_t qd = env_u64("ZENFLOW_BENCH_NVME_QD", 32);
   if (io_uring_missing(state, kind)) return;
-  const std::size_t per_block = block / 8;  // m and v of this many elements per block
+  // [master | m | v] or [m | v] of this many elements per block (as cpu_adam lays them out)
+  const std::size_t per_block = master_on_disk ? block / 12 / 16 * 16 : block / 8;
   const std::uint64_t blocks = (want + block - 1) / block;
   const zenflow::index_t cols = static_cast<zenflow::index_t>(blocks * per_block / rows);
   const std::size_t params = static_cast<std::size_t>(rows * cols);
@@ -263,6 +269,7 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   nvme.file.read_ahead = qd / 2 - 1;
   nvme.file.write_behind = qd / 2;
   nvme.engine = {kind, qd};
+  nvme.master_on_disk = master_on_disk;
   config.nvme = nvme;
   zenflow::adam_options adam;
   adam.lr = 1e-3f;
@@ -277,7 +284,7 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
     g = 1e-3f * (static_cast<float>(seed >> 8) * (1.0f / 16777216.0f) - 0.5f);
   }
   zenflow::cpu_adam_task task{0, values.data(), zenflow::dtype::f32, {}};
-  opt.step({&task, 1}, 1.0f, false);  // sizes the file and writes every block once
+  opt.step({&task, 1}, 1.0f, false);  // (moments only: sizes the file) every block written once
 
   roofline_file roof(blocks, block, kind, qd);
   if (!roof.error().empty()) {
@@ -304,16 +311,23 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
 
 // The coordinator benchmarks' configuration: 2 CPU threads, the moments in RAM or in a state file
 // in the bench directory.
-zenflow::coordinator_config coordinator_config_for(bool on_disk) {
+// on_disk 0: the state in RAM; 1: the moments in a state file in the bench directory; 2: the
+// fp32 master too.
+zenflow::coordinator_config coordinator_config_for(std::int64_t on_disk) {
   zenflow::coordinator_config config;
   config.cpu_threads = 2;
-  if (on_disk) {
+  if (on_disk != 0) {
     zenflow::nvme_state_config n;
     n.file.directory = bench_dir();
     n.file.file_name = "zenflow_bench_state.bin";
+    n.master_on_disk = on_disk == 2;
     config.nvme = n;
   }
   return config;
+}
+
+const char* placement_name(std::int64_t on_disk) {
+  return on_disk == 0 ? "state in RAM" : on_disk == 1 ? "moments on disk" : "master and moments on disk";
 }
 
 }  // namespace
@@ -327,13 +341,13 @@ std::uint64_t resident_bytes() {
   return 0;
 }
 
-// Host RAM a coordinator holds for its CPU state, moments in RAM (state 0) against moments on
-// disk (state 1): a ZeRO-Offload host_coordinator (every column on the CPU) over one bf16
+// Host RAM a coordinator holds for its CPU state, in RAM (on_disk 0) against the moments on disk
+// (1) and the master and moments on disk (2): a ZeRO-Offload host_coordinator (every column on the CPU) over one bf16
 // 1024-row matrix of range(0) M parameters, trained 3 steps; the resident memory it added (VmRSS
 // with it alive, minus VmRSS before it was built: the model's weight and gradient are not
 // counted) per parameter, and its own accounting (cpu_adam::host_state_bytes + the accumulator).
 void coordinator_memory(benchmark::State& state) {
-  const bool on_disk = state.range(1) != 0;
+  const std::int64_t on_disk = state.range(1);
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
   std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params, zenflow::bfloat16(1e-3f));
@@ -363,7 +377,7 @@ void coordinator_memory(benchmark::State& state) {
   state.counters["rss_bytes_per_param"] = added / it / static_cast<double>(params);
   state.counters["accounted_bytes_per_param"] = accounted / it / static_cast<double>(params);
   state.counters["step_s"] = seconds / it;
-  state.SetLabel(on_disk ? "moments on disk" : "moments in RAM");
+  state.SetLabel(placement_name(on_disk));
 }
 
 // What the trainer waits for with the moments on disk: ZeRO-Offload (every column on the CPU,
@@ -378,7 +392,7 @@ void coordinator_memory(benchmark::State& state) {
 // step; ZenFlow hides it while the interval's compute (8 x the step time) covers it.
 void coordinator_stall(benchmark::State& state) {
   const bool zenflow_async = state.range(1) != 0;
-  const bool on_disk = state.range(2) != 0;
+  const std::int64_t on_disk = state.range(2);
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
   const auto compute = std::chrono::milliseconds(env_u64("ZENFLOW_BENCH_STEP_MS", 100));
@@ -432,8 +446,8 @@ void coordinator_stall(benchmark::State& state) {
   state.counters["disk_wait_s"] = wait_s;
   state.counters["disk_read_MB"] = read_b * 1e-6;
   state.counters["disk_written_MB"] = written_b * 1e-6;
-  state.SetLabel(std::string(zenflow_async ? "zenflow async, interval 8" : "zero-offload") +
-                 (on_disk ? ", moments on disk" : ", moments in RAM"));
+  state.SetLabel(std::string(zenflow_async ? "zenflow async, interval 8, " : "zero-offload, ") +
+                 placement_name(on_disk));
 }
 
 BENCHMARK_CAPTURE(nvme_adam, io_uring, zenflow::io_engine_kind::uring)
@@ -446,26 +460,115 @@ BENCHMARK_CAPTURE(nvme_adam, posix, zenflow::io_engine_kind::posix)
     ->Iterations(3);
 
 BENCHMARK_CAPTURE(cpu_adam_nvme, io_uring, zenflow::io_engine_kind::uring)
+    ->ArgName("master_on_disk")
+    ->Arg(1)
+    ->Arg(0)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 BENCHMARK_CAPTURE(cpu_adam_nvme, posix, zenflow::io_engine_kind::posix)
+    ->ArgName("master_on_disk")
+    ->Arg(1)
+    ->Arg(0)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 
 BENCHMARK(coordinator_memory)
-    ->ArgsProduct({{64, 256}, {0, 1}})
+    ->ArgsProduct({{64, 256}, {0, 1, 2}})
     ->ArgNames({"Mparams", "on_disk"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
 
 BENCHMARK(coordinator_stall)
-    ->ArgsProduct({{64}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{64}, {0, 1}, {0, 2}})
     ->ArgNames({"Mparams", "zenflow_async", "on_disk"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
+
+// This process's peak resident memory in bytes (VmHWM) and the machine's RAM (MemTotal).
+std::uint64_t proc_kb(const char* file, const char* key) {
+  std::ifstream in(file);
+  std::string line;
+  const std::string k(key);
+  while (std::getline(in, line))
+    if (line.rfind(k, 0) == 0) return std::strtoull(line.c_str() + k.size(), nullptr, 10) * 1024;
+  return 0;
+}
+
+// More optimizer state than the machine has RAM (ZENFLOW_BENCH_LARGER_THAN_RAM_GB of fp32 master,
+// m and v on disk, 12 B per parameter): a cpu_adam with its master and moments in a state file,
+// tensors of 1024 x 262144 (256 M parameters, 3 GiB of state each) registered from one reused
+// buffer, then one step over every column of every tensor with one bf16 gradient buffer that every
+// task reads (gradients may share memory: what matters here is the state). Reports the state's GB
+// against MemTotal, the peak resident memory (VmHWM) of the whole process (the registration
+// buffer and the gradient included), the time to register (writing the initial master) and the
+// step's time, rate and disk wait. The machine has no swap to hide in: a resident set above RAM
+// would be killed.
+void larger_than_ram(benchmark::State& state) {
+  const double want_gb = static_cast<double>(env_u64("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0));
+  constexpr zenflow::index_t cols = 262144;  // 256 M parameters per tensor
+  const std::size_t per_tensor = static_cast<std::size_t>(rows) * cols;
+  const auto tensors = static_cast<std::size_t>(std::ceil(want_gb * 1e9 / (12.0 * static_cast<double>(per_tensor))));
+  zenflow::cpu_adam_config config;
+  config.threads = 2;
+  zenflow::nvme_state_config nvme;
+  nvme.file.directory = bench_dir();
+  nvme.file.file_name = "zenflow_bench_state.bin";
+  nvme.file.read_ahead = 15;
+  nvme.file.write_behind = 16;
+  nvme.engine = {zenflow::io_engine_kind::automatic, 32};
+  config.nvme = nvme;  // master_on_disk: the default
+  zenflow::adam_options adam;
+  adam.lr = 1e-3f;
+  adam.weight_decay = 0.01f;
+  double register_s = 0, step_s = 0, wait_s = 0, state_bytes = 0;
+  for (auto _ : state) {
+    zenflow::cpu_adam opt(adam, config);
+    const auto t0 = clock_type::now();
+    {
+      std::vector<float> initial(per_tensor);
+      for (std::size_t t = 0; t < tensors; ++t) {
+        for (std::size_t i = 0; i < per_tensor; ++i) initial[i] = 0.01f * static_cast<float>((i + t) % 101);
+        opt.add_tensor(initial, rows, cols);
+      }
+    }
+    register_s = seconds_since(t0);
+    std::vector<zenflow::bfloat16> grad(per_tensor);
+    for (std::size_t i = 0; i < per_tensor; ++i) grad[i] = zenflow::bfloat16(1e-3f * static_cast<float>(i % 7) - 3e-3f);
+    std::vector<zenflow::cpu_adam_task> tasks(tensors);
+    for (std::size_t t = 0; t < tensors; ++t) tasks[t] = {t, grad.data(), zenflow::dtype::bf16, {}};
+    const double wait0 = opt.nvme_file()->counters().wait_seconds;
+    const auto t1 = clock_type::now();
+    opt.step(tasks, 1.0f, false);
+    step_s = seconds_since(t1);
+    wait_s = opt.nvme_file()->counters().wait_seconds - wait0;
+    state_bytes = static_cast<double>(opt.state_bytes());
+    state.counters["ram_state_GB"] = static_cast<double>(opt.host_state_bytes()) * 1e-9;
+    state.counters["pool_pinned_MB"] = static_cast<double>(opt.nvme_file()->pool().pinned_bytes()) * 1e-6;
+    state.SetLabel(opt.nvme_status());
+  }
+  const double params = static_cast<double>(tensors * per_tensor);
+  state.counters["params_B"] = params * 1e-9;
+  state.counters["state_GB"] = state_bytes * 1e-9;
+  state.counters["machine_ram_GB"] = static_cast<double>(proc_kb("/proc/meminfo", "MemTotal:")) * 1e-9;
+  state.counters["peak_rss_GB"] = static_cast<double>(proc_kb("/proc/self/status", "VmHWM:")) * 1e-9;
+  state.counters["register_s"] = register_s;
+  state.counters["step_s"] = step_s;
+  state.counters["step_Mparams_per_s"] = params / step_s * 1e-6;
+  state.counters["step_disk_GBps"] = 2 * state_bytes / step_s * 1e-9;
+  state.counters["wait_fraction"] = wait_s / step_s;
+}
+
+const bool larger_than_ram_registered = [] {
+  if (env_u64("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0) > 0)
+    benchmark::RegisterBenchmark("larger_than_ram", larger_than_ram)
+        ->UseRealTime()
+        ->Unit(benchmark::kSecond)
+        ->Iterations(1);
+  return true;
+}();
 
 BENCHMARK_MAIN();

@@ -89,13 +89,12 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
 ///       cpu_adam_config (its cpu_threads, pin_threads and cpu_state).
 ///    R2 `add_tensor(initial, rows, cols)` — registers a rows x cols tensor from its fp32 master
 ///       values, column-contiguous (column c at [c*rows, (c+1)*rows)), moments 0; returns its index.
-///    R3 `params(t)` — tensor t's fp32 master, column-contiguous, writable host memory (edits the
-///       trainer makes are adopted into it); also on a const optimizer (what
-///       basic_coordinator::host_optimizer() offers). `export_columns(t, columns, p, m, v)` and
-///       `import_columns(t, columns, p, m, v)` — the master and the moments of tensor t's listed
-///       columns (ascending) as fp32, packed in list order: how state leaves and enters it on
-///       reselection and in checkpoints, whatever the optimizer holds (an import of an export
-///       leaves the state unchanged). The coordinator never reads the moments' storage itself.
+///    R3 `export_columns(t, columns, p, m, v)` and `import_columns(t, columns, p, m, v)` — the
+///       master and the moments of tensor t's listed columns (ascending) as fp32, packed in list
+///       order: how state leaves and enters it on reselection, in checkpoints and when the trainer
+///       edits its parameters, whatever and wherever the optimizer holds it (RAM, an SSD; an import
+///       of an export leaves the state unchanged). The coordinator never reads the state's storage
+///       itself.
 ///    R4 `step(tasks, grad_scale, check_finite)` — one Adam/AdamW step over a span of cpu_adam_task
 ///       (each tensor's CPU columns, its compact gradient, its hyper-parameters, a compact copy-out
 ///       in the parameter's dtype), every gradient element multiplied by grad_scale. Synchronous.
@@ -110,8 +109,6 @@ concept host_optimizer = std::constructible_from<O, const adam_options&, const c
              std::span<const std::int32_t> columns, std::span<float> out, std::span<const float> in,
              std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite, std::int64_t n) {
   { o.add_tensor(initial, rows, cols) } -> std::convertible_to<std::size_t>;
-  { o.params(t) } -> std::convertible_to<std::span<float>>;
-  { co.params(t) } -> std::convertible_to<std::span<const float>>;
   co.export_columns(t, columns, out, out, out);
   o.import_columns(t, columns, in, in, in);
   o.step(tasks, grad_scale, check_finite);

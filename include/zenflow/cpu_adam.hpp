@@ -40,18 +40,27 @@
 // (`export_columns` / `import_columns`: the GPU's columns are fp32) and as raw bytes per tensor
 // (`save_state` / `load_state`: a compact format saves compactly).
 //
-// Moments on an SSD (`cpu_adam_config::nvme`, the NVMe state tier; fp32 state): the fp32 master
-// stays in RAM (`params(t)`, 4 bytes per parameter) and m and v live in one preallocated O_DIRECT
-// state file (state_file.hpp: a CRC32C per block, verified on every read). A block of B bytes
-// holds B / 8 consecutive elements of one tensor (column-contiguous order) as [m | v]; a tensor
-// starts on a fresh block. `step` streams the blocks its columns touch (read ahead, the Adam on
-// the pool, write behind); a block that also holds unlisted columns is read and written back with
-// those unchanged. Results are bit-identical to RAM state. Construction creates a one-block file
-// (the directory, O_DIRECT, engine and pool are checked, and the file's lock is held); the first
-// call that touches the moments replaces it with one sized for every tensor registered (a full
-// disk is reported then, before any state changed); add_tensor after that throws. An I/O or checksum failure in a step
-// throws with the file, offset and errno or the block; the blocks written back before it hold the new state, the others
-// the old.
+// State on an SSD (`cpu_adam_config::nvme`, the NVMe state tier; fp32 state) lives in one
+// preallocated O_DIRECT state file (state_file.hpp: a CRC32C per block, verified on every read).
+// Two layouts (`nvme_state_config::master_on_disk`):
+//
+// - master on disk (the default): no state in RAM. A block of B bytes holds S = B / 12 (rounded
+//   down to a multiple of 16) consecutive elements of one tensor (column-contiguous order) as
+//   [master | m | v], S floats each. add_tensor extends the file by the tensor's blocks and writes
+//   its initial master there (a full disk is reported then, with nothing registered); tensors may
+//   be added at any time. `params(t)` throws: the master moves through export_columns /
+//   import_columns and save_state / load_state as the moments do.
+// - master in RAM: the fp32 master stays in RAM (`params(t)`, 4 bytes per parameter); a block holds
+//   B / 8 elements as [m | v]. Construction's one-block file is replaced, by the first call that
+//   touches the moments, with one sized for every tensor registered (a full disk is reported then,
+//   before any state changed); add_tensor after that throws.
+//
+// A tensor starts on a fresh block. `step` streams the blocks its columns touch (read ahead, the
+// Adam on the pool, write behind); a block that also holds unlisted columns is read and written
+// back with those unchanged. Results are bit-identical to RAM state. Construction creates a
+// one-block file (the directory, O_DIRECT, engine and pool are checked, and the file's lock is
+// held). An I/O or checksum failure in a step throws with the file, offset and errno or the
+// block; the blocks written back before it hold the new state, the others the old.
 #pragma once
 
 #include <cstddef>
@@ -87,6 +96,9 @@ struct nvme_state_config {
   /// the file for its tensors.
   state_file_config file;
   io_engine_config engine;  ///< the I/O engine (io_uring or posix threads) and its queue depth
+  /// true: the fp32 master lives in the file too ([master | m | v] per block; no state in RAM);
+  /// false: it stays in RAM (params(t)) and the file holds [m | v].
+  bool master_on_disk = true;
 };
 
 /// Construction settings of a `cpu_adam`.
@@ -100,8 +112,9 @@ struct cpu_adam_config {
   /// Seed of the compact formats' stochastic rounding: runs with the same seed, tensors, gradients
   /// and steps are bit-identical (a checkpoint resumes bit-identically under the same seed).
   std::uint64_t seed = 0x7a656e666c6f77ull;
-  /// Set: the moments live in a state file on an SSD (fp32 state only); the fp32 master stays in
-  /// RAM. The directory, engine and pool are checked at construction (a one-block probe file).
+  /// Set: the state lives in a state file on an SSD (fp32 state only): the moments, and the fp32
+  /// master too unless nvme->master_on_disk is false. The directory, engine and pool are checked at
+  /// construction (a one-block probe file).
   std::optional<nvme_state_config> nvme = std::nullopt;
 };
 
@@ -153,9 +166,10 @@ class cpu_adam {
   [[nodiscard]] index_t cols(std::size_t t) const { return tensor(t, "t").cols; }
 
   /// The fp32 master of tensor t (column-contiguous, rows*cols floats), in every format. Throws
-  /// for a bad index.
-  [[nodiscard]] std::span<float> params(std::size_t t) { return tensor(t, "t").span(0); }
-  [[nodiscard]] std::span<const float> params(std::size_t t) const { return tensor(t, "t").span(0); }
+  /// for a bad index, and when the master lives on an SSD (argument "nvme"; use export_columns /
+  /// import_columns).
+  [[nodiscard]] std::span<float> params(std::size_t t) { return master(t); }
+  [[nodiscard]] std::span<const float> params(std::size_t t) const { return master(t); }
   /// Tensor t's fp32 moments, fp32 format in RAM only: any other format throws (argument
   /// "cpu_state"), and so do moments on an SSD (argument "nvme"; use export_columns /
   /// import_columns).
@@ -170,11 +184,13 @@ class cpu_adam {
   [[nodiscard]] std::size_t state_bytes(std::size_t t) const;
   /// Bytes of state held for all tensors.
   [[nodiscard]] std::size_t state_bytes() const;
-  /// Bytes of state held in RAM: state_bytes(), less the moments when they live on an SSD.
+  /// Bytes of state held in RAM: state_bytes(), less what lives on an SSD.
   [[nodiscard]] std::size_t host_state_bytes() const;
 
   /// True when the moments live in a state file on an SSD (cpu_adam_config::nvme).
   [[nodiscard]] bool on_nvme() const noexcept { return nvme_.has_value(); }
+  /// True when the fp32 master lives in the state file too (nvme_state_config::master_on_disk).
+  [[nodiscard]] bool master_on_nvme() const noexcept { return master_on_disk_; }
   /// The moments' state file; nullptr in RAM mode. One block from construction (it checked the
   /// directory and engine and holds the file's lock) until the first call that touches the
   /// moments sizes it for every registered tensor. Its counters() account the I/O, status()
@@ -293,6 +309,7 @@ class cpu_adam {
     return tensors_[t];
   }
   [[nodiscard]] std::span<float> fp32_moment(std::size_t t, int which) const;
+  [[nodiscard]] std::span<float> master(std::size_t t) const;
   void validate_columns(std::size_t t, std::span<const std::int32_t> columns,
                         std::initializer_list<std::pair<const char*, std::size_t>> sizes) const;
   void validate_tasks(std::span<const cpu_adam_task> tasks);
@@ -313,16 +330,21 @@ class cpu_adam {
   std::unique_ptr<state_file> make_state_file(std::uint64_t bytes) const;
   void split_into_blocks(std::size_t t, std::size_t elem, std::size_t n, std::size_t tag, std::size_t off,
                          std::vector<nvme_piece>& out) const;
-  // Streams the blocks of `pieces` (sorted here) in `mode`; fn(pieces of one block, m, v): m and v
-  // are the block's two halves (slot i of each belongs to the block's element i).
+  // Streams the blocks of `pieces` (sorted here) in `mode`; fn(pieces of one block, p, m, v): the
+  // block's arrays (slot i of each belongs to the block's element i); p is nullptr when the master
+  // is in RAM.
   template <class Fn>
   void nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn&& fn) const;
   // The pieces of tensor t's listed columns, off = the column's place in a packed buffer.
   [[nodiscard]] std::vector<nvme_piece> column_pieces(std::size_t t, std::span<const std::int32_t> columns) const;
-  // Copies the moments of `pieces` out of the file into m_out / v_out (element p.off and on), or
-  // from m_in / v_in into it. Bytes: a saved state's arrays may be unaligned.
-  void nvme_read_moments(std::vector<nvme_piece>& pieces, std::byte* m_out, std::byte* v_out) const;
-  void nvme_write_moments(std::vector<nvme_piece>& pieces, const std::byte* m_in, const std::byte* v_in);
+  // Copies the state of `pieces` out of the file into p_out / m_out / v_out (element p.off and on),
+  // or from p_in / m_in / v_in into it; the master only when it is on disk. Bytes: a saved state's
+  // arrays may be unaligned.
+  void nvme_read_state(std::vector<nvme_piece>& pieces, std::byte* p_out, std::byte* m_out, std::byte* v_out) const;
+  void nvme_write_state(std::vector<nvme_piece>& pieces, const std::byte* p_in, const std::byte* m_in,
+                        const std::byte* v_in);
+  // Master on disk: extends the file by tensor t's blocks and writes its initial master there.
+  void nvme_add_tensor(tensor_state& ts, std::span<const float> initial);
   // (byte offset, bytes) of each array of a tensor's state, in save_state's order
   [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> state_regions(const tensor_state& ts) const;
 
@@ -337,7 +359,8 @@ class cpu_adam {
   std::vector<segment> segments_;                 // scratch of step()
   std::vector<detail::byte_range> state_ranges_;  // every tensor's state, sorted (validation)
   std::optional<nvme_state_config> nvme_;
-  std::size_t slots_ = 0;                     // NVMe: elements per block (block_bytes / 8)
+  std::size_t slots_ = 0;                     // NVMe: elements per block
+  bool master_on_disk_ = false;               // NVMe: blocks hold [master | m | v]
   std::uint64_t blocks_ = 0;                  // NVMe: blocks the registered tensors need
   mutable std::unique_ptr<state_file> file_;  // NVMe: one block until the first call that needs it
   std::string nvme_status_;

@@ -170,6 +170,12 @@ class basic_state_file {
     return sums_.crc[i];
   }
 
+  /// Extends the file to hold at least `bytes` (whole blocks; preallocated, zero-filled, so the new
+  /// blocks read as zeros); a size it already holds changes nothing. Throws `zenflow::error`
+  /// (argument `bytes`; disk full names the path, the bytes needed and the bytes free) with the
+  /// file as it was.
+  void grow(std::uint64_t bytes);
+
   /// Reads bytes [offset, offset + out.size()) into `out` (any host memory), verifying every
   /// block. Throws `zenflow::error` naming `offset` (outside capacity(), or a block whose last
   /// write failed) before any I/O, or with the engine's description or the checksum mismatch;
@@ -210,6 +216,8 @@ class basic_state_file {
   detail::scratch_file file_;
   Engine engine_;  // destroyed first: it waits for its transfers before the file closes and the pool unmaps
   std::uint32_t file_id_ = 0;
+  std::string directory_;
+  std::uint32_t zero_crc_ = 0;  // the CRC32C of a block of zeros (a preallocated, never written block)
   bool registered_ = false;
   std::string io_note_;
   detail::block_checksums sums_;

@@ -75,11 +75,8 @@ struct queue_without_try_acquire {
 
 // Exactly what basic_coordinator calls on its CPU optimizer, with no optimizer behind it.
 struct model_host_optimizer {
-  std::vector<float> p;
   model_host_optimizer(const zenflow::adam_options&, const zenflow::cpu_adam_config&) {}
   std::size_t add_tensor(std::span<const float>, zenflow::index_t, zenflow::index_t) { return 0; }
-  std::span<float> params(std::size_t) { return p; }
-  std::span<const float> params(std::size_t) const { return p; }
   void export_columns(std::size_t, std::span<const std::int32_t>, std::span<float>, std::span<float>,
                       std::span<float>) const {}
   void import_columns(std::size_t, std::span<const std::int32_t>, std::span<const float>, std::span<const float>,
@@ -112,8 +109,6 @@ class wrapped_cpu_adam {
   std::size_t add_tensor(std::span<const float> initial, zenflow::index_t rows, zenflow::index_t cols) {
     return adam_.add_tensor(initial, rows, cols);
   }
-  std::span<float> params(std::size_t t) { return adam_.params(t); }
-  std::span<const float> params(std::size_t t) const { return adam_.params(t); }
   void export_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<float> p, std::span<float> m,
                       std::span<float> v) const {
     adam_.export_columns(t, columns, p, m, v);

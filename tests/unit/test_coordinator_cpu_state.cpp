@@ -3,7 +3,8 @@
 // leaves and enters the CPU optimizer through its fp32 export and import), in fewer bytes. The
 // checkpoint side (save, load, resume bit-identically, crafted files rejected) runs in
 // test_checkpoint.cpp through checkpoint_configurations(), which holds compact configurations.
-// Moments on disk (coordinator_config::nvme) train bit-identically to moments in RAM.
+// State on disk (coordinator_config::nvme; the moments, or the master too) trains bit-identically to
+// state in RAM.
 #include <zenflow/coordinator.hpp>
 
 #include "../support/exported_state.hpp"
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -51,7 +53,7 @@ zenflow_options cpu_state_options() {
 }
 
 run_result train(cpu_state_format format, std::int64_t steps, const zenflow_options& options = cpu_state_options(),
-                 const zenflow_test::scratch_dir* nvme_dir = nullptr) {
+                 const zenflow_test::scratch_dir* nvme_dir = nullptr, bool master_on_disk = true) {
   auto config = harness::small_config();
   config.cpu_state = format;
   if (nvme_dir != nullptr) {
@@ -61,6 +63,7 @@ run_result train(cpu_state_format format, std::int64_t steps, const zenflow_opti
     n.file.read_ahead = n.file.write_behind = 2;
     n.file.pin = pin_policy::none;
     n.engine = {io_engine_kind::automatic, 8};
+    n.master_on_disk = master_on_disk;
     config.nvme = n;
   }
   harness h(options, config);
@@ -145,23 +148,25 @@ TEST_CASE("compact CPU moments train through reselections as fp32 moments do, in
   }
 }
 
-TEST_CASE("moments on disk train bit-identically to moments in RAM, through reselections and every mode") {
+TEST_CASE("state on disk trains bit-identically to state in RAM, through reselections, every mode and layout") {
   auto zero_offload = zenflow_options::zero_offload();
   zero_offload.adam = cpu_state_options().adam;
-  for (const auto& [name, options] :
-       {std::pair{"zenflow", cpu_state_options()}, std::pair{"zero_offload", zero_offload}}) {
+  for (const auto& [name, options, master_on_disk] :
+       {std::tuple{"zenflow", cpu_state_options(), true}, std::tuple{"zero_offload", zero_offload, true},
+        std::tuple{"zenflow", cpu_state_options(), false}, std::tuple{"zero_offload", zero_offload, false}}) {
     CAPTURE(name);
+    CAPTURE(master_on_disk);
     const auto ram = train(cpu_state_format::fp32, 24, options);
     zenflow_test::scratch_dir dir;
-    const auto disk = train(cpu_state_format::fp32, 24, options, &dir);
+    const auto disk = train(cpu_state_format::fp32, 24, options, &dir, master_on_disk);
     REQUIRE(ram.weights.size() == disk.weights.size());
     CHECK(std::memcmp(ram.weights.data(), disk.weights.data(), ram.weights.size() * sizeof(float)) == 0);
     REQUIRE(ram.moments.size() == disk.moments.size());
     CHECK(std::memcmp(ram.moments.data(), disk.moments.data(), ram.moments.size() * sizeof(float)) == 0);
     CHECK(disk.reselections == ram.reselections);
-    // RAM keeps the fp32 master only: a third of the CPU optimizer's state.
+    // RAM keeps the fp32 master only (a third of the CPU optimizer's state), or nothing.
     CHECK(disk.state_bytes == ram.state_bytes);
-    CHECK(disk.host_state_bytes * 3 == ram.state_bytes);
+    CHECK(disk.host_state_bytes * 3 == (master_on_disk ? 0 : ram.state_bytes));
     CHECK(disk.disk_bytes_read > 0);
     CHECK(disk.disk_bytes_written > 0);
     // The steps' metrics name the CPU updates' disk traffic (RAM state reports none).

@@ -3,9 +3,12 @@
 //     those already with the offload worker, and nothing else;
 //   - reload_parameter() adopts an edit of the trainer's weights into the fp32 master of every
 //     column (GPU and CPU), keeps moments and step counts, keeps a bf16 master's low bits where
-//     the trainer left the value as it was, and wins over a CPU update in flight.
+//     the trainer left the value as it was, and wins over a CPU update in flight; with the CPU
+//     optimizer's state on disk (master included) as in RAM.
 #include <zenflow/coordinator.hpp>
 
+#include "../support/exported_state.hpp"
+#include "../support/storage_test_utils.hpp"
 #include "coordinator_harness.hpp"
 
 #include <doctest/doctest.h>
@@ -44,6 +47,19 @@ zenflow_options zero_offload_options() {
   auto o = zenflow_options::zero_offload();
   o.adam = base_options().adam;
   return o;
+}
+
+// The harness' configuration with the CPU optimizer's state (fp32 master included) on disk in dir.
+coordinator_config on_disk(const zenflow_test::scratch_dir& dir) {
+  auto config = harness::small_config();
+  nvme_state_config n;
+  n.file.directory = dir.path();
+  n.file.block_bytes = 4096;
+  n.file.read_ahead = n.file.write_behind = 2;
+  n.file.pin = pin_policy::none;
+  n.engine = {io_engine_kind::automatic, 8};
+  config.nvme = n;
+  return config;
 }
 
 // Element (r, c) of weight w as a float.
@@ -86,8 +102,8 @@ std::vector<float> master_column(H& h, std::size_t i, index_t c, index_t rows) {
     return {packed.begin() + static_cast<std::ptrdiff_t>(3 * l * rows),
             packed.begin() + static_cast<std::ptrdiff_t>((3 * l + 1) * rows)};
   }
-  const auto master = h.coordinator.host_optimizer().params(i);
-  return {master.begin() + c * rows, master.begin() + (c + 1) * rows};
+  const std::int32_t column[] = {static_cast<std::int32_t>(c)};
+  return zenflow_test::export_state(h.coordinator.host_optimizer(), i, column).master;
 }
 
 // The moments of every column of parameter i, CPU and GPU, as [m, v] per column in column order.
@@ -96,7 +112,7 @@ std::vector<float> moments(H& h, std::size_t i, index_t rows, index_t cols) {
   const auto selection = h.coordinator.gpu_columns(i);
   std::vector<float> packed(3 * rows * selection.size());
   if (!selection.empty()) h.coordinator.device_optimizer().export_state(device_index(h, i, rows), packed);
-  const auto& cpu = h.coordinator.host_optimizer();
+  const auto cpu = zenflow_test::export_state(h.coordinator.host_optimizer(), i);
   std::vector<float> out;
   for (index_t c = 0; c < cols; ++c) {
     const auto at = std::find(selection.begin(), selection.end(), static_cast<std::int32_t>(c));
@@ -105,8 +121,8 @@ std::vector<float> moments(H& h, std::size_t i, index_t rows, index_t cols) {
       out.insert(out.end(), packed.begin() + static_cast<std::ptrdiff_t>((3 * l + 1) * rows),
                  packed.begin() + static_cast<std::ptrdiff_t>((3 * l + 3) * rows));
     } else {
-      for (auto part : {cpu.exp_avg(i), cpu.exp_avg_sq(i)})
-        out.insert(out.end(), part.begin() + c * rows, part.begin() + (c + 1) * rows);
+      for (const auto* part : {&cpu.exp_avg, &cpu.exp_avg_sq})
+        out.insert(out.end(), part->begin() + c * rows, part->begin() + (c + 1) * rows);
     }
   }
   return out;
@@ -167,10 +183,14 @@ TEST_CASE("reloading a parameter nobody edited changes nothing; a bf16 master ke
 TEST_CASE("an edit becomes the master of every column; moments and step counts stay; training goes on from it") {
   for (const std::int64_t before :
        {std::int64_t{0}, std::int64_t{5}}) {  // before the first step: every column on the CPU
-    for (const auto& o : {sync_options(), dense_options(), zero_offload_options()}) {
+    for (const auto& [o, disk] :
+         {std::pair{sync_options(), false}, std::pair{dense_options(), false}, std::pair{zero_offload_options(), false},
+          std::pair{sync_options(), true}, std::pair{zero_offload_options(), true}}) {
       CAPTURE(before);
       CAPTURE(offload_mode_name(o.mode));
-      harness h(o);
+      CAPTURE(disk);
+      zenflow_test::scratch_dir dir;
+      harness h(o, disk ? on_disk(dir) : harness::small_config());
       h.train(before);
       h.stream.synchronize();
       auto& model = h.model;
@@ -208,30 +228,34 @@ TEST_CASE("an edit becomes the master of every column; moments and step counts s
 }
 
 TEST_CASE("an element the trainer left as it was keeps its fp32 master; an edited one takes the value") {
-  harness h(sync_options());
-  h.train(5);
-  h.stream.synchronize();
-  auto& w = h.model.weights[0];  // bf16
-  REQUIRE(w.type == dtype::bf16);
-  std::vector<std::vector<float>> before;
-  for (index_t c = 0; c < w.cols; ++c) before.push_back(master_column(h, 0, c, w.rows));
-  // The master is finer than its bf16 value (else the check below would not tell the rules apart).
-  std::size_t finer = 0;
-  for (index_t c = 0; c < w.cols; ++c)
-    for (index_t r = 0; r < w.rows; ++r) finer += before[c][r] != value(w, r, c);
-  REQUIRE(finer > static_cast<std::size_t>(w.rows * w.cols / 2));
-  edit(w, [&](index_t r, index_t c) { return std::clamp(value(w, r, c), -0.05f, 0.05f); });  // p.clamp_()
-  h.coordinator.reload_parameter(0, &h.stream);
-  std::size_t clamped = 0;
-  for (index_t c = 0; c < w.cols; ++c) {
-    const auto master = master_column(h, 0, c, w.rows);
-    for (index_t r = 0; r < w.rows; ++r) {
-      const bool changed = from_float<bfloat16>(before[c][r]).bits != from_float<bfloat16>(value(w, r, c)).bits;
-      clamped += changed;
-      CHECK(master[r] == (changed ? value(w, r, c) : before[c][r]));
+  for (const bool disk : {false, true}) {
+    CAPTURE(disk);
+    zenflow_test::scratch_dir dir;
+    harness h(sync_options(), disk ? on_disk(dir) : harness::small_config());
+    h.train(5);
+    h.stream.synchronize();
+    auto& w = h.model.weights[0];  // bf16
+    REQUIRE(w.type == dtype::bf16);
+    std::vector<std::vector<float>> before;
+    for (index_t c = 0; c < w.cols; ++c) before.push_back(master_column(h, 0, c, w.rows));
+    // The master is finer than its bf16 value (else the check below would not tell the rules apart).
+    std::size_t finer = 0;
+    for (index_t c = 0; c < w.cols; ++c)
+      for (index_t r = 0; r < w.rows; ++r) finer += before[c][r] != value(w, r, c);
+    REQUIRE(finer > static_cast<std::size_t>(w.rows * w.cols / 2));
+    edit(w, [&](index_t r, index_t c) { return std::clamp(value(w, r, c), -0.05f, 0.05f); });  // p.clamp_()
+    h.coordinator.reload_parameter(0, &h.stream);
+    std::size_t clamped = 0;
+    for (index_t c = 0; c < w.cols; ++c) {
+      const auto master = master_column(h, 0, c, w.rows);
+      for (index_t r = 0; r < w.rows; ++r) {
+        const bool changed = from_float<bfloat16>(before[c][r]).bits != from_float<bfloat16>(value(w, r, c)).bits;
+        clamped += changed;
+        CHECK(master[r] == (changed ? value(w, r, c) : before[c][r]));
+      }
     }
+    CHECK(clamped > 0);
   }
-  CHECK(clamped > 0);
 }
 
 TEST_CASE("an edit wins over a CPU update in flight; the other parameters get their results") {
@@ -240,30 +264,34 @@ TEST_CASE("an edit wins over a CPU update in flight; the other parameters get th
   reference.train(4);
   reference.stream.synchronize();
 
-  harness h(o);
-  h.train(2);  // the CPU update of steps 0-1 is launched; it is written back at the end of step 3
-  h.stream.synchronize();
-  auto& w = h.model.weights[0];
-  edit(w, [&](index_t r, index_t c) { return 0.25f - 0.01f * static_cast<float>((r + c) % 7); });
-  const std::vector<std::byte> edited = w.storage;
-  h.coordinator.reload_parameter(0, &h.stream);
-  CHECK(h.coordinator.cpu_step_count(0) == 1);  // the update completed (its moments stay)
-  const auto cpu_columns = complement_columns(h.coordinator.gpu_columns(0), w.cols);
-  REQUIRE(!cpu_columns.empty());
-  const auto& cpu = h.coordinator.host_optimizer();
-  for (const auto c : cpu_columns)
-    for (index_t r = 0; r < w.rows; ++r) {
-      CHECK(cpu.params(0)[c * w.rows + r] == value(w, r, c));
-      CHECK(cpu.exp_avg(0)[c * w.rows + r] != 0.0f);
-    }
-  h.train(2);  // the end of step 3 writes the pending result back
-  h.stream.synchronize();
-  REQUIRE(h.coordinator.trace()[0].written_back_at == 3);
-  // w's CPU columns hold the edit, not the update's result; w1 and the bias are the reference's.
-  toy_model edited_model;
-  edited_model.weights[0].storage = edited;
-  for (const auto c : cpu_columns)
-    for (index_t r = 0; r < w.rows; ++r) CHECK(value(w, r, c) == value(edited_model.weights[0], r, c));
-  CHECK(h.model.weights[1].storage == reference.model.weights[1].storage);
-  CHECK(h.model.bias == reference.model.bias);
+  for (const bool disk : {false, true}) {
+    CAPTURE(disk);
+    zenflow_test::scratch_dir dir;
+    harness h(o, disk ? on_disk(dir) : harness::small_config());
+    h.train(2);  // the CPU update of steps 0-1 is launched; it is written back at the end of step 3
+    h.stream.synchronize();
+    auto& w = h.model.weights[0];
+    edit(w, [&](index_t r, index_t c) { return 0.25f - 0.01f * static_cast<float>((r + c) % 7); });
+    const std::vector<std::byte> edited = w.storage;
+    h.coordinator.reload_parameter(0, &h.stream);
+    CHECK(h.coordinator.cpu_step_count(0) == 1);  // the update completed (its moments stay)
+    const auto cpu_columns = complement_columns(h.coordinator.gpu_columns(0), w.cols);
+    REQUIRE(!cpu_columns.empty());
+    const auto cpu = zenflow_test::export_state(h.coordinator.host_optimizer(), 0);
+    for (const auto c : cpu_columns)
+      for (index_t r = 0; r < w.rows; ++r) {
+        CHECK(cpu.master[c * w.rows + r] == value(w, r, c));
+        CHECK(cpu.exp_avg[c * w.rows + r] != 0.0f);
+      }
+    h.train(2);  // the end of step 3 writes the pending result back
+    h.stream.synchronize();
+    REQUIRE(h.coordinator.trace()[0].written_back_at == 3);
+    // w's CPU columns hold the edit, not the update's result; w1 and the bias are the reference's.
+    toy_model edited_model;
+    edited_model.weights[0].storage = edited;
+    for (const auto c : cpu_columns)
+      for (index_t r = 0; r < w.rows; ++r) CHECK(value(w, r, c) == value(edited_model.weights[0], r, c));
+    CHECK(h.model.weights[1].storage == reference.model.weights[1].storage);
+    CHECK(h.model.bias == reference.model.bias);
+  }
 }

@@ -1,9 +1,13 @@
-// cpu_adam with its moments on an SSD (cpu_adam_config::nvme): bit-identical to RAM state through
-// steps over column subsets, every gradient and copy-out dtype, block-crossing tensors, chunking
-// and threads; export/import and save/load interchangeable with RAM state; only the blocks a step
-// touches move; a corrupted block fails the step before Adam sees it; bad configurations and
-// misuse are rejected by name.
+// cpu_adam with its state on an SSD (cpu_adam_config::nvme), in both layouts (the moments only, or
+// the fp32 master too): bit-identical to RAM state through steps over column subsets, every
+// gradient and copy-out dtype, block-crossing tensors, chunking and threads; export/import and
+// save/load interchangeable with RAM state; only the blocks a step touches move; a corrupted block
+// fails the step before Adam sees it; a full disk at registration registers nothing; bad
+// configurations and misuse are rejected by name.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <zenflow/concepts.hpp>
@@ -36,8 +40,11 @@ cpu_adam_config ram_config(std::size_t threads = 2, std::size_t chunk = 100) {
   return cpu_adam_config{threads, false, zenflow::cpu_isa::automatic, chunk};
 }
 
+// master_on_disk false: the moments only ([m | v] blocks of 512 elements); true: [master | m | v]
+// blocks of 336 elements (4096 / 12 rounded down to a multiple of 16).
 cpu_adam_config nvme_config(const zenflow_test::scratch_dir& dir, std::size_t threads = 2, std::size_t chunk = 100,
-                            zenflow::io_engine_kind engine = zenflow::io_engine_kind::automatic) {
+                            zenflow::io_engine_kind engine = zenflow::io_engine_kind::automatic,
+                            bool master_on_disk = false) {
   cpu_adam_config c = ram_config(threads, chunk);
   zenflow::nvme_state_config n;
   n.file.directory = dir.path();
@@ -46,6 +53,7 @@ cpu_adam_config nvme_config(const zenflow_test::scratch_dir& dir, std::size_t th
   n.file.write_behind = 2;
   n.file.pin = zenflow::pin_policy::none;
   n.engine = {engine, 8};
+  n.master_on_disk = master_on_disk;
   c.nvme = n;
   return c;
 }
@@ -142,35 +150,50 @@ bool step_both(cpu_adam& ram, cpu_adam& nvme, int step) {
 
 }  // namespace
 
-TEST_CASE("moments on an SSD: bit-identical to RAM state over column subsets, dtypes, engines and threads") {
-  for (const auto engine : {zenflow::io_engine_kind::posix, zenflow::io_engine_kind::automatic}) {
-    for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
-      CAPTURE(static_cast<int>(engine));
-      CAPTURE(threads);
-      zenflow_test::scratch_dir dir;
-      cpu_adam ram(adamw(), ram_config(threads));
-      cpu_adam nvme(adamw(), nvme_config(dir, threads, 100, engine));
-      add_all(ram);
-      add_all(nvme);
-      CHECK(nvme.on_nvme());
-      REQUIRE(nvme.nvme_file() != nullptr);
-      CHECK(nvme.nvme_file()->block_count() == 1);  // sized by the first call that touches the moments
-      for (int s = 0; s < 7; ++s) CHECK(step_both(ram, nvme, s));
-      REQUIRE(nvme.nvme_file() != nullptr);
-      CHECK(nvme.step_count() == 7);
-      for (std::size_t t = 0; t < shapes.size(); ++t) {
-        const state a = exported(ram, t), b = exported(nvme, t);
-        CHECK(same_bits(a.p, b.p));
-        CHECK(same_bits(a.m, b.m));
-        CHECK(same_bits(a.v, b.v));
-        CHECK(std::memcmp(ram.params(t).data(), nvme.params(t).data(), ram.params(t).size_bytes()) == 0);
+TEST_CASE("state on an SSD: bit-identical to RAM state over column subsets, dtypes, engines, threads, layouts") {
+  for (const bool master_on_disk : {false, true}) {
+    for (const auto engine : {zenflow::io_engine_kind::posix, zenflow::io_engine_kind::automatic}) {
+      for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+        CAPTURE(master_on_disk);
+        CAPTURE(static_cast<int>(engine));
+        CAPTURE(threads);
+        zenflow_test::scratch_dir dir;
+        cpu_adam ram(adamw(), ram_config(threads));
+        cpu_adam nvme(adamw(), nvme_config(dir, threads, 100, engine, master_on_disk));
+        add_all(ram);
+        add_all(nvme);
+        CHECK(nvme.on_nvme());
+        CHECK(nvme.master_on_nvme() == master_on_disk);
+        REQUIRE(nvme.nvme_file() != nullptr);
+        // Moments only: sized by the first call that touches the moments. Master on disk: every
+        // tensor's blocks are written at add_tensor (336 elements per block: 6 + 3 + 7 + 1).
+        CHECK(nvme.nvme_file()->block_count() == (master_on_disk ? 17u : 1u));
+        if (master_on_disk)  // the initial master is on disk, the moments 0
+          for (std::size_t t = 0; t < shapes.size(); ++t) {
+            const state a = exported(ram, t), b = exported(nvme, t);
+            CHECK(same_bits(a.p, b.p));
+            CHECK(same_bits(a.m, b.m));
+            CHECK(same_bits(a.v, b.v));
+          }
+        for (int s = 0; s < 7; ++s) CHECK(step_both(ram, nvme, s));
+        REQUIRE(nvme.nvme_file() != nullptr);
+        CHECK(nvme.step_count() == 7);
+        for (std::size_t t = 0; t < shapes.size(); ++t) {
+          const state a = exported(ram, t), b = exported(nvme, t);
+          CHECK(same_bits(a.p, b.p));
+          CHECK(same_bits(a.m, b.m));
+          CHECK(same_bits(a.v, b.v));
+          if (!master_on_disk)
+            CHECK(std::memcmp(ram.params(t).data(), nvme.params(t).data(), ram.params(t).size_bytes()) == 0);
+        }
+        // Moments only: a block per 512 elements, each tensor on fresh blocks: 4 + 2 + 5 + 1.
+        CHECK(nvme.nvme_file()->block_count() == (master_on_disk ? 17u : 12u));
+        CHECK(nvme.nvme_file()->counters().checksum_failures == 0);
+        // RAM holds the master only, or nothing.
+        CHECK(nvme.host_state_bytes() == (master_on_disk ? 0 : ram.state_bytes() / 3));
+        CHECK(nvme.state_bytes() == ram.state_bytes());
+        if (master_on_disk) CHECK(contains(error_of([&] { (void)nvme.params(0); }), "nvme"));
       }
-      // A block per 512 elements, each tensor on fresh blocks: 4 + 2 + 5 + 1.
-      CHECK(nvme.nvme_file()->block_count() == 12);
-      CHECK(nvme.nvme_file()->counters().checksum_failures == 0);
-      // RAM holds the master only.
-      CHECK(nvme.host_state_bytes() == ram.state_bytes() / 3);
-      CHECK(nvme.state_bytes() == ram.state_bytes());
     }
   }
 }
@@ -220,10 +243,12 @@ TEST_CASE("moments on an SSD: a step reads and writes only the blocks its column
   }
 }
 
-TEST_CASE("moments on an SSD: export, import, save and load interchange with RAM state") {
+namespace {
+void check_interchange(bool master_on_disk) {
+  CAPTURE(master_on_disk);
   zenflow_test::scratch_dir dir;
   cpu_adam ram(adamw(), ram_config());
-  cpu_adam nvme(adamw(), nvme_config(dir));
+  cpu_adam nvme(adamw(), nvme_config(dir, 2, 100, zenflow::io_engine_kind::automatic, master_on_disk));
   add_all(ram);
   add_all(nvme);
   for (int s = 0; s < 3; ++s) REQUIRE(step_both(ram, nvme, s));
@@ -252,7 +277,8 @@ TEST_CASE("moments on an SSD: export, import, save and load interchange with RAM
   for (std::size_t i = 0; i < 37 * 50; ++i) {
     const std::size_t c = i / 37;
     if (c == 3 || (c >= 40 && c <= 42)) continue;
-    if (after.m[i] != before.m[i] || after.v[i] != before.v[i]) FAIL_CHECK("element " << i << " changed");
+    if (after.p[i] != before.p[i] || after.m[i] != before.m[i] || after.v[i] != before.v[i])
+      FAIL_CHECK("element " << i << " changed");
   }
   // A RAM save loads into the SSD side and both keep stepping identically.
   for (std::size_t t = 0; t < shapes.size(); ++t) {
@@ -268,6 +294,13 @@ TEST_CASE("moments on an SSD: export, import, save and load interchange with RAM
   const state kept = exported(nvme, 0);
   CHECK(contains(error_of([&] { nvme.import_columns(0, cols, p, bad, v); }), "exp_avg"));
   CHECK(same_bits(kept.m, exported(nvme, 0).m));
+  CHECK(same_bits(kept.p, exported(nvme, 0).p));
+}
+}  // namespace
+
+TEST_CASE("state on an SSD: export, import, save and load interchange with RAM state in both layouts") {
+  check_interchange(false);
+  check_interchange(true);
 }
 
 TEST_CASE("moments on an SSD: a corrupted block fails the step with its offset; Adam never sees it") {
@@ -325,4 +358,85 @@ TEST_CASE("moments on an SSD: bad configurations and misuse are rejected by name
   CHECK(contains(error_of([&] { (void)o.exp_avg(0); }), "nvme"));
   (void)exported(o, 0);  // sizes the file
   CHECK(contains(error_of([&] { o.add_tensor(std::vector<float>(4), 2, 2); }), "register every tensor first"));
+}
+
+TEST_CASE("master on an SSD: a corrupted block fails the step with its offset; the state is not fed to Adam") {
+  zenflow_test::scratch_dir dir;
+  cpu_adam nvme(adamw(), nvme_config(dir, 1, 100, zenflow::io_engine_kind::automatic, true));
+  add_all(nvme);
+  std::vector<float> g(37 * 50, 0.1f);
+  cpu_adam_task task;
+  task.tensor = 0;
+  task.grad = g.data();
+  REQUIRE(nvme.step({&task, 1}).applied);
+  {  // flip a byte of block 2's master behind the optimizer's back
+    const int fd = ::open(nvme.nvme_file()->path().c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    const unsigned char garbage = 0x5a;
+    REQUIRE(::pwrite(fd, &garbage, 1, 2 * block_bytes + 100) == 1);
+    ::close(fd);
+  }
+  const std::string e = error_of([&] { nvme.step({&task, 1}); });
+  INFO(e);
+  CHECK(contains(e, "block 2"));
+  CHECK(contains(e, "CRC32C"));
+  CHECK(nvme.step_count() == 1);
+  CHECK(nvme.nvme_file()->counters().checksum_failures == 1);
+  // Exporting the corrupted block's column fails the same way; another tensor still exports.
+  CHECK(contains(error_of([&] { (void)exported(nvme, 0); }), "CRC32C"));
+  CHECK(exported(nvme, 1).p.size() == 1000);
+}
+
+TEST_CASE("master on an SSD: tensors may be added after a step; a full disk at add_tensor registers nothing") {
+  zenflow_test::scratch_dir dir;
+  {
+    cpu_adam ram(adamw(), ram_config());
+    cpu_adam nvme(adamw(), nvme_config(dir, 2, 100, zenflow::io_engine_kind::automatic, true));
+    add_all(ram);
+    add_all(nvme);
+    REQUIRE(step_both(ram, nvme, 0));
+    const auto extra = values(300 * 5, 77);
+    CHECK(nvme.add_tensor(extra, 300, 5) == 4);
+    ram.add_tensor(extra, 300, 5);
+    CHECK(nvme.nvme_file()->block_count() == 17 + 5);
+    CHECK(same_bits(exported(nvme, 0).p, exported(ram, 0).p));
+    std::vector<float> p(1500), m(1500), v(1500);
+    const std::int32_t all[] = {0, 1, 2, 3, 4};
+    nvme.export_columns(4, all, p, m, v);
+    CHECK(same_bits(p, extra));
+  }
+  // RLIMIT_FSIZE stands in for a full disk (fallocate fails with EFBIG), in a child process.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int code = 0;
+    try {
+      ::signal(SIGXFSZ, SIG_IGN);
+      cpu_adam o(adamw(), nvme_config(dir, 1, 100, zenflow::io_engine_kind::posix, true));
+      o.add_tensor(values(336 * 4, 1), 336, 4);  // 4 blocks
+      const rlimit limit{16 * block_bytes, 16 * block_bytes};
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(10);
+      std::string e;
+      try {
+        o.add_tensor(values(336 * 20, 2), 336, 20);  // 20 more blocks: past the limit
+      } catch (const zenflow::error& x) {
+        e = x.what();
+      }
+      if (!contains(e, "config.nvme.bytes") || !contains(e, "largest file allowed")) code |= 1;
+      if (o.tensor_count() != 1) code |= 2;
+      // The first tensor is intact; a tensor that fits is still accepted after the failure.
+      std::vector<float> p(336 * 4), m(p.size()), v(p.size());
+      const std::int32_t cols[] = {0, 1, 2, 3};
+      o.export_columns(0, cols, p, m, v);
+      if (!same_bits(p, values(336 * 4, 1))) code |= 4;
+      if (o.add_tensor(values(336, 3), 336, 1) != 1) code |= 8;
+    } catch (...) {
+      code |= 16;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

@@ -58,10 +58,15 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
     // write-back will write these values.
     const auto pending_interval = schedule_.pending();
     const bool pending = pending_interval && p.accumulated[*pending_interval % 2] > 0 && !p.complement.empty();
-    const std::span<float> master = host_opt_.params(p.cpu_tensor);
-    for (const std::int32_t c : detail::owned_cpu_columns(p.owned, p.selection))
-      detail::adopt_values(column(c + static_cast<std::int32_t>(p.owned.first)), type, master.subspan(c * rows, rows),
-                           pending);
+    // Through the optimizer's export and import: wherever it keeps the master (RAM or an SSD).
+    const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.selection);
+    const std::size_t cpu_n = cpu_columns.size() * rows;
+    std::vector<float> master(cpu_n), m(cpu_n), v(cpu_n);
+    host_opt_.export_columns(p.cpu_tensor, cpu_columns, master, m, v);
+    for (std::size_t j = 0; j < cpu_columns.size(); ++j)
+      detail::adopt_values(column(cpu_columns[j] + static_cast<std::int32_t>(p.owned.first)), type,
+                           std::span<float>(master).subspan(j * rows, rows), pending);
+    host_opt_.import_columns(p.cpu_tensor, cpu_columns, master, m, v);
     if (pending) {
       std::vector<std::byte> block(p.owned_local.size() * column_bytes);
       for (std::size_t j = 0; j < p.owned_local.size(); ++j) {

@@ -71,7 +71,10 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
                                   ", blocks of ", file_->block_bytes(), " bytes; engine: ", file_->engine().status(),
                                   "; pool: ", file_->pool().size(), " x ", file_->pool().buffer_bytes(), " bytes, ",
                                   file_->pool().status());
-    slots_ = nvme_->file.block_bytes / (2 * sizeof(float));
+    master_on_disk_ = nvme_->master_on_disk;
+    // [m | v], or [master | m | v] with each array a multiple of 16 floats (64-byte aligned).
+    slots_ = master_on_disk_ ? nvme_->file.block_bytes / (3 * sizeof(float)) / 16 * 16
+                             : nvme_->file.block_bytes / (2 * sizeof(float));
   }
   pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
 }
@@ -84,12 +87,17 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   const auto size = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   expects(initial_params.size() == size, "initial_params", "has ", initial_params.size(),
           " elements, rows x cols = ", size);
-  expects(!sized_, "add_tensor",
+  expects(master_on_disk_ || !sized_, "add_tensor",
           "the moments' state file is sized (a step, export or import touched it): ", "register every tensor first");
   tensor_state ts;
   ts.rows = rows;
   ts.cols = cols;
   ts.size = size;
+  if (master_on_disk_) {  // nothing in RAM
+    nvme_add_tensor(ts, initial_params);
+    tensors_.push_back(std::move(ts));
+    return tensors_.size() - 1;
+  }
   ts.stride = (size + 15) / 16 * 16;  // keeps each array 64-byte aligned
   const auto pad64 = [](std::size_t b) { return (b + 63) / 64 * 64; };
   ts.m_off = ts.v_off = ts.stride * sizeof(float);
@@ -220,8 +228,8 @@ inline void cpu_adam::build_segments(std::span<const cpu_adam_task> tasks) {
       segment s;
       s.begin = begin;
       s.n = n;
-      s.p = ts.span(0).data() + state_off;
-      s.m = nvme_ ? nullptr : ts.at(ts.m_off + state_off * msz);  // NVMe: in a block, found per block
+      s.p = master_on_disk_ ? nullptr : ts.span(0).data() + state_off;  // on disk: in a block
+      s.m = nvme_ ? nullptr : ts.at(ts.m_off + state_off * msz);        // NVMe: in a block, found per block
       s.v = nvme_ ? nullptr : ts.at(ts.v_off + state_off * msz);
       s.elem = state_off;
       s.g = static_cast<const unsigned char*>(t.grad) + grad_off * gsz;
@@ -314,7 +322,7 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
       std::size_t offset, n;
     };
     std::vector<work> items;
-    nvme_stream(pieces_, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
+    nvme_stream(pieces_, stream_mode::update, [&](std::span<const nvme_piece> block, float* p, float* m, float* v) {
       items.clear();
       for (const nvme_piece& p : block)
         for (std::size_t o = 0; o < p.n; o += chunk_) items.push_back({&p, o, std::min(chunk_, p.n - o)});
@@ -323,8 +331,8 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
         const segment& s = segments_[it.piece->tag];
         const kernels& kk = k[s.task];
         const std::size_t off = it.piece->off + it.offset, slot = it.piece->slot + it.offset;
-        kk.adam(s.p + off, s.g + off * kk.gsz, m + slot, v + slot, s.out ? s.out + off * kk.osz : nullptr, it.n,
-                task_constants[s.task]);
+        kk.adam(p != nullptr ? p + slot : s.p + off, s.g + off * kk.gsz, m + slot, v + slot,
+                s.out ? s.out + off * kk.osz : nullptr, it.n, task_constants[s.task]);
       });
     });
   } else if (format_ == cpu_state_format::fp32) {

@@ -62,9 +62,31 @@ void cpu_adam::nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn
   file_->stream(ranges, mode, [&](const stream_block& b) {
     const std::size_t first = next;
     while (next < pieces.size() && pieces[next].block == b.index) ++next;
-    auto* m = reinterpret_cast<float*>(b.data.data());
-    fn(std::span<const nvme_piece>(pieces.data() + first, next - first), m, m + slots_);
+    auto* base = reinterpret_cast<float*>(b.data.data());
+    float* p = master_on_disk_ ? base : nullptr;
+    float* m = master_on_disk_ ? base + slots_ : base;
+    fn(std::span<const nvme_piece>(pieces.data() + first, next - first), p, m, m + slots_);
   });
+}
+
+inline void cpu_adam::nvme_add_tensor(tensor_state& ts, std::span<const float> initial) {
+  const std::uint64_t blocks = (ts.size + slots_ - 1) / slots_;
+  const std::size_t block_bytes = nvme_->file.block_bytes;
+  try {
+    file_->grow((blocks_ + blocks) * block_bytes);
+  } catch (const error& e) {
+    throw error(detail::concat("config.nvme.", e.argument()), e.reason());
+  }
+  ts.first_block = blocks_;
+  const block_range range{blocks_, blocks};
+  file_->stream({&range, 1}, stream_mode::write, [&](const stream_block& b) {
+    std::fill(b.data.begin(), b.data.end(), std::byte{0});  // moments 0, and the padding
+    const std::size_t elem = b.position * slots_;
+    const std::size_t n = std::min(slots_, ts.size - elem);
+    std::memcpy(b.data.data(), initial.data() + elem, n * sizeof(float));
+  });
+  blocks_ += blocks;
+  sized_ = true;
 }
 
 inline auto cpu_adam::column_pieces(std::size_t t, std::span<const std::int32_t> columns) const
@@ -76,21 +98,27 @@ inline auto cpu_adam::column_pieces(std::size_t t, std::span<const std::int32_t>
   return pieces;
 }
 
-inline void cpu_adam::nvme_read_moments(std::vector<nvme_piece>& pieces, std::byte* m_out, std::byte* v_out) const {
-  nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const float* m, const float* v) {
-    for (const nvme_piece& p : block) {
-      std::memcpy(m_out + p.off * sizeof(float), m + p.slot, p.n * sizeof(float));
-      std::memcpy(v_out + p.off * sizeof(float), v + p.slot, p.n * sizeof(float));
-    }
-  });
+inline void cpu_adam::nvme_read_state(std::vector<nvme_piece>& pieces, std::byte* p_out, std::byte* m_out,
+                                      std::byte* v_out) const {
+  nvme_stream(pieces, stream_mode::read,
+              [&](std::span<const nvme_piece> block, const float* p, const float* m, const float* v) {
+                for (const nvme_piece& x : block) {
+                  const std::size_t at = x.off * sizeof(float), bytes = x.n * sizeof(float);
+                  if (p != nullptr) std::memcpy(p_out + at, p + x.slot, bytes);
+                  std::memcpy(m_out + at, m + x.slot, bytes);
+                  std::memcpy(v_out + at, v + x.slot, bytes);
+                }
+              });
 }
 
-inline void cpu_adam::nvme_write_moments(std::vector<nvme_piece>& pieces, const std::byte* m_in,
-                                         const std::byte* v_in) {
-  nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* m, float* v) {
-    for (const nvme_piece& p : block) {
-      std::memcpy(m + p.slot, m_in + p.off * sizeof(float), p.n * sizeof(float));
-      std::memcpy(v + p.slot, v_in + p.off * sizeof(float), p.n * sizeof(float));
+inline void cpu_adam::nvme_write_state(std::vector<nvme_piece>& pieces, const std::byte* p_in, const std::byte* m_in,
+                                       const std::byte* v_in) {
+  nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* p, float* m, float* v) {
+    for (const nvme_piece& x : block) {
+      const std::size_t at = x.off * sizeof(float), bytes = x.n * sizeof(float);
+      if (p != nullptr) std::memcpy(p + x.slot, p_in + at, bytes);
+      std::memcpy(m + x.slot, m_in + at, bytes);
+      std::memcpy(v + x.slot, v_in + at, bytes);
     }
   });
 }

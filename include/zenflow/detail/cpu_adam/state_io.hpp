@@ -36,6 +36,13 @@ inline std::span<float> cpu_adam::fp32_moment(std::size_t t, int which) const {
   return ts.span(which);
 }
 
+inline std::span<float> cpu_adam::master(std::size_t t) const {
+  const tensor_state& ts = tensor(t, "t");
+  expects(!master_on_disk_, "nvme",
+          "the fp32 master lives in a state file on the SSD (use export_columns / import_columns)");
+  return ts.span(0);
+}
+
 inline std::size_t cpu_adam::state_bytes(std::size_t t) const {
   const tensor_state& ts = tensor(t, "t");
   return ts.size * (sizeof(float) + moment_bytes_per_parameter(format_)) + 2 * ts.blocks * sizeof(float);
@@ -49,6 +56,7 @@ inline std::size_t cpu_adam::state_bytes() const {
 
 inline std::size_t cpu_adam::host_state_bytes() const {
   std::size_t total = 0;
+  if (master_on_disk_) return 0;
   for (std::size_t t = 0; t < tensors_.size(); ++t) total += nvme_ ? tensors_[t].size * sizeof(float) : state_bytes(t);
   return total;
 }
@@ -77,7 +85,9 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
   if (nvme_) {
     auto pieces = column_pieces(t, columns);
-    nvme_read_moments(pieces, std::as_writable_bytes(exp_avg).data(), std::as_writable_bytes(exp_avg_sq).data());
+    nvme_read_state(pieces, std::as_writable_bytes(params).data(), std::as_writable_bytes(exp_avg).data(),
+                    std::as_writable_bytes(exp_avg_sq).data());
+    if (master_on_disk_) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t src = static_cast<std::size_t>(columns[j]) * rows, dst = j * rows;
@@ -123,9 +133,11 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
   const tensor_state& ts = tensors_[t];
   const auto rows = static_cast<std::size_t>(ts.rows);
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
-  if (nvme_) {  // the moments first: of the two, only the file can fail
+  if (nvme_) {  // the file first: of the two, only the file can fail
     auto pieces = column_pieces(t, columns);
-    nvme_write_moments(pieces, std::as_bytes(exp_avg).data(), std::as_bytes(exp_avg_sq).data());
+    nvme_write_state(pieces, std::as_bytes(params).data(), std::as_bytes(exp_avg).data(),
+                     std::as_bytes(exp_avg_sq).data());
+    if (master_on_disk_) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t dst = static_cast<std::size_t>(columns[j]) * rows, src = j * rows;
@@ -194,10 +206,12 @@ inline void cpu_adam::save_state(std::size_t t, std::span<std::byte> out) const 
   };
   put(&h, sizeof h);
   if (nvme_) {  // as fp32 state in RAM saves it: params | m | v
-    put(ts.at(0), ts.size * sizeof(float));
-    std::vector<nvme_piece> pieces;  // m, then v
+    const std::size_t bytes = ts.size * sizeof(float);
+    if (!master_on_disk_) put(ts.at(0), bytes);
+    std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    nvme_read_moments(pieces, o, o + ts.size * sizeof(float));
+    std::byte* m_out = master_on_disk_ ? o + bytes : o;
+    nvme_read_state(pieces, o, m_out, m_out + bytes);
     return;
   }
   for (const auto& [off, bytes] : state_regions(ts)) put(ts.at(off), bytes);
@@ -226,12 +240,13 @@ inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
     std::memcpy(dst, i, bytes);
     i += bytes;
   };
-  if (nvme_) {  // the moments first: of the two, only the file can fail
-    const std::byte* m_in = i + ts.size * sizeof(float);
+  if (nvme_) {  // the file first: of the two, only the file can fail
+    const std::size_t bytes = ts.size * sizeof(float);
+    const std::byte* m_in = i + bytes;
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    nvme_write_moments(pieces, m_in, m_in + ts.size * sizeof(float));
-    get(ts.at(0), ts.size * sizeof(float));
+    nvme_write_state(pieces, i, m_in, m_in + bytes);
+    if (!master_on_disk_) get(ts.at(0), bytes);
     return;
   }
   for (const auto& [off, bytes] : state_regions(ts)) get(ts.at(off), bytes);

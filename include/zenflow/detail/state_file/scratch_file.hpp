@@ -111,6 +111,34 @@ inline void check_before_create(const std::string& directory, const std::string&
           " (statvfs): disk full, nothing was written");
 }
 
+/// Preallocates bytes [offset, offset + size) of an open file (zero-filled, extending it). Throws
+/// zenflow::error: disk full names the path, the bytes needed and the bytes free.
+inline void preallocate(int fd, const std::string& directory, const std::string& path, std::uint64_t offset,
+                        std::uint64_t size) {
+  int rc = 0;
+  do {
+    rc = ::fallocate(fd, 0, static_cast<off_t>(offset), static_cast<off_t>(size));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    if (err == ENOSPC) {
+      struct statvfs vfs {};
+      const std::uint64_t free_bytes =
+          ::fstatvfs(fd, &vfs) == 0 ? static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize : 0;
+      throw error("bytes", concat(path, " needs ", size, " bytes but its file system has ", free_bytes,
+                                  " bytes free (fallocate: ", errno_text(err), "): disk full"));
+    }
+    if (err == EOPNOTSUPP)
+      throw error("directory", concat("the file system of ", directory, " cannot preallocate files (fallocate: ",
+                                      errno_text(err), "); choose a directory on ext4, xfs or btrfs"));
+    if (err == EFBIG)
+      throw error("bytes", concat(size, " bytes exceed the largest file allowed for ", path,
+                                  " (fallocate: ", errno_text(err), "; RLIMIT_FSIZE or the file system's limit)"));
+    throw error("bytes",
+                concat("preallocating ", size, " bytes for ", path, " failed (fallocate: ", errno_text(err), ")"));
+  }
+}
+
 /// Creates (or truncates) the file, locks it against other processes, preallocates `size` bytes.
 /// O_DIRECT unless the file system refuses it and `fallback_to_buffered` allows buffered I/O;
 /// the result says which. On failure nothing is left behind. Throws zenflow::error.
@@ -168,28 +196,7 @@ inline scratch_file create_scratch(const std::string& directory, const std::stri
 #else
   (void)block_bytes;
 #endif
-  int rc = 0;
-  do {
-    rc = ::fallocate(fd, 0, 0, static_cast<off_t>(size));
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    const int err = errno;
-    if (err == ENOSPC) {
-      struct statvfs vfs {};
-      const std::uint64_t free_bytes =
-          ::fstatvfs(fd, &vfs) == 0 ? static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize : 0;
-      throw error("bytes", concat(path, " needs ", size, " bytes but its file system has ", free_bytes,
-                                  " bytes free (fallocate: ", errno_text(err), "): disk full"));
-    }
-    if (err == EOPNOTSUPP)
-      throw error("directory", concat("the file system of ", directory, " cannot preallocate files (fallocate: ",
-                                      errno_text(err), "); choose a directory on ext4, xfs or btrfs"));
-    if (err == EFBIG)
-      throw error("bytes", concat(size, " bytes exceed the largest file allowed for ", path,
-                                  " (fallocate: ", errno_text(err), "; RLIMIT_FSIZE or the file system's limit)"));
-    throw error("bytes",
-                concat("preallocating ", size, " bytes for ", path, " failed (fallocate: ", errno_text(err), ")"));
-  }
+  preallocate(fd, directory, path, 0, size);
   return file;
 }
 

@@ -65,7 +65,20 @@ basic_state_file<Engine>::basic_state_file(const state_file_config& config, Engi
   registered_ = engine_.register_buffers(buffers);
   // fallocate zero-fills: a block never written reads as zeros and verifies as such.
   std::fill_n(pool_.buffer(0).data(), block_bytes_, std::byte{0});
-  sums_.reset(block_count_, crc32c(pool_.buffer(0)));
+  zero_crc_ = crc32c(pool_.buffer(0));
+  sums_.reset(block_count_, zero_crc_);
+  directory_ = config.directory.string();
+}
+
+template <io_engine Engine>
+void basic_state_file<Engine>::grow(std::uint64_t bytes) {
+  expects(bytes <= static_cast<std::uint64_t>(INT64_MAX) - block_bytes_, "bytes", "too large: ", bytes);
+  const std::uint64_t blocks = (bytes + block_bytes_ - 1) / block_bytes_;
+  if (blocks <= block_count_) return;
+  detail::preallocate(file_.fd(), directory_, path(), capacity(), (blocks - block_count_) * block_bytes_);
+  sums_.crc.resize(blocks, zero_crc_);
+  block_count_ = blocks;
+  bytes_ = std::max(bytes_, bytes);
 }
 
 template <io_engine Engine>
