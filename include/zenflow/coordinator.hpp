@@ -61,10 +61,12 @@ struct coordinator_config {
   /// is kept in every format; reselection and checkpoints move the state as fp32 (a checkpoint
   /// loads into a coordinator of any format).
   cpu_state_format cpu_state = cpu_state_format::fp32;
-  /// Set: the CPU columns' moments live in a state file on an SSD (the NVMe state tier, fp32
-  /// moments; cpu_adam.hpp): host RAM keeps the fp32 master and the gradient accumulator (8 bytes
-  /// per CPU-column parameter instead of 16) and a pool of read_ahead + 1 + write_behind blocks.
-  /// The file is named for this rank (file.rank is set to it) unless file_name is given.
+  /// Set: the CPU columns' state lives in a state file on an SSD (the NVMe state tier, fp32 state;
+  /// cpu_adam.hpp): the moments and, with nvme->master_on_disk (the default), the fp32 master.
+  /// Host RAM keeps the gradient accumulator (4 bytes per CPU-column parameter, 8 with
+  /// overlap_step; host_memory()), the master if it is not on disk (4 more) and a pool of
+  /// read_ahead + 1 + write_behind blocks, instead of 16 or 20 bytes per parameter in RAM. The
+  /// file is named for this rank (file.rank is set to it) unless file_name is given.
   std::optional<nvme_state_config> nvme = std::nullopt;
   std::size_t d2h_slot_bytes = std::size_t{4} << 20;  ///< gradient staging slot size
   std::size_t d2h_slots = 4;
@@ -121,6 +123,27 @@ enum class missing_gradients {
   /// The parameter is skipped this step, as torch.optim.AdamW skips a parameter whose `.grad` is
   /// None: no Adam update and no step-count advance for it (see basic_coordinator::step).
   skip,
+};
+
+/// Host memory a coordinator holds for its CPU columns, in bytes, by what it is for
+/// (basic_coordinator::host_memory). The trainer's own parameters and gradients are not counted.
+struct host_memory_bytes {
+  /// The CPU optimizer's state in RAM (cpu_adam::host_state_bytes: what is not on an SSD).
+  std::size_t cpu_state = 0;
+  /// The fp32 gradient accumulators: 4 bytes per CPU-column element, twice with overlap_step.
+  std::size_t accumulators = 0;
+  /// The CPU updates' results on their way to the device (a CUDA backend: the parameter's dtype,
+  /// per interval parity; the host backend writes them straight into the device buffers: none).
+  std::size_t copy_out = 0;
+  /// The NVMe state file's pinned pool (read_ahead + 1 + write_behind blocks); 0 in RAM.
+  std::size_t state_file_pool = 0;
+  /// The backend's device buffers for the CPU columns (gathered gradients, write-back staging):
+  /// GPU memory on a CUDA backend, host RAM on the host backend, where they stand in for it.
+  std::size_t device_buffers = 0;
+  /// Host RAM on a GPU backend: every field but device_buffers.
+  [[nodiscard]] std::size_t host_total() const noexcept {
+    return cpu_state + accumulators + copy_out + state_file_pool;
+  }
 };
 
 /// What save_checkpoint writes besides the optimizer state (load_checkpoint reads which from the
@@ -284,6 +307,9 @@ class basic_coordinator {
   /// already in it.
   [[nodiscard]] const HostOptimizer& host_optimizer() const;
   [[nodiscard]] const device_optimizer_type& device_optimizer() const noexcept;
+  /// The host memory this coordinator holds for its CPU columns, by what it is for (fixed between
+  /// reselections). Waits for CPU updates already launched, as host_optimizer().
+  [[nodiscard]] host_memory_bytes host_memory() const;
   /// Parameter i's own step counts, as torch keeps a `step` per parameter (they differ from the
   /// optimizers' counts when gradients were missing, see step()): the CPU updates applied to its
   /// columns (0 for a 1-D parameter; waits for CPU updates already launched, as host_optimizer()),
@@ -426,8 +452,10 @@ class basic_coordinator {
     // Recorded after this parameter's gather, per step parity; the offload worker's copies wait
     // for it (behind a pointer: events do not move).
     std::unique_ptr<std::array<event_type, 2>> gathered = std::make_unique<std::array<event_type, 2>>();
-    std::vector<float> accumulator[2];  // fp32 accumulated compact gradient, per interval parity
-    // Non-skipped steps accumulated into accumulator[b] (interval parity b): written by the offload
+    // fp32 accumulated compact gradient: per interval parity with overlap_step, else [0] only
+    // (accumulator_of says which).
+    std::vector<float> accumulator[2];
+    // Non-skipped steps accumulated in interval parity b's interval: written by the offload
     // worker, read by the update worker and by the trainer once that interval is accumulated,
     // reset by the trainer when the interval of that parity begins.
     std::int64_t accumulated[2] = {0, 0};
@@ -450,6 +478,14 @@ class basic_coordinator {
     device_buffer vector_stage;             // a 1-D parameter's all-reduced gradient
   };
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  // The accumulator interval i accumulates into: one per interval parity when a CPU update may run
+  // while the next interval accumulates (overlap_step), else one for every interval (each update
+  // completes before the next interval begins): 4 bytes per CPU-column element instead of 8.
+  template <class Parameter>  // parameter or const parameter
+  [[nodiscard]] auto& accumulator_of(Parameter& p, std::int64_t interval) const noexcept {
+    return p.accumulator[options_.overlap_step ? interval % 2 : 0];
+  }
 
   // Construction (coordinator_impl.hpp).
   struct private_tag {};

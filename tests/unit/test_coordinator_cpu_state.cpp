@@ -177,3 +177,41 @@ TEST_CASE("state on disk trains bit-identically to state in RAM, through reselec
     CHECK(ram.metrics_lines_with_disk == 0);
   }
 }
+
+TEST_CASE("host_memory: one accumulator without overlap_step, two with it; state on disk holds none in RAM") {
+  auto zero_offload = zenflow_options::zero_offload();  // overlap_step false: every update completes in its step
+  zero_offload.adam = cpu_state_options().adam;
+  for (const auto& [name, options, disk] :
+       {std::tuple{"zenflow", cpu_state_options(), false}, std::tuple{"zero_offload", zero_offload, false},
+        std::tuple{"zenflow", cpu_state_options(), true}, std::tuple{"zero_offload", zero_offload, true}}) {
+    CAPTURE(name);
+    CAPTURE(disk);
+    zenflow_test::scratch_dir dir;
+    auto config = harness::small_config();
+    if (disk) {
+      nvme_state_config n;
+      n.file.directory = dir.path();
+      n.file.block_bytes = 4096;
+      n.file.read_ahead = n.file.write_behind = 2;
+      n.file.pin = pin_policy::none;
+      n.engine = {io_engine_kind::automatic, 8};
+      config.nvme = n;
+    }
+    harness h(options, config);
+    h.train(7);
+    const host_memory_bytes m = h.coordinator.host_memory();
+    std::size_t cpu_elements = 0;  // every CPU column of every weight, on this one rank
+    for (std::size_t i = 0; i < h.model.weights.size(); ++i)
+      cpu_elements += (static_cast<std::size_t>(h.model.weights[i].cols) - h.coordinator.gpu_columns(i).size()) *
+                      static_cast<std::size_t>(h.model.weights[i].rows);
+    REQUIRE(cpu_elements > 0);
+    CHECK(m.accumulators == (options.overlap_step ? 2 : 1) * cpu_elements * sizeof(float));
+    CHECK(m.cpu_state == h.coordinator.host_optimizer().host_state_bytes());
+    CHECK((m.cpu_state == 0) == disk);  // on disk: the master and the moments
+    CHECK((m.state_file_pool == 5 * 4096) == disk);
+    CHECK(m.copy_out == 0);       // the host backend writes results into its device buffers
+    CHECK(m.device_buffers > 0);  // which stand in for the GPU's memory
+    CHECK(m.host_total() == m.cpu_state + m.accumulators + m.state_file_pool);
+    h.finish();
+  }
+}

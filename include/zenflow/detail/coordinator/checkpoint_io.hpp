@@ -251,7 +251,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     w.put_array<std::int32_t>(p.selection);
     w.put_array<float>(master ? compact : detail::without_master(compact, rows));
     // Nothing is accumulated without a counted step: an empty accumulator is all zeros.
-    w.put_array<float>(current > 0 ? std::span<const float>(p.accumulator[current_interval % 2])
+    w.put_array<float>(current > 0 ? std::span<const float>(accumulator_of(p, current_interval))
                                    : std::span<const float>{});
     w.put_array<std::byte>(pending);
     w.put_array<std::byte>(everything ? std::span<const std::byte>(values) : std::span<const std::byte>{});
@@ -519,7 +519,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       p.selection = s.selection;
       p.complement = complement_columns(p.selection, p.matrix.cols);
       setup_buffers(p, stream);  // zeroes the accumulators: an empty one in the file is all zeros
-      if (!s.accumulator.empty()) p.accumulator[interval.index % 2] = std::move(s.accumulator);
+      if (!s.accumulator.empty()) accumulator_of(p, interval.index) = std::move(s.accumulator);
       p.accumulated[interval.index % 2] = s.current_count;
       if (pending >= 0) p.accumulated[pending % 2] = s.pending_count;
     }

@@ -128,7 +128,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
     item.adam = p.adam;
     item.tensor = p.cpu_tensor;
     item.columns = p.owned_local;  // this rank's CPU columns (all of them in one process)
-    item.accumulator = p.accumulator[b];
+    item.accumulator = accumulator_of(p, i);
     item.accumulated = &p.accumulated[b];
     item.cpu_steps = &p.cpu_steps;
     item.out = p.out_stage[b];
@@ -315,7 +315,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(paramete
   j.src = p.grad_stage[parity].data() + offset;
   j.bytes = bytes;
   j.type = p.grad_type;
-  j.accumulator = p.accumulator[schedule_.interval() % 2].data();
+  j.accumulator = accumulator_of(p, schedule_.interval()).data();
   j.accumulated = &p.accumulated[schedule_.interval() % 2];
   j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
   j.flags_ready = &stats_ready_[parity];

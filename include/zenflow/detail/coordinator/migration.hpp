@@ -212,7 +212,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
   detail::synchronize_on_unwind<Backend> guard(stream);
   for (int b = 0; b < 2; ++b) {
     reserve(p.grad_stage[b], staged * dtype_size(p.grad_type));
-    p.accumulator[b].assign(own, 0.0f);
+    {  // see accumulator_of; memory a larger complement needed (before the first selection) is released
+      const std::size_t want = b == 0 || options_.overlap_step ? own : 0;
+      if (p.accumulator[b].capacity() > want)
+        p.accumulator[b] = std::vector<float>(want, 0.0f);
+      else
+        p.accumulator[b].assign(want, 0.0f);
+    }
     p.accumulated[b] = 0;
     // The host backend's CPU Adam writes the write-back staging directly: no host copy-out.
     p.out_stage[b].assign(Backend::device_space == memory_space::host ? 0 : own * dtype_size(p.matrix.type),

@@ -48,6 +48,22 @@ const HostOptimizer& basic_coordinator<Backend, HostOptimizer, Communicator>::ho
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+host_memory_bytes basic_coordinator<Backend, HostOptimizer, Communicator>::host_memory() const {
+  const HostOptimizer& opt = host_optimizer();
+  host_memory_bytes m;
+  if constexpr (requires { opt.host_state_bytes(); }) m.cpu_state = opt.host_state_bytes();
+  if constexpr (requires { opt.nvme_file()->pool().total_bytes(); })
+    if (opt.nvme_file() != nullptr) m.state_file_pool = opt.nvme_file()->pool().total_bytes();
+  for (const parameter& p : params_)
+    for (int b = 0; b < 2; ++b) {
+      m.accumulators += p.accumulator[b].capacity() * sizeof(float);
+      m.copy_out += p.out_stage[b].capacity();
+      m.device_buffers += p.grad_stage[b].bytes() + p.writeback_dev[b].bytes();
+    }
+  return m;
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 auto basic_coordinator<Backend, HostOptimizer, Communicator>::device_optimizer() const noexcept
     -> const device_optimizer_type& {
   return device_opt_;
