@@ -345,14 +345,16 @@ std::uint64_t resident_bytes() {
 // (1) and the master and moments on disk (2): a ZeRO-Offload host_coordinator (every column on the CPU) over one bf16
 // 1024-row matrix of range(0) M parameters, trained 3 steps; the resident memory it added (VmRSS
 // with it alive, minus VmRSS before it was built: the model's weight and gradient are not
-// counted) per parameter, and its own accounting (cpu_adam::host_state_bytes + the accumulator).
+// counted) per parameter, that less the host backend's device buffers (GPU memory on a CUDA
+// backend: the gathered gradients and write-back staging), and its own accounting
+// (host_memory(): CPU state in RAM, accumulator, state file pool).
 void coordinator_memory(benchmark::State& state) {
   const std::int64_t on_disk = state.range(1);
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
   std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params, zenflow::bfloat16(1e-3f));
   const zenflow::coordinator_config config = coordinator_config_for(on_disk);
-  double added = 0, accounted = 0, seconds = 0;
+  double added = 0, accounted = 0, device = 0, seconds = 0;
   for (auto _ : state) {
     const std::uint64_t before = resident_bytes();
     zenflow::host_stream stream;
@@ -370,11 +372,14 @@ void coordinator_memory(benchmark::State& state) {
     c.finish(&stream);
     seconds += seconds_since(t0) / 3;
     added += static_cast<double>(resident_bytes() - before);
-    accounted += static_cast<double>(c.host_optimizer().host_state_bytes() + params * sizeof(float));
+    const zenflow::host_memory_bytes held = c.host_memory();
+    accounted += static_cast<double>(held.host_total());
+    device += static_cast<double>(held.device_buffers);
   }
   const double it = static_cast<double>(state.iterations());
   state.counters["params_M"] = static_cast<double>(params) * 1e-6;
   state.counters["rss_bytes_per_param"] = added / it / static_cast<double>(params);
+  state.counters["rss_less_device_bytes_per_param"] = (added - device) / it / static_cast<double>(params);
   state.counters["accounted_bytes_per_param"] = accounted / it / static_cast<double>(params);
   state.counters["step_s"] = seconds / it;
   state.SetLabel(placement_name(on_disk));
