@@ -186,6 +186,7 @@ zenflow::coordinator_config to_config(const py::dict& d) {
                                          : zenflow::io_engine_kind::automatic;
     s.engine.queue_depth = get<std::size_t>(n, "queue_depth");
     s.engine.threads = get<std::size_t>(n, "threads");
+    s.master_on_disk = get<bool>(n, "master_on_disk");
     c.nvme = s;
   }
   return c;

@@ -1,4 +1,5 @@
-"""The NVMe state tier from zenflow.torch: the CPU columns' moments in a state file on disk
+"""The NVMe state tier from zenflow.torch: the CPU columns' state (moments, and the fp32 master
+unless master_on_disk is False) in a state file on disk
 (``offload_optimizer={"device": "nvme", "nvme_path": ...}`` or DeepSpeed's offload_optimizer and
 aio blocks) train bit-identically to moments in RAM (our loop and transformers.Trainer), report
 their disk traffic, checkpoint interchangeably with RAM state, and every DeepSpeed key is
@@ -45,11 +46,12 @@ def run(steps, **options):
     return m, opt
 
 
+@pytest.mark.parametrize("master_on_disk", [True, False])
 @pytest.mark.parametrize("mode", ["zenflow", "zero_offload"])
-def test_moments_on_disk_train_bit_identically(state_dir, mode):
+def test_state_on_disk_trains_bit_identically(state_dir, mode, master_on_disk):
     extra = ASYNC if mode == "zenflow" else {}
     ram_model, ram = run(10, mode=mode, **extra)
-    disk_model, disk = run(10, mode=mode, **extra, **nvme(state_dir))
+    disk_model, disk = run(10, mode=mode, **extra, **nvme(state_dir, master_on_disk=master_on_disk))
     for a, b in zip(ram_model.parameters(), disk_model.parameters()):
         assert torch.equal(a, b)
     sa, sb = ram.state_dict()["state"], disk.state_dict()["state"]
@@ -59,7 +61,7 @@ def test_moments_on_disk_train_bit_identically(state_dir, mode):
     status = disk.nvme_status
     assert state_dir in status and "engine" in status and "pool" in status
     assert ram.nvme_status == "" and ram.nvme is None
-    assert disk.nvme["block_bytes"] == 4096
+    assert disk.nvme["block_bytes"] == 4096 and disk.nvme["master_on_disk"] == master_on_disk
     m = disk.metrics()
     assert m["cpu_update_disk_read_bytes"] > 0 and m["cpu_update_disk_written_bytes"] > 0
     assert ram.metrics()["cpu_update_disk_read_bytes"] == 0
@@ -122,7 +124,7 @@ def test_deepspeed_config_with_nvme(state_dir):
     m = make_model()
     opt = ZenFlowAdamW.from_deepspeed(m.parameters(), config)
     assert opt.nvme == {"directory": state_dir, "block_bytes": 8192, "read_ahead": 2, "write_behind": 2, "pin": "none",
-                        "engine": "automatic", "queue_depth": 16, "threads": 2}
+                        "engine": "automatic", "queue_depth": 16, "threads": 2, "master_on_disk": True}
     for s in range(4):
         train_step(m, opt, s)
     assert "O_DIRECT" in opt.nvme_status or "buffered" in opt.nvme_status
@@ -148,6 +150,7 @@ def test_nvme_keys_honoured_or_rejected(state_dir):
     assert nvme_config({**base, "pin_memory": True}, None)["pin"] == "required"
     assert nvme_config({**base, "io_engine": "posix"}, None)["engine"] == "posix"
     assert nvme_config(base, {"thread_count": 3})["threads"] == 3
+    assert d["master_on_disk"] is True and nvme_config({**base, "master_on_disk": False}, None)["master_on_disk"] is False
     rejected = [
         ({"device": "nvme"}, None, "nvme_path"),
         ({"device": "disk", "nvme_path": state_dir}, None, "device"),
@@ -162,6 +165,7 @@ def test_nvme_keys_honoured_or_rejected(state_dir):
         (base, {"intra_op_parallelism": 2, "thread_count": 3}, "contradicts"),
         (base, {"block_sz": 4096}, "unknown key"),
         ({**base, "pin_memory": "yes"}, None, "pin_memory"),
+        ({**base, "master_on_disk": 1}, None, "master_on_disk"),
     ]
     for offload, aio, message in rejected:
         with pytest.raises(ValueError, match=message):

@@ -109,12 +109,12 @@ def _block(name, value):
 # The NVMe state tier (the CPU columns' moments in a state file on an SSD): DeepSpeed's
 # zero_optimization.offload_optimizer and aio blocks, key by key.
 _OFFLOAD_KEYS = ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read", "pipeline_write",
-                 "fast_init", "ratio", "io_engine")
+                 "fast_init", "ratio", "io_engine", "master_on_disk")
 _AIO_KEYS = ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
              "overlap_events", "use_gds")
 # The library's state_file_config / io_engine_config defaults.
 NVME_DEFAULTS = {"block_bytes": 1 << 20, "read_ahead": 4, "write_behind": 4, "pin": "automatic",
-                 "engine": "automatic", "queue_depth": 32, "threads": 0}
+                 "engine": "automatic", "queue_depth": 32, "threads": 0, "master_on_disk": True}
 
 
 def _flag(name, value):
@@ -130,8 +130,10 @@ def nvme_config(offload_optimizer, aio):
     nvme_path, one file per rank); buffer_count: the pool's blocks (read_ahead + 1 + write_behind,
     split between reading ahead and writing behind as pipeline_read / pipeline_write allow);
     pin_memory: pin the pool (True: required, False: never; absent: when the process may);
-    pipeline_read / pipeline_write: overlap the reads / writes with the CPU Adam; io_engine
-    (zenflow's own): "auto", "io_uring" or "posix". aio: block_size (bytes per I/O and checksum),
+    pipeline_read / pipeline_write: overlap the reads / writes with the CPU Adam; zenflow's own:
+    io_engine ("auto", "io_uring" or "posix") and master_on_disk (True, the default: the fp32
+    master lives in the file with the moments, nothing of the state in RAM; False: it stays in
+    RAM). aio: block_size (bytes per I/O and checksum),
     queue_depth, intra_op_parallelism or thread_count (the posix engine's threads). Every key is
     honoured or rejected with the reason; fast_init (no effect: the file is preallocated), and
     single_submit False / overlap_events False (the engine submits each block as the stream
@@ -192,6 +194,8 @@ def nvme_config(offload_optimizer, aio):
     if engine not in ("auto", "io_uring", "posix"):
         raise ValueError(f"offload_optimizer.io_engine: must be \"auto\", \"io_uring\" or \"posix\", got {engine!r}")
     out["engine"] = {"auto": "automatic", "io_uring": "io_uring", "posix": "posix"}[engine]
+    if "master_on_disk" in offload:
+        out["master_on_disk"] = _flag("offload_optimizer.master_on_disk", offload["master_on_disk"])
     if "block_size" in aio:
         size = _count("aio.block_size", aio["block_size"], 4096)
         if size % 4096 or size > 1 << 30:

@@ -114,12 +114,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     offload_optimizer, aio
         the NVMe state tier, as DeepSpeed's ``zero_optimization.offload_optimizer`` and ``aio``
         blocks: ``offload_optimizer={"device": "nvme", "nvme_path": "/mnt/nvme/zenflow"}`` keeps
-        the CPU columns' Adam moments in one preallocated O_DIRECT file per rank in that directory
-        (a CRC32C per block, verified on every read) and streams them through the CPU Adam in
-        blocks (read ahead, update, write behind); RAM keeps the fp32 master and the gradient
-        accumulator (8 bytes per parameter instead of 16) and a pool of ``buffer_count`` blocks.
-        fp32 moments only. Results are bit-identical to state in RAM. Other keys: buffer_count,
-        pin_memory, pipeline_read, pipeline_write, io_engine ("auto", "io_uring", "posix"); aio:
+        the CPU columns' fp32 master and Adam moments in one preallocated O_DIRECT file per rank
+        in that directory (a CRC32C per block, verified on every read) and streams them through
+        the CPU Adam in blocks (read ahead, update, write behind); RAM keeps the gradient
+        accumulator (4 bytes per parameter, 8 with overlap_step, instead of 16 or 20) and a pool
+        of ``buffer_count`` blocks (``"master_on_disk": False`` keeps the master in RAM: 4 bytes
+        more). fp32 moments only. Results are bit-identical to state in RAM. Other keys:
+        buffer_count, pin_memory, pipeline_read, pipeline_write, io_engine ("auto", "io_uring",
+        "posix"), master_on_disk; aio:
         block_size, queue_depth, intra_op_parallelism / thread_count (see
         :func:`zenflow.torch.nvme_config`). :attr:`nvme_status` names the engine in use;
         ``metrics()`` reports each CPU update's disk bytes and wait.
