@@ -13,9 +13,9 @@
 // and reports roofline_fraction = (read time + write time) / stream time (bar: >= 0.85), the
 // rates, and the time the stream's thread waited on the disk. cpu_adam_nvme measures the same for
 // zenflow::cpu_adam with its state on the disk (cpu_adam_config::nvme; master_on_disk 1: the fp32
-// master, m and v in the file; 0: m and v only, the master in RAM), the CPU update a coordinator
-// runs: one step over every column. coordinator_memory measures the host RAM a ZeRO-Offload
-// coordinator adds per parameter with its state in RAM, its moments on disk and its master too
+// master and the moments in the file; 0: the moments only, the master in RAM; cpu_state 0: fp32
+// moments, 1: bf16), the CPU update a coordinator runs: one step over every column. coordinator_memory measures the
+// host RAM a ZeRO-Offload coordinator adds per parameter with its state in RAM, its moments on disk and its master too
 // (resident memory, and the coordinator's own accounting). coordinator_stall measures what the
 // trainer waits for per step, ZeRO-Offload against ZenFlow async, with the state in RAM and on
 // disk (ZENFLOW_BENCH_STEP_MS: the simulated GPU step). larger_than_ram (only with
@@ -245,23 +245,27 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
   state.SetLabel(file.engine().status());
 }
 
-// zenflow::cpu_adam with its moments on the disk (cpu_adam_config::nvme): what a coordinator's
-// CPU update runs. One step over every column of one 1024-row tensor whose m and v fill the
-// state bytes (8 B per parameter on disk; the fp32 master and the gradient in RAM), against the
-// roofline's sequential read + write of the same bytes.
+// zenflow::cpu_adam with its state on the disk (cpu_adam_config::nvme): what a coordinator's
+// CPU update runs. One step over every column of one 1024-row tensor whose state on disk fills
+// the state bytes (12, 8 or 8 B per parameter: fp32 master and moments, fp32 moments, fp32 master
+// and bf16 moments; the gradient in RAM), against the roofline's sequential read + write of the
+// same bytes.
 void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   const bool master_on_disk = state.range(0) != 0;
+  const auto format = static_cast<zenflow::cpu_state_format>(state.range(1));
   const std::uint64_t want = env_u64("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30);
   const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
   const std::size_t qd = env_u64("ZENFLOW_BENCH_NVME_QD", 32);
   if (io_uring_missing(state, kind)) return;
-  // [master | m | v] or [m | v] of this many elements per block (as cpu_adam lays them out)
-  const std::size_t per_block = master_on_disk ? block / 12 / 16 * 16 : block / 8;
+  // [master |] m | v or [master |] words of this many elements per block (as cpu_adam lays them out)
+  const std::size_t arrays = (master_on_disk ? 1 : 0) + (format == zenflow::cpu_state_format::fp32 ? 2 : 1);
+  const std::size_t per_block = block / (4 * arrays) / 16 * 16;
   const std::uint64_t blocks = (want + block - 1) / block;
   const zenflow::index_t cols = static_cast<zenflow::index_t>(blocks * per_block / rows);
   const std::size_t params = static_cast<std::size_t>(rows * cols);
 
   zenflow::cpu_adam_config config;
+  config.cpu_state = format;
   zenflow::nvme_state_config nvme;
   nvme.file.directory = bench_dir();
   nvme.file.file_name = "zenflow_bench_state.bin";
@@ -342,18 +346,21 @@ std::uint64_t resident_bytes() {
 }
 
 // Host RAM a coordinator holds for its CPU state, in RAM (on_disk 0) against the moments on disk
-// (1) and the master and moments on disk (2): a ZeRO-Offload host_coordinator (every column on the CPU) over one bf16
-// 1024-row matrix of range(0) M parameters, trained 3 steps; the resident memory it added (VmRSS
+// (1) and the master and moments on disk (2), with its moments as fp32, bf16 or 8-bit blocks
+// (cpu_state 0, 1, 2: coordinator_config::cpu_state; in RAM only): a ZeRO-Offload host_coordinator (every column on the
+// CPU) over one bf16 1024-row matrix of range(0) M parameters, trained 3 steps; the resident memory it added (VmRSS
 // with it alive, minus VmRSS before it was built: the model's weight and gradient are not
 // counted) per parameter, that less the host backend's device buffers (GPU memory on a CUDA
 // backend: the gathered gradients and write-back staging), and its own accounting
 // (host_memory(): CPU state in RAM, accumulator, state file pool).
 void coordinator_memory(benchmark::State& state) {
   const std::int64_t on_disk = state.range(1);
+  const auto format = static_cast<zenflow::cpu_state_format>(state.range(2));
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
   std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params, zenflow::bfloat16(1e-3f));
-  const zenflow::coordinator_config config = coordinator_config_for(on_disk);
+  zenflow::coordinator_config config = coordinator_config_for(on_disk);
+  config.cpu_state = format;
   double added = 0, accounted = 0, device = 0, seconds = 0;
   for (auto _ : state) {
     const std::uint64_t before = resident_bytes();
@@ -382,7 +389,7 @@ void coordinator_memory(benchmark::State& state) {
   state.counters["rss_less_device_bytes_per_param"] = (added - device) / it / static_cast<double>(params);
   state.counters["accounted_bytes_per_param"] = accounted / it / static_cast<double>(params);
   state.counters["step_s"] = seconds / it;
-  state.SetLabel(placement_name(on_disk));
+  state.SetLabel(std::string(placement_name(on_disk)) + ", " + std::string(zenflow::cpu_state_format_name(format)));
 }
 
 // What the trainer waits for with the moments on disk: ZeRO-Offload (every column on the CPU,
@@ -465,23 +472,27 @@ BENCHMARK_CAPTURE(nvme_adam, posix, zenflow::io_engine_kind::posix)
     ->Iterations(3);
 
 BENCHMARK_CAPTURE(cpu_adam_nvme, io_uring, zenflow::io_engine_kind::uring)
-    ->ArgName("master_on_disk")
-    ->Arg(1)
-    ->Arg(0)
+    ->ArgNames({"master_on_disk", "cpu_state"})
+    ->Args({1, 0})
+    ->Args({0, 0})
+    ->Args({1, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 BENCHMARK_CAPTURE(cpu_adam_nvme, posix, zenflow::io_engine_kind::posix)
-    ->ArgName("master_on_disk")
-    ->Arg(1)
-    ->Arg(0)
+    ->ArgNames({"master_on_disk", "cpu_state"})
+    ->Args({1, 0})
+    ->Args({0, 0})
+    ->Args({1, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 
 BENCHMARK(coordinator_memory)
-    ->ArgsProduct({{64, 256}, {0, 1, 2}})
-    ->ArgNames({"Mparams", "on_disk"})
+    ->ArgsProduct({{64, 256}, {0, 1, 2}, {0}})
+    ->Args({256, 0, 1})
+    ->Args({256, 0, 2})
+    ->ArgNames({"Mparams", "on_disk", "cpu_state"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);

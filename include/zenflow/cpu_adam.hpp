@@ -40,18 +40,20 @@
 // (`export_columns` / `import_columns`: the GPU's columns are fp32) and as raw bytes per tensor
 // (`save_state` / `load_state`: a compact format saves compactly).
 //
-// State on an SSD (`cpu_adam_config::nvme`, the NVMe state tier; fp32 state) lives in one
-// preallocated O_DIRECT state file (state_file.hpp: a CRC32C per block, verified on every read).
-// Two layouts (`nvme_state_config::master_on_disk`):
+// State on an SSD (`cpu_adam_config::nvme`, the NVMe state tier; fp32 or bf16 moments) lives in
+// one preallocated O_DIRECT state file (state_file.hpp: a CRC32C per block, verified on every
+// read). A block holds arrays of 4 bytes per element: the master (when on disk), then m and v
+// (fp32) or the bf16 moments' words; S = B / (4 x arrays), rounded down to a multiple of 16,
+// consecutive elements of one tensor (column-contiguous order) per block of B bytes. Two layouts
+// (`nvme_state_config::master_on_disk`):
 //
-// - master on disk (the default): no state in RAM. A block of B bytes holds S = B / 12 (rounded
-//   down to a multiple of 16) consecutive elements of one tensor (column-contiguous order) as
-//   [master | m | v], S floats each. add_tensor extends the file by the tensor's blocks and writes
+// - master on disk (the default): no state in RAM; a block is [master | m | v] (fp32: S = B / 12)
+//   or [master | words] (bf16: S = B / 8). add_tensor extends the file by the tensor's blocks and writes
 //   its initial master there (a full disk is reported then, with nothing registered); tensors may
 //   be added at any time. `params(t)` throws: the master moves through export_columns /
 //   import_columns and save_state / load_state as the moments do.
-// - master in RAM: the fp32 master stays in RAM (`params(t)`, 4 bytes per parameter); a block holds
-//   B / 8 elements as [m | v]. Construction's one-block file is replaced, by the first call that
+// - master in RAM: the fp32 master stays in RAM (`params(t)`, 4 bytes per parameter); a block is
+//   [m | v] (S = B / 8) or [words] (S = B / 4). Construction's one-block file is replaced, by the first call that
 //   touches the moments, with one sized for every tensor registered (a full disk is reported then,
 //   before any state changed); add_tensor after that throws.
 //
@@ -112,7 +114,7 @@ struct cpu_adam_config {
   /// Seed of the compact formats' stochastic rounding: runs with the same seed, tensors, gradients
   /// and steps are bit-identical (a checkpoint resumes bit-identically under the same seed).
   std::uint64_t seed = 0x7a656e666c6f77ull;
-  /// Set: the state lives in a state file on an SSD (fp32 state only): the moments, and the fp32
+  /// Set: the state lives in a state file on an SSD (fp32 or bf16 moments): the moments, and the fp32
   /// master too unless nvme->master_on_disk is false. The directory, engine and pool are checked at
   /// construction (a one-block probe file).
   std::optional<nvme_state_config> nvme = std::nullopt;
@@ -330,19 +332,27 @@ class cpu_adam {
   std::unique_ptr<state_file> make_state_file(std::uint64_t bytes) const;
   void split_into_blocks(std::size_t t, std::size_t elem, std::size_t n, std::size_t tag, std::size_t off,
                          std::vector<nvme_piece>& out) const;
-  // Streams the blocks of `pieces` (sorted here) in `mode`; fn(pieces of one block, p, m, v): the
-  // block's arrays (slot i of each belongs to the block's element i); p is nullptr when the master
-  // is in RAM.
+  // A block's arrays: slot i of each belongs to the block's element i. p is nullptr when the master
+  // is in RAM; m and v (fp32 state) or words (bf16 state: m and v in one 32-bit word) are set.
+  struct nvme_arrays {
+    float* p = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    std::uint32_t* words = nullptr;
+  };
+  // Streams the blocks of `pieces` (sorted here) in `mode`; fn(pieces of one block, arrays).
   template <class Fn>
   void nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn&& fn) const;
   // The pieces of tensor t's listed columns, off = the column's place in a packed buffer.
   [[nodiscard]] std::vector<nvme_piece> column_pieces(std::size_t t, std::span<const std::int32_t> columns) const;
   // Copies the state of `pieces` out of the file into p_out / m_out / v_out (element p.off and on),
-  // or from p_in / m_in / v_in into it; the master only when it is on disk. Bytes: a saved state's
-  // arrays may be unaligned.
-  void nvme_read_state(std::vector<nvme_piece>& pieces, std::byte* p_out, std::byte* m_out, std::byte* v_out) const;
+  // or from p_in / m_in / v_in into it; the master only when it is on disk. The moments as fp32
+  // (bf16 state: decoded, or encoded to nearest), or with `raw` as held (bf16 state: the words in
+  // m_out / m_in; save_state's bytes). Bytes: a saved state's arrays may be unaligned.
+  void nvme_read_state(std::vector<nvme_piece>& pieces, std::byte* p_out, std::byte* m_out, std::byte* v_out,
+                       bool raw) const;
   void nvme_write_state(std::vector<nvme_piece>& pieces, const std::byte* p_in, const std::byte* m_in,
-                        const std::byte* v_in);
+                        const std::byte* v_in, bool raw);
   // Master on disk: extends the file by tensor t's blocks and writes its initial master there.
   void nvme_add_tensor(tensor_state& ts, std::span<const float> initial);
   // (byte offset, bytes) of each array of a tensor's state, in save_state's order

@@ -46,10 +46,11 @@ def run(steps, **options):
     return m, opt
 
 
+@pytest.mark.parametrize("cpu_state", ["fp32", "bf16_moments"])
 @pytest.mark.parametrize("master_on_disk", [True, False])
 @pytest.mark.parametrize("mode", ["zenflow", "zero_offload"])
-def test_state_on_disk_trains_bit_identically(state_dir, mode, master_on_disk):
-    extra = ASYNC if mode == "zenflow" else {}
+def test_state_on_disk_trains_bit_identically(state_dir, mode, master_on_disk, cpu_state):
+    extra = dict(ASYNC if mode == "zenflow" else {}, cpu_state=cpu_state)
     ram_model, ram = run(10, mode=mode, **extra)
     disk_model, disk = run(10, mode=mode, **extra, **nvme(state_dir, master_on_disk=master_on_disk))
     for a, b in zip(ram_model.parameters(), disk_model.parameters()):
@@ -176,8 +177,8 @@ def test_nvme_keys_honoured_or_rejected(state_dir):
         with pytest.warns(UserWarning, match=message):
             nvme_config(offload, aio)
     m = make_model()
-    with pytest.raises(ValueError, match="fp32 moments only"):
-        ZenFlowAdamW(m.parameters(), cpu_state="bf16_moments", **nvme(state_dir))
+    with pytest.raises(ValueError, match="fp32 or bf16 moments"):
+        ZenFlowAdamW(m.parameters(), cpu_state="blockwise8_moments", **nvme(state_dir))
     with pytest.raises(ValueError, match="not a directory"):
         ZenFlowAdamW(m.parameters(), **nvme(os.path.join(state_dir, "missing")))
     with pytest.raises(ValueError, match="contradicts"):

@@ -151,22 +151,26 @@ TEST_CASE("compact CPU moments train through reselections as fp32 moments do, in
 TEST_CASE("state on disk trains bit-identically to state in RAM, through reselections, every mode and layout") {
   auto zero_offload = zenflow_options::zero_offload();
   zero_offload.adam = cpu_state_options().adam;
-  for (const auto& [name, options, master_on_disk] :
-       {std::tuple{"zenflow", cpu_state_options(), true}, std::tuple{"zero_offload", zero_offload, true},
-        std::tuple{"zenflow", cpu_state_options(), false}, std::tuple{"zero_offload", zero_offload, false}}) {
+  constexpr auto fp32 = cpu_state_format::fp32, bf16 = cpu_state_format::bf16_moments;
+  for (const auto& [name, options, master_on_disk, format] :
+       {std::tuple{"zenflow", cpu_state_options(), true, fp32}, std::tuple{"zero_offload", zero_offload, true, fp32},
+        std::tuple{"zenflow", cpu_state_options(), false, fp32}, std::tuple{"zero_offload", zero_offload, false, fp32},
+        std::tuple{"zenflow", cpu_state_options(), true, bf16},
+        std::tuple{"zero_offload", zero_offload, false, bf16}}) {
     CAPTURE(name);
     CAPTURE(master_on_disk);
-    const auto ram = train(cpu_state_format::fp32, 24, options);
+    CAPTURE(cpu_state_format_name(format));
+    const auto ram = train(format, 24, options);
     zenflow_test::scratch_dir dir;
-    const auto disk = train(cpu_state_format::fp32, 24, options, &dir, master_on_disk);
+    const auto disk = train(format, 24, options, &dir, master_on_disk);
     REQUIRE(ram.weights.size() == disk.weights.size());
     CHECK(std::memcmp(ram.weights.data(), disk.weights.data(), ram.weights.size() * sizeof(float)) == 0);
     REQUIRE(ram.moments.size() == disk.moments.size());
     CHECK(std::memcmp(ram.moments.data(), disk.moments.data(), ram.moments.size() * sizeof(float)) == 0);
     CHECK(disk.reselections == ram.reselections);
-    // RAM keeps the fp32 master only (a third of the CPU optimizer's state), or nothing.
+    // RAM keeps the fp32 master only (a third of fp32 state, half of bf16 state), or nothing.
     CHECK(disk.state_bytes == ram.state_bytes);
-    CHECK(disk.host_state_bytes * 3 == (master_on_disk ? 0 : ram.state_bytes));
+    CHECK(disk.host_state_bytes * (format == fp32 ? 3 : 2) == (master_on_disk ? 0 : ram.state_bytes));
     CHECK(disk.disk_bytes_read > 0);
     CHECK(disk.disk_bytes_written > 0);
     // The steps' metrics name the CPU updates' disk traffic (RAM state reports none).

@@ -36,16 +36,20 @@ namespace {
 
 constexpr std::size_t block_bytes = 4096;  // 512 elements of m and v per block: tensors cross blocks
 
-cpu_adam_config ram_config(std::size_t threads = 2, std::size_t chunk = 100) {
-  return cpu_adam_config{threads, false, zenflow::cpu_isa::automatic, chunk};
+using zenflow::cpu_state_format;
+
+cpu_adam_config ram_config(std::size_t threads = 2, std::size_t chunk = 100,
+                           cpu_state_format format = cpu_state_format::fp32) {
+  return cpu_adam_config{threads, false, zenflow::cpu_isa::automatic, chunk, format};
 }
 
-// master_on_disk false: the moments only ([m | v] blocks of 512 elements); true: [master | m | v]
-// blocks of 336 elements (4096 / 12 rounded down to a multiple of 16).
+// fp32 moments: master_on_disk false: the moments only ([m | v] blocks of 512 elements); true:
+// [master | m | v] blocks of 336 elements (4096 / 12 rounded down to a multiple of 16). bf16
+// moments: [words] blocks of 1024 elements, [master | words] of 512.
 cpu_adam_config nvme_config(const zenflow_test::scratch_dir& dir, std::size_t threads = 2, std::size_t chunk = 100,
                             zenflow::io_engine_kind engine = zenflow::io_engine_kind::automatic,
-                            bool master_on_disk = false) {
-  cpu_adam_config c = ram_config(threads, chunk);
+                            bool master_on_disk = false, cpu_state_format format = cpu_state_format::fp32) {
+  cpu_adam_config c = ram_config(threads, chunk, format);
   zenflow::nvme_state_config n;
   n.file.directory = dir.path();
   n.file.block_bytes = block_bytes;
@@ -151,23 +155,30 @@ bool step_both(cpu_adam& ram, cpu_adam& nvme, int step) {
 }  // namespace
 
 TEST_CASE("state on an SSD: bit-identical to RAM state over column subsets, dtypes, engines, threads, layouts") {
-  for (const bool master_on_disk : {false, true}) {
+  for (const auto& [format, master_on_disk] :
+       {std::pair{cpu_state_format::fp32, false}, std::pair{cpu_state_format::fp32, true},
+        std::pair{cpu_state_format::bf16_moments, false}, std::pair{cpu_state_format::bf16_moments, true}}) {
     for (const auto engine : {zenflow::io_engine_kind::posix, zenflow::io_engine_kind::automatic}) {
       for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+        CAPTURE(zenflow::cpu_state_format_name(format));
         CAPTURE(master_on_disk);
         CAPTURE(static_cast<int>(engine));
         CAPTURE(threads);
         zenflow_test::scratch_dir dir;
-        cpu_adam ram(adamw(), ram_config(threads));
-        cpu_adam nvme(adamw(), nvme_config(dir, threads, 100, engine, master_on_disk));
+        cpu_adam ram(adamw(), ram_config(threads, 100, format));
+        cpu_adam nvme(adamw(), nvme_config(dir, threads, 100, engine, master_on_disk, format));
+        const bool fp32 = format == cpu_state_format::fp32;
+        // Blocks per tensor (1850, 1000, 2100 and 64 elements), each tensor on fresh blocks.
+        const std::size_t blocks =
+            fp32 ? (master_on_disk ? 6 + 3 + 7 + 1 : 4 + 2 + 5 + 1) : (master_on_disk ? 4 + 2 + 5 + 1 : 2 + 1 + 3 + 1);
         add_all(ram);
         add_all(nvme);
         CHECK(nvme.on_nvme());
         CHECK(nvme.master_on_nvme() == master_on_disk);
         REQUIRE(nvme.nvme_file() != nullptr);
         // Moments only: sized by the first call that touches the moments. Master on disk: every
-        // tensor's blocks are written at add_tensor (336 elements per block: 6 + 3 + 7 + 1).
-        CHECK(nvme.nvme_file()->block_count() == (master_on_disk ? 17u : 1u));
+        // tensor's blocks are written at add_tensor.
+        CHECK(nvme.nvme_file()->block_count() == (master_on_disk ? blocks : 1u));
         if (master_on_disk)  // the initial master is on disk, the moments 0
           for (std::size_t t = 0; t < shapes.size(); ++t) {
             const state a = exported(ram, t), b = exported(nvme, t);
@@ -186,11 +197,10 @@ TEST_CASE("state on an SSD: bit-identical to RAM state over column subsets, dtyp
           if (!master_on_disk)
             CHECK(std::memcmp(ram.params(t).data(), nvme.params(t).data(), ram.params(t).size_bytes()) == 0);
         }
-        // Moments only: a block per 512 elements, each tensor on fresh blocks: 4 + 2 + 5 + 1.
-        CHECK(nvme.nvme_file()->block_count() == (master_on_disk ? 17u : 12u));
+        CHECK(nvme.nvme_file()->block_count() == blocks);
         CHECK(nvme.nvme_file()->counters().checksum_failures == 0);
-        // RAM holds the master only, or nothing.
-        CHECK(nvme.host_state_bytes() == (master_on_disk ? 0 : ram.state_bytes() / 3));
+        // RAM holds the master only (a third of fp32 state, half of bf16 state), or nothing.
+        CHECK(nvme.host_state_bytes() == (master_on_disk ? 0 : ram.state_bytes() / (fp32 ? 3 : 2)));
         CHECK(nvme.state_bytes() == ram.state_bytes());
         if (master_on_disk) CHECK(contains(error_of([&] { (void)nvme.params(0); }), "nvme"));
       }
@@ -244,22 +254,24 @@ TEST_CASE("moments on an SSD: a step reads and writes only the blocks its column
 }
 
 namespace {
-void check_interchange(bool master_on_disk) {
+void check_interchange(bool master_on_disk, cpu_state_format format) {
   CAPTURE(master_on_disk);
+  CAPTURE(zenflow::cpu_state_format_name(format));
   zenflow_test::scratch_dir dir;
-  cpu_adam ram(adamw(), ram_config());
-  cpu_adam nvme(adamw(), nvme_config(dir, 2, 100, zenflow::io_engine_kind::automatic, master_on_disk));
+  cpu_adam ram(adamw(), ram_config(2, 100, format));
+  cpu_adam nvme(adamw(), nvme_config(dir, 2, 100, zenflow::io_engine_kind::automatic, master_on_disk, format));
   add_all(ram);
   add_all(nvme);
   for (int s = 0; s < 3; ++s) REQUIRE(step_both(ram, nvme, s));
-  // save_state writes the RAM fp32 bytes: each side loads the other's.
+  // save_state writes the bytes of the same format in RAM: each side loads the other's.
   for (std::size_t t = 0; t < shapes.size(); ++t) {
     std::vector<std::byte> a(ram.saved_state_size(t)), b(nvme.saved_state_size(t));
     ram.save_state(t, a);
     nvme.save_state(t, b);
     CHECK(a == b);
   }
-  // Import columns 3 and 40..42 of tensor 0 from fresh values; export gives them back, the rest unchanged.
+  // Import columns 3 and 40..42 of tensor 0 from fresh values; export gives them back (fp32; bf16:
+  // as RAM state encodes them), the rest unchanged.
   const std::int32_t cols[] = {3, 40, 41, 42};
   const std::size_t n = 4 * 37;
   const auto p = values(n, 7), m = values(n, 8);
@@ -268,11 +280,13 @@ void check_interchange(bool master_on_disk) {
   const state before = exported(nvme, 0);
   nvme.import_columns(0, cols, p, m, v);
   ram.import_columns(0, cols, p, m, v);
-  std::vector<float> p2(n), m2(n), v2(n);
+  std::vector<float> p2(n), m2(n), v2(n), p3(n), m3(n), v3(n);
   nvme.export_columns(0, cols, p2, m2, v2);
+  ram.export_columns(0, cols, p3, m3, v3);
   CHECK(same_bits(p, p2));
-  CHECK(same_bits(m, m2));
-  CHECK(same_bits(v, v2));
+  CHECK(same_bits(m3, m2));
+  CHECK(same_bits(v3, v2));
+  if (format == cpu_state_format::fp32) CHECK((same_bits(m, m2) && same_bits(v, v2)));
   const state after = exported(nvme, 0);
   for (std::size_t i = 0; i < 37 * 50; ++i) {
     const std::size_t c = i / 37;
@@ -299,8 +313,10 @@ void check_interchange(bool master_on_disk) {
 }  // namespace
 
 TEST_CASE("state on an SSD: export, import, save and load interchange with RAM state in both layouts") {
-  check_interchange(false);
-  check_interchange(true);
+  for (const auto format : {cpu_state_format::fp32, cpu_state_format::bf16_moments}) {
+    check_interchange(false, format);
+    check_interchange(true, format);
+  }
 }
 
 TEST_CASE("moments on an SSD: a corrupted block fails the step with its offset; Adam never sees it") {
@@ -336,8 +352,8 @@ TEST_CASE("moments on an SSD: bad configurations and misuse are rejected by name
   zenflow_test::scratch_dir dir;
   {
     auto c = nvme_config(dir);
-    c.cpu_state = zenflow::cpu_state_format::bf16_moments;
-    CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme: holds fp32 moments only"));
+    c.cpu_state = zenflow::cpu_state_format::blockwise8_moments;
+    CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme: holds fp32 or bf16 moments"));
   }
   {
     auto c = nvme_config(dir);

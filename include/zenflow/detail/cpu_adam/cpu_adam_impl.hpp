@@ -60,7 +60,7 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
   isa_ = detail::resolve_isa(config.isa);
   chunk_ = config.chunk_elements;
   if (config.nvme) {
-    expects(format_ == cpu_state_format::fp32, "config.nvme", "holds fp32 moments only; cpu_state is ",
+    expects(format_ != cpu_state_format::blockwise8_moments, "config.nvme", "holds fp32 or bf16 moments; cpu_state is ",
             cpu_state_format_name(format_));
     nvme_ = config.nvme;
     // A one-block file checks the directory, O_DIRECT, the engine and the pool now rather than
@@ -72,9 +72,10 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
                                   "; pool: ", file_->pool().size(), " x ", file_->pool().buffer_bytes(), " bytes, ",
                                   file_->pool().status());
     master_on_disk_ = nvme_->master_on_disk;
-    // [m | v], or [master | m | v] with each array a multiple of 16 floats (64-byte aligned).
-    slots_ = master_on_disk_ ? nvme_->file.block_bytes / (3 * sizeof(float)) / 16 * 16
-                             : nvme_->file.block_bytes / (2 * sizeof(float));
+    // [master |] m | v (fp32) or [master |] m and v words (bf16): arrays of 4 bytes per element,
+    // each a multiple of 16 elements (64-byte aligned).
+    const std::size_t arrays = (master_on_disk_ ? 1 : 0) + (format_ == cpu_state_format::fp32 ? 2 : 1);
+    slots_ = nvme_->file.block_bytes / (arrays * sizeof(float)) / 16 * 16;
   }
   pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
 }
@@ -111,7 +112,7 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
       ts.dm_off = ts.dv_off = ts.v_off + ts.stride * sizeof(float);
       break;
     case cpu_state_format::bf16_moments:  // params | m, v as one 32-bit word per element (bf16_word)
-      ts.dm_off = ts.dv_off = ts.m_off + pad64(size * sizeof(std::uint32_t));
+      ts.dm_off = ts.dv_off = nvme_ ? ts.m_off : ts.m_off + pad64(size * sizeof(std::uint32_t));
       break;
     case cpu_state_format::blockwise8_moments:  // params | m codes | v codes | m scales | v scales
       ts.v_off = ts.m_off + pad64(size);
@@ -322,7 +323,16 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
       std::size_t offset, n;
     };
     std::vector<work> items;
-    nvme_stream(pieces_, stream_mode::update, [&](std::span<const nvme_piece> block, float* p, float* m, float* v) {
+    // bf16 moments: the kernels and random-bit keys of step_compact (the same bits as in RAM).
+    std::vector<detail::bf16_adam_range_fn> bf16(tasks.size());
+    std::vector<std::uint64_t> keys(tasks.size());
+    if (format_ == cpu_state_format::bf16_moments)
+      for (std::size_t i = 0; i < tasks.size(); ++i) {
+        const cpu_adam_task& t = tasks[i];
+        bf16[i] = detail::select_bf16_adam_range(isa_, t.grad_type, t.copy_out != nullptr, t.copy_out_type);
+        keys[i] = detail::sr_task_key(seed_, t.tensor, t.step != 0 ? t.step : step_count_ + 1);
+      }
+    nvme_stream(pieces_, stream_mode::update, [&](std::span<const nvme_piece> block, const nvme_arrays& a) {
       items.clear();
       for (const nvme_piece& p : block)
         for (std::size_t o = 0; o < p.n; o += chunk_) items.push_back({&p, o, std::min(chunk_, p.n - o)});
@@ -331,8 +341,20 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
         const segment& s = segments_[it.piece->tag];
         const kernels& kk = k[s.task];
         const std::size_t off = it.piece->off + it.offset, slot = it.piece->slot + it.offset;
-        kk.adam(p != nullptr ? p + slot : s.p + off, s.g + off * kk.gsz, m + slot, v + slot,
-                s.out ? s.out + off * kk.osz : nullptr, it.n, task_constants[s.task]);
+        float* p = a.p != nullptr ? a.p + slot : s.p + off;
+        unsigned char* out = s.out ? s.out + off * kk.osz : nullptr;
+        if (format_ == cpu_state_format::fp32) {
+          kk.adam(p, s.g + off * kk.gsz, a.m + slot, a.v + slot, out, it.n, task_constants[s.task]);
+          return;
+        }
+        for (std::size_t done = 0; done < it.n;) {  // as step_compact: never across 2^32 elements
+          const std::size_t e = s.elem + off + done;
+          const std::size_t count = std::min(it.n - done, ((e >> 32) + 1) * (std::size_t{1} << 32) - e);
+          bf16[s.task](p + done, s.g + (off + done) * kk.gsz, a.words + slot + done,
+                       out != nullptr ? out + done * kk.osz : nullptr, count, task_constants[s.task],
+                       static_cast<std::uint32_t>(e), detail::sr_range_key(keys[s.task], e >> 32));
+          done += count;
+        }
       });
     });
   } else if (format_ == cpu_state_format::fp32) {

@@ -63,9 +63,13 @@ void cpu_adam::nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn
     const std::size_t first = next;
     while (next < pieces.size() && pieces[next].block == b.index) ++next;
     auto* base = reinterpret_cast<float*>(b.data.data());
-    float* p = master_on_disk_ ? base : nullptr;
-    float* m = master_on_disk_ ? base + slots_ : base;
-    fn(std::span<const nvme_piece>(pieces.data() + first, next - first), p, m, m + slots_);
+    nvme_arrays a;
+    if (master_on_disk_) a.p = base, base += slots_;
+    if (format_ == cpu_state_format::fp32)
+      a.m = base, a.v = base + slots_;
+    else
+      a.words = reinterpret_cast<std::uint32_t*>(base);
+    fn(std::span<const nvme_piece>(pieces.data() + first, next - first), a);
   });
 }
 
@@ -99,26 +103,46 @@ inline auto cpu_adam::column_pieces(std::size_t t, std::span<const std::int32_t>
 }
 
 inline void cpu_adam::nvme_read_state(std::vector<nvme_piece>& pieces, std::byte* p_out, std::byte* m_out,
-                                      std::byte* v_out) const {
-  nvme_stream(pieces, stream_mode::read,
-              [&](std::span<const nvme_piece> block, const float* p, const float* m, const float* v) {
-                for (const nvme_piece& x : block) {
-                  const std::size_t at = x.off * sizeof(float), bytes = x.n * sizeof(float);
-                  if (p != nullptr) std::memcpy(p_out + at, p + x.slot, bytes);
-                  std::memcpy(m_out + at, m + x.slot, bytes);
-                  std::memcpy(v_out + at, v + x.slot, bytes);
-                }
-              });
+                                      std::byte* v_out, bool raw) const {
+  nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const nvme_arrays& a) {
+    for (const nvme_piece& x : block) {
+      const std::size_t at = x.off * sizeof(float), bytes = x.n * sizeof(float);
+      if (a.p != nullptr) std::memcpy(p_out + at, a.p + x.slot, bytes);
+      if (a.words == nullptr) {
+        std::memcpy(m_out + at, a.m + x.slot, bytes);
+        std::memcpy(v_out + at, a.v + x.slot, bytes);
+      } else if (raw) {
+        std::memcpy(m_out + at, a.words + x.slot, bytes);
+      } else {
+        for (std::size_t i = 0; i < x.n; ++i) {
+          const float m = detail::bf16_word_m(a.words[x.slot + i]), v = detail::bf16_word_v(a.words[x.slot + i]);
+          std::memcpy(m_out + at + i * sizeof(float), &m, sizeof m);
+          std::memcpy(v_out + at + i * sizeof(float), &v, sizeof v);
+        }
+      }
+    }
+  });
 }
 
 inline void cpu_adam::nvme_write_state(std::vector<nvme_piece>& pieces, const std::byte* p_in, const std::byte* m_in,
-                                       const std::byte* v_in) {
-  nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, float* p, float* m, float* v) {
+                                       const std::byte* v_in, bool raw) {
+  nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, const nvme_arrays& a) {
     for (const nvme_piece& x : block) {
       const std::size_t at = x.off * sizeof(float), bytes = x.n * sizeof(float);
-      if (p != nullptr) std::memcpy(p + x.slot, p_in + at, bytes);
-      std::memcpy(m + x.slot, m_in + at, bytes);
-      std::memcpy(v + x.slot, v_in + at, bytes);
+      if (a.p != nullptr) std::memcpy(a.p + x.slot, p_in + at, bytes);
+      if (a.words == nullptr) {
+        std::memcpy(a.m + x.slot, m_in + at, bytes);
+        std::memcpy(a.v + x.slot, v_in + at, bytes);
+      } else if (raw) {
+        std::memcpy(a.words + x.slot, m_in + at, bytes);
+      } else {
+        for (std::size_t i = 0; i < x.n; ++i) {
+          float m, v;
+          std::memcpy(&m, m_in + at + i * sizeof(float), sizeof m);
+          std::memcpy(&v, v_in + at + i * sizeof(float), sizeof v);
+          a.words[x.slot + i] = detail::bf16_word_nearest(m, v);
+        }
+      }
     }
   });
 }

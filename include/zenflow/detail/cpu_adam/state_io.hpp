@@ -86,7 +86,7 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
   if (nvme_) {
     auto pieces = column_pieces(t, columns);
     nvme_read_state(pieces, std::as_writable_bytes(params).data(), std::as_writable_bytes(exp_avg).data(),
-                    std::as_writable_bytes(exp_avg_sq).data());
+                    std::as_writable_bytes(exp_avg_sq).data(), /*raw=*/false);
     if (master_on_disk_) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
@@ -136,7 +136,7 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
   if (nvme_) {  // the file first: of the two, only the file can fail
     auto pieces = column_pieces(t, columns);
     nvme_write_state(pieces, std::as_bytes(params).data(), std::as_bytes(exp_avg).data(),
-                     std::as_bytes(exp_avg_sq).data());
+                     std::as_bytes(exp_avg_sq).data(), /*raw=*/false);
     if (master_on_disk_) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
@@ -205,13 +205,13 @@ inline void cpu_adam::save_state(std::size_t t, std::span<std::byte> out) const 
     o += bytes;
   };
   put(&h, sizeof h);
-  if (nvme_) {  // as fp32 state in RAM saves it: params | m | v
+  if (nvme_) {  // as the same format in RAM saves it: params | m | v, or params | m and v words
     const std::size_t bytes = ts.size * sizeof(float);
     if (!master_on_disk_) put(ts.at(0), bytes);
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
     std::byte* m_out = master_on_disk_ ? o + bytes : o;
-    nvme_read_state(pieces, o, m_out, m_out + bytes);
+    nvme_read_state(pieces, o, m_out, m_out + bytes, /*raw=*/true);
     return;
   }
   for (const auto& [off, bytes] : state_regions(ts)) put(ts.at(off), bytes);
@@ -245,7 +245,7 @@ inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
     const std::byte* m_in = i + bytes;
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    nvme_write_state(pieces, i, m_in, m_in + bytes);
+    nvme_write_state(pieces, i, m_in, m_in + bytes, /*raw=*/true);
     if (!master_on_disk_) get(ts.at(0), bytes);
     return;
   }
