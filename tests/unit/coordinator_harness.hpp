@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <span>
@@ -177,6 +178,20 @@ struct basic_harness {
     c.d2h_slots = 3;
     c.h2d_slot_bytes = 192;
     c.record_trace = true;
+    return c;
+  }
+  /// small_config() with the CPU optimizer's state (the fp32 master included) in a state file in
+  /// `directory`: 4096-byte blocks (the toy weights' columns share blocks), `depth` blocks read
+  /// ahead and `depth` written behind, an unpinned pool.
+  static coordinator_config on_disk(const std::filesystem::path& directory, std::size_t depth = 2) {
+    coordinator_config c = small_config();
+    nvme_state_config n;
+    n.file.directory = directory;
+    n.file.block_bytes = 4096;
+    n.file.read_ahead = n.file.write_behind = depth;
+    n.file.pin = pin_policy::none;
+    n.engine = {io_engine_kind::automatic, 4 * depth};
+    c.nvme = n;
     return c;
   }
   void train(std::int64_t steps, std::int64_t poison_step = -1) {

@@ -54,18 +54,9 @@ zenflow_options cpu_state_options() {
 
 run_result train(cpu_state_format format, std::int64_t steps, const zenflow_options& options = cpu_state_options(),
                  const zenflow_test::scratch_dir* nvme_dir = nullptr, bool master_on_disk = true) {
-  auto config = harness::small_config();
+  auto config = nvme_dir != nullptr ? harness::on_disk(nvme_dir->path()) : harness::small_config();
   config.cpu_state = format;
-  if (nvme_dir != nullptr) {
-    nvme_state_config n;
-    n.file.directory = nvme_dir->path();
-    n.file.block_bytes = 4096;  // 512 elements per block: the weights' columns share blocks
-    n.file.read_ahead = n.file.write_behind = 2;
-    n.file.pin = pin_policy::none;
-    n.engine = {io_engine_kind::automatic, 8};
-    n.master_on_disk = master_on_disk;
-    config.nvme = n;
-  }
+  if (config.nvme) config.nvme->master_on_disk = master_on_disk;
   harness h(options, config);
   run_result out;
   out.loss_before = h.model.loss();
@@ -191,17 +182,7 @@ TEST_CASE("host_memory: one accumulator without overlap_step, two with it; state
     CAPTURE(name);
     CAPTURE(disk);
     zenflow_test::scratch_dir dir;
-    auto config = harness::small_config();
-    if (disk) {
-      nvme_state_config n;
-      n.file.directory = dir.path();
-      n.file.block_bytes = 4096;
-      n.file.read_ahead = n.file.write_behind = 2;
-      n.file.pin = pin_policy::none;
-      n.engine = {io_engine_kind::automatic, 8};
-      config.nvme = n;
-    }
-    harness h(options, config);
+    harness h(options, disk ? harness::on_disk(dir.path()) : harness::small_config());
     h.train(7);
     const host_memory_bytes m = h.coordinator.host_memory();
     std::size_t cpu_elements = 0;  // every CPU column of every weight, on this one rank

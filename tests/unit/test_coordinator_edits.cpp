@@ -49,19 +49,6 @@ zenflow_options zero_offload_options() {
   return o;
 }
 
-// The harness' configuration with the CPU optimizer's state (fp32 master included) on disk in dir.
-coordinator_config on_disk(const zenflow_test::scratch_dir& dir) {
-  auto config = harness::small_config();
-  nvme_state_config n;
-  n.file.directory = dir.path();
-  n.file.block_bytes = 4096;
-  n.file.read_ahead = n.file.write_behind = 2;
-  n.file.pin = pin_policy::none;
-  n.engine = {io_engine_kind::automatic, 8};
-  config.nvme = n;
-  return config;
-}
-
 // Element (r, c) of weight w as a float.
 float value(toy_model::weight& w, index_t r, index_t c) {
   return toy_model::load(w.view(), r, c);
@@ -190,7 +177,7 @@ TEST_CASE("an edit becomes the master of every column; moments and step counts s
       CAPTURE(offload_mode_name(o.mode));
       CAPTURE(disk);
       zenflow_test::scratch_dir dir;
-      harness h(o, disk ? on_disk(dir) : harness::small_config());
+      harness h(o, disk ? harness::on_disk(dir.path()) : harness::small_config());
       h.train(before);
       h.stream.synchronize();
       auto& model = h.model;
@@ -231,7 +218,7 @@ TEST_CASE("an element the trainer left as it was keeps its fp32 master; an edite
   for (const bool disk : {false, true}) {
     CAPTURE(disk);
     zenflow_test::scratch_dir dir;
-    harness h(sync_options(), disk ? on_disk(dir) : harness::small_config());
+    harness h(sync_options(), disk ? harness::on_disk(dir.path()) : harness::small_config());
     h.train(5);
     h.stream.synchronize();
     auto& w = h.model.weights[0];  // bf16
@@ -267,7 +254,7 @@ TEST_CASE("an edit wins over a CPU update in flight; the other parameters get th
   for (const bool disk : {false, true}) {
     CAPTURE(disk);
     zenflow_test::scratch_dir dir;
-    harness h(o, disk ? on_disk(dir) : harness::small_config());
+    harness h(o, disk ? harness::on_disk(dir.path()) : harness::small_config());
     h.train(2);  // the CPU update of steps 0-1 is launched; it is written back at the end of step 3
     h.stream.synchronize();
     auto& w = h.model.weights[0];

@@ -36,15 +36,7 @@ zenflow_options fault_options() {
 }
 
 coordinator_config disk_config(const std::filesystem::path& dir) {
-  auto c = harness::small_config();
-  nvme_state_config n;
-  n.file.directory = dir;
-  n.file.block_bytes = 4096;
-  n.file.read_ahead = n.file.write_behind = 1;
-  n.file.pin = pin_policy::none;
-  n.engine = {io_engine_kind::automatic, 4};
-  c.nvme = n;
-  return c;
+  return harness::on_disk(dir, 1);
 }
 
 // The weights after before_checkpoint + after_checkpoint steps with the state in RAM, never
