@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -150,6 +151,35 @@ TEST_CASE("state_file: byte ranges read and write like a RAM mirror, on every en
           "zenflow: offset: bytes [327670, 327681) are outside the file's 327680 bytes");
     CHECK(error_of([&] { f.write(f.capacity() + 1, std::span<const std::byte>(all).first(0)); }) ==
           "zenflow: offset: bytes [327681, 327681) are outside the file's 327680 bytes");
+  }
+}
+
+TEST_CASE("state_file: grow extends the file by zero blocks, keeps what was written, and checks them") {
+  for (const auto& ec : engine_configs()) {
+    CAPTURE(zenflow::io_engine_kind_name(ec.kind));
+    zenflow_test::scratch_dir dir;
+    state_file f(config(dir, 3 * 16 * kib), ec);
+    const auto data = zenflow_test::pattern(3 * 16 * kib, 5);
+    f.write(0, data);
+    f.grow(2 * 16 * kib);  // a size it holds: nothing changes
+    CHECK(f.block_count() == 3);
+    f.grow(7 * 16 * kib + 1);  // whole blocks: 8
+    CHECK(f.block_count() == 8);
+    CHECK(f.capacity() == 8 * 16 * kib);
+    CHECK(file_size(f.path()) == 8 * 16 * kib);
+    std::vector<std::byte> all(f.capacity());
+    f.read(0, all);  // every block verifies: the old ones hold their bytes, the new ones zeros
+    CHECK(std::equal(data.begin(), data.end(), all.begin()));
+    CHECK(std::all_of(all.begin() + static_cast<std::ptrdiff_t>(data.size()), all.end(),
+                      [](std::byte b) { return b == std::byte{0}; }));
+    const auto more = zenflow_test::pattern(5 * 16 * kib, 6);
+    f.write(3 * 16 * kib, more);  // the new blocks stream like the others
+    std::vector<std::byte> back(more.size());
+    f.read(3 * 16 * kib, back);
+    CHECK(back == more);
+    CHECK(f.counters().checksum_failures == 0);
+    CHECK(contains(error_of([&] { f.grow(std::numeric_limits<std::uint64_t>::max()); }), "bytes"));
+    CHECK(f.block_count() == 8);
   }
 }
 
