@@ -313,10 +313,8 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   state.SetLabel(opt.nvme_status());
 }
 
-// The coordinator benchmarks' configuration: 2 CPU threads, the moments in RAM or in a state file
-// in the bench directory.
-// on_disk 0: the state in RAM; 1: the moments in a state file in the bench directory; 2: the
-// fp32 master too.
+// The coordinator benchmarks' configuration: 2 CPU threads; on_disk 0: the state in RAM; 1: the
+// moments in a state file in the bench directory; 2: the fp32 master too.
 zenflow::coordinator_config coordinator_config_for(std::int64_t on_disk) {
   zenflow::coordinator_config config;
   config.cpu_threads = 2;
@@ -336,13 +334,19 @@ const char* placement_name(std::int64_t on_disk) {
 
 }  // namespace
 
+// The value of a "key: N kB" line of a /proc file, in bytes (0 if absent).
+std::uint64_t proc_bytes(const char* file, const char* key) {
+  std::ifstream in(file);
+  std::string line;
+  const std::string k(key);
+  while (std::getline(in, line))
+    if (line.rfind(k, 0) == 0) return std::strtoull(line.c_str() + k.size(), nullptr, 10) * 1024;
+  return 0;
+}
+
 // This process's resident memory in bytes (VmRSS).
 std::uint64_t resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
-  return 0;
+  return proc_bytes("/proc/self/status", "VmRSS:");
 }
 
 // Host RAM a coordinator holds for its CPU state, in RAM (on_disk 0) against the moments on disk
@@ -504,16 +508,6 @@ BENCHMARK(coordinator_stall)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
 
-// This process's peak resident memory in bytes (VmHWM) and the machine's RAM (MemTotal).
-std::uint64_t proc_kb(const char* file, const char* key) {
-  std::ifstream in(file);
-  std::string line;
-  const std::string k(key);
-  while (std::getline(in, line))
-    if (line.rfind(k, 0) == 0) return std::strtoull(line.c_str() + k.size(), nullptr, 10) * 1024;
-  return 0;
-}
-
 // More optimizer state than the machine has RAM (ZENFLOW_BENCH_LARGER_THAN_RAM_GB of fp32 master,
 // m and v on disk, 12 B per parameter): a cpu_adam with its master and moments in a state file,
 // tensors of 1024 x 262144 (256 M parameters, 3 GiB of state each) registered from one reused
@@ -569,8 +563,8 @@ void larger_than_ram(benchmark::State& state) {
   const double params = static_cast<double>(tensors * per_tensor);
   state.counters["params_B"] = params * 1e-9;
   state.counters["state_GB"] = state_bytes * 1e-9;
-  state.counters["machine_ram_GB"] = static_cast<double>(proc_kb("/proc/meminfo", "MemTotal:")) * 1e-9;
-  state.counters["peak_rss_GB"] = static_cast<double>(proc_kb("/proc/self/status", "VmHWM:")) * 1e-9;
+  state.counters["machine_ram_GB"] = static_cast<double>(proc_bytes("/proc/meminfo", "MemTotal:")) * 1e-9;
+  state.counters["peak_rss_GB"] = static_cast<double>(proc_bytes("/proc/self/status", "VmHWM:")) * 1e-9;
   state.counters["register_s"] = register_s;
   state.counters["step_s"] = step_s;
   state.counters["step_Mparams_per_s"] = params / step_s * 1e-6;

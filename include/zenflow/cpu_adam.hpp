@@ -192,11 +192,11 @@ class cpu_adam {
   /// True when the moments live in a state file on an SSD (cpu_adam_config::nvme).
   [[nodiscard]] bool on_nvme() const noexcept { return nvme_.has_value(); }
   /// True when the fp32 master lives in the state file too (nvme_state_config::master_on_disk).
-  [[nodiscard]] bool master_on_nvme() const noexcept { return master_on_disk_; }
-  /// The moments' state file; nullptr in RAM mode. One block from construction (it checked the
-  /// directory and engine and holds the file's lock) until the first call that touches the
-  /// moments sizes it for every registered tensor. Its counters() account the I/O, status()
-  /// names the engine and pool.
+  [[nodiscard]] bool master_on_nvme() const noexcept { return nvme_ && nvme_->master_on_disk; }
+  /// The state file; nullptr in RAM mode. Master on disk: it grows with every add_tensor. Moments
+  /// only: one block from construction (it checked the directory and engine and holds the file's
+  /// lock) until the first call that touches the moments sizes it for every registered tensor.
+  /// Its counters() account the I/O, status() names the engine and pool.
   [[nodiscard]] const state_file* nvme_file() const noexcept { return file_.get(); }
   /// One line on the state file as constructed: its path, the I/O mode (O_DIRECT or buffered),
   /// the engine (and why, when automatic chose) and the pool (its pinning); "" in RAM mode. Fixed
@@ -370,7 +370,6 @@ class cpu_adam {
   std::vector<detail::byte_range> state_ranges_;  // every tensor's state, sorted (validation)
   std::optional<nvme_state_config> nvme_;
   std::size_t slots_ = 0;                     // NVMe: elements per block
-  bool master_on_disk_ = false;               // NVMe: blocks hold [master | m | v]
   std::uint64_t blocks_ = 0;                  // NVMe: blocks the registered tensors need
   mutable std::unique_ptr<state_file> file_;  // NVMe: one block until the first call that needs it
   std::string nvme_status_;

@@ -33,6 +33,21 @@ inline bool aligned_to(const void* p, std::size_t alignment) noexcept {
 inline std::size_t layout_first(const cpu_adam_task& t, bool compact, std::size_t rows) noexcept {
   return (t.columns.empty() || compact) ? 0 : static_cast<std::size_t>(t.columns.front()) * rows;
 }
+/// The bf16-moment kernel over n elements whose first is element e0 of its tensor (p, g, words and
+/// out point at that element; gsz and osz are the gradient's and copy-out's element sizes). The
+/// random bits hash the low 32 bits of the element index and the high half goes into the key, so
+/// the kernel is called in runs that never cross a multiple of 2^32 elements.
+inline void bf16_adam_runs(bf16_adam_range_fn fn, float* p, const unsigned char* g, std::size_t gsz,
+                           std::uint32_t* words, unsigned char* out, std::size_t osz, std::size_t n,
+                           const adam_step_constants& c, std::size_t e0, std::uint64_t task_key) {
+  for (std::size_t done = 0; done < n;) {
+    const std::size_t e = e0 + done;
+    const std::size_t count = std::min(n - done, ((e >> 32) + 1) * (std::size_t{1} << 32) - e);
+    fn(p + done, g + done * gsz, words + done, out != nullptr ? out + done * osz : nullptr, count, c,
+       static_cast<std::uint32_t>(e), sr_range_key(task_key, e >> 32));
+    done += count;
+  }
+}
 inline std::size_t layout_end(const cpu_adam_task& t, bool compact, std::size_t rows, std::size_t cols) noexcept {
   if (t.columns.empty()) return rows * cols;
   if (compact) return t.columns.size() * rows;
@@ -71,10 +86,9 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
                                   ", blocks of ", file_->block_bytes(), " bytes; engine: ", file_->engine().status(),
                                   "; pool: ", file_->pool().size(), " x ", file_->pool().buffer_bytes(), " bytes, ",
                                   file_->pool().status());
-    master_on_disk_ = nvme_->master_on_disk;
     // [master |] m | v (fp32) or [master |] m and v words (bf16): arrays of 4 bytes per element,
     // each a multiple of 16 elements (64-byte aligned).
-    const std::size_t arrays = (master_on_disk_ ? 1 : 0) + (format_ == cpu_state_format::fp32 ? 2 : 1);
+    const std::size_t arrays = (master_on_nvme() ? 1 : 0) + (format_ == cpu_state_format::fp32 ? 2 : 1);
     slots_ = nvme_->file.block_bytes / (arrays * sizeof(float)) / 16 * 16;
   }
   pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
@@ -88,13 +102,13 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   const auto size = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   expects(initial_params.size() == size, "initial_params", "has ", initial_params.size(),
           " elements, rows x cols = ", size);
-  expects(master_on_disk_ || !sized_, "add_tensor",
+  expects(master_on_nvme() || !sized_, "add_tensor",
           "the moments' state file is sized (a step, export or import touched it): ", "register every tensor first");
   tensor_state ts;
   ts.rows = rows;
   ts.cols = cols;
   ts.size = size;
-  if (master_on_disk_) {  // nothing in RAM
+  if (master_on_nvme()) {  // nothing in RAM
     nvme_add_tensor(ts, initial_params);
     tensors_.push_back(std::move(ts));
     return tensors_.size() - 1;
@@ -229,8 +243,8 @@ inline void cpu_adam::build_segments(std::span<const cpu_adam_task> tasks) {
       segment s;
       s.begin = begin;
       s.n = n;
-      s.p = master_on_disk_ ? nullptr : ts.span(0).data() + state_off;  // on disk: in a block
-      s.m = nvme_ ? nullptr : ts.at(ts.m_off + state_off * msz);        // NVMe: in a block, found per block
+      s.p = master_on_nvme() ? nullptr : ts.span(0).data() + state_off;  // on disk: in a block
+      s.m = nvme_ ? nullptr : ts.at(ts.m_off + state_off * msz);         // NVMe: in a block, found per block
       s.v = nvme_ ? nullptr : ts.at(ts.v_off + state_off * msz);
       s.elem = state_off;
       s.g = static_cast<const unsigned char*>(t.grad) + grad_off * gsz;
@@ -347,14 +361,8 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
           kk.adam(p, s.g + off * kk.gsz, a.m + slot, a.v + slot, out, it.n, task_constants[s.task]);
           return;
         }
-        for (std::size_t done = 0; done < it.n;) {  // as step_compact: never across 2^32 elements
-          const std::size_t e = s.elem + off + done;
-          const std::size_t count = std::min(it.n - done, ((e >> 32) + 1) * (std::size_t{1} << 32) - e);
-          bf16[s.task](p + done, s.g + (off + done) * kk.gsz, a.words + slot + done,
-                       out != nullptr ? out + done * kk.osz : nullptr, count, task_constants[s.task],
-                       static_cast<std::uint32_t>(e), detail::sr_range_key(keys[s.task], e >> 32));
-          done += count;
-        }
+        detail::bf16_adam_runs(bf16[s.task], p, s.g + off * kk.gsz, kk.gsz, a.words + slot, out, kk.osz, it.n,
+                               task_constants[s.task], s.elem + off, keys[s.task]);
       });
     });
   } else if (format_ == cpu_state_format::fp32) {
@@ -394,17 +402,11 @@ inline void cpu_adam::step_compact(std::span<const cpu_adam_task> tasks,
     }
   }
   if (format_ == cpu_state_format::bf16_moments) {
-    // The random bits hash the low 32 bits of the element index; the high half goes into the key,
-    // so a kernel call never crosses a multiple of 2^32 elements.
     for_each_piece(total, [&](const segment& s, std::size_t off, std::size_t n) {
       const task_kernel& kk = kt[s.task];
-      for (std::size_t done = 0; done < n;) {
-        const std::size_t o = off + done, e = s.elem + o;
-        const std::size_t count = std::min(n - done, ((e >> 32) + 1) * (std::size_t{1} << 32) - e);
-        kk.bf16(s.p + o, s.g + o * kk.gsz, static_cast<std::uint32_t*>(s.m) + o, s.out ? s.out + o * kk.osz : nullptr,
-                count, constants[s.task], static_cast<std::uint32_t>(e), detail::sr_range_key(kk.k.key, e >> 32));
-        done += count;
-      }
+      detail::bf16_adam_runs(kk.bf16, s.p + off, s.g + off * kk.gsz, kk.gsz, static_cast<std::uint32_t*>(s.m) + off,
+                             s.out ? s.out + off * kk.osz : nullptr, kk.osz, n, constants[s.task], s.elem + off,
+                             kk.k.key);
     });
     return;
   }

@@ -64,7 +64,7 @@ void cpu_adam::nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn
     while (next < pieces.size() && pieces[next].block == b.index) ++next;
     auto* base = reinterpret_cast<float*>(b.data.data());
     nvme_arrays a;
-    if (master_on_disk_) a.p = base, base += slots_;
+    if (master_on_nvme()) a.p = base, base += slots_;
     if (format_ == cpu_state_format::fp32)
       a.m = base, a.v = base + slots_;
     else

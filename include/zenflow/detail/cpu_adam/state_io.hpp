@@ -38,7 +38,7 @@ inline std::span<float> cpu_adam::fp32_moment(std::size_t t, int which) const {
 
 inline std::span<float> cpu_adam::master(std::size_t t) const {
   const tensor_state& ts = tensor(t, "t");
-  expects(!master_on_disk_, "nvme",
+  expects(!master_on_nvme(), "nvme",
           "the fp32 master lives in a state file on the SSD (use export_columns / import_columns)");
   return ts.span(0);
 }
@@ -56,7 +56,7 @@ inline std::size_t cpu_adam::state_bytes() const {
 
 inline std::size_t cpu_adam::host_state_bytes() const {
   std::size_t total = 0;
-  if (master_on_disk_) return 0;
+  if (master_on_nvme()) return 0;
   for (std::size_t t = 0; t < tensors_.size(); ++t) total += nvme_ ? tensors_[t].size * sizeof(float) : state_bytes(t);
   return total;
 }
@@ -87,7 +87,7 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
     auto pieces = column_pieces(t, columns);
     nvme_read_state(pieces, std::as_writable_bytes(params).data(), std::as_writable_bytes(exp_avg).data(),
                     std::as_writable_bytes(exp_avg_sq).data(), /*raw=*/false);
-    if (master_on_disk_) return;
+    if (master_on_nvme()) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t src = static_cast<std::size_t>(columns[j]) * rows, dst = j * rows;
@@ -137,7 +137,7 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
     auto pieces = column_pieces(t, columns);
     nvme_write_state(pieces, std::as_bytes(params).data(), std::as_bytes(exp_avg).data(),
                      std::as_bytes(exp_avg_sq).data(), /*raw=*/false);
-    if (master_on_disk_) return;
+    if (master_on_nvme()) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
     const std::size_t dst = static_cast<std::size_t>(columns[j]) * rows, src = j * rows;
@@ -207,10 +207,10 @@ inline void cpu_adam::save_state(std::size_t t, std::span<std::byte> out) const 
   put(&h, sizeof h);
   if (nvme_) {  // as the same format in RAM saves it: params | m | v, or params | m and v words
     const std::size_t bytes = ts.size * sizeof(float);
-    if (!master_on_disk_) put(ts.at(0), bytes);
+    if (!master_on_nvme()) put(ts.at(0), bytes);
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    std::byte* m_out = master_on_disk_ ? o + bytes : o;
+    std::byte* m_out = master_on_nvme() ? o + bytes : o;
     nvme_read_state(pieces, o, m_out, m_out + bytes, /*raw=*/true);
     return;
   }
@@ -246,7 +246,7 @@ inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
     nvme_write_state(pieces, i, m_in, m_in + bytes, /*raw=*/true);
-    if (!master_on_disk_) get(ts.at(0), bytes);
+    if (!master_on_nvme()) get(ts.at(0), bytes);
     return;
   }
   for (const auto& [off, bytes] : state_regions(ts)) get(ts.at(off), bytes);
