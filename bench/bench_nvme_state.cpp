@@ -17,8 +17,9 @@
 // moments, 1: bf16), the CPU update a coordinator runs: one step over every column. coordinator_memory measures the
 // host RAM a ZeRO-Offload coordinator adds per parameter with its state in RAM, its moments on disk and its master too
 // (resident memory, and the coordinator's own accounting). coordinator_stall measures what the
-// trainer waits for per step, ZeRO-Offload against ZenFlow async, with the state in RAM and on
-// disk (ZENFLOW_BENCH_STEP_MS: the simulated GPU step). larger_than_ram (only with
+// trainer waits for per step, ZeRO-Offload against ZenFlow async (update_interval 8, "auto", and
+// "auto" with cover_cpu_update), with the state in RAM and on disk (ZENFLOW_BENCH_STEP_MS: the
+// simulated GPU step). larger_than_ram (only with
 // ZENFLOW_BENCH_LARGER_THAN_RAM_GB set) steps a cpu_adam whose state on disk is that many GB, more
 // than the machine's RAM, and reports its peak resident memory (VmHWM).
 //
@@ -407,7 +408,10 @@ void coordinator_memory(benchmark::State& state) {
 // and the last CPU update's time, disk wait and bytes. ZeRO-Offload pays the CPU update in every
 // step; ZenFlow hides it while the interval's compute (8 x the step time) covers it.
 void coordinator_stall(benchmark::State& state) {
-  const bool zenflow_async = state.range(1) != 0;
+  // 0: ZeRO-Offload; ZenFlow async with 1: update_interval 8, 2: "auto" (the gradient-mass rule),
+  // 3: "auto" with cover_cpu_update (no shorter than the measured CPU update needs).
+  const std::int64_t schedule = state.range(1);
+  const bool zenflow_async = schedule != 0;
   const std::int64_t on_disk = state.range(2);
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
@@ -421,11 +425,14 @@ void coordinator_stall(benchmark::State& state) {
   if (zenflow_async) {
     options = zenflow::zenflow_options{};
     options.topk_ratio = 0.1f;
-    options.update_interval = zenflow::interval_option::fixed(interval);
+    options.update_interval =
+        schedule == 1 ? zenflow::interval_option::fixed(interval) : zenflow::interval_option::automatic();
     options.select_interval = zenflow::interval_option::fixed(1000);
     options.overlap_step = true;
+    options.cover_cpu_update = schedule == 3;
   }
-  double step_s = 0, stall_s = 0, update_s = 0, wait_s = 0, read_b = 0, written_b = 0;
+  double step_s = 0, stall_s = 0, update_s = 0, wait_s = 0, read_b = 0, written_b = 0, intervals = 0;
+  std::int64_t floor = 0;
   int steps = 0;
   for (auto _ : state) {
     zenflow::host_stream stream(1);
@@ -443,6 +450,8 @@ void coordinator_stall(benchmark::State& state) {
       if (step < 2 * interval) continue;  // warm-up: the selection, the first intervals
       step_s += seconds_since(t0);
       stall_s += m.stall_seconds;
+      intervals += static_cast<double>(m.interval);
+      floor = std::max(floor, m.interval_floor);
       if (m.cpu_update_seconds > 0) {
         update_s = m.cpu_update_seconds;
         wait_s = m.cpu_update_disk_wait_seconds;
@@ -462,8 +471,11 @@ void coordinator_stall(benchmark::State& state) {
   state.counters["disk_wait_s"] = wait_s;
   state.counters["disk_read_MB"] = read_b * 1e-6;
   state.counters["disk_written_MB"] = written_b * 1e-6;
-  state.SetLabel(std::string(zenflow_async ? "zenflow async, interval 8, " : "zero-offload, ") +
-                 placement_name(on_disk));
+  state.counters["mean_interval"] = intervals / steps;
+  state.counters["interval_floor"] = static_cast<double>(floor);
+  static constexpr const char* names[] = {"zero-offload, ", "zenflow async, interval 8, ", "zenflow async, auto, ",
+                                          "zenflow async, auto + cover_cpu_update, "};
+  state.SetLabel(std::string(names[schedule]) + placement_name(on_disk));
 }
 
 BENCHMARK_CAPTURE(nvme_adam, io_uring, zenflow::io_engine_kind::uring)
@@ -502,8 +514,8 @@ BENCHMARK(coordinator_memory)
     ->Iterations(1);
 
 BENCHMARK(coordinator_stall)
-    ->ArgsProduct({{64}, {0, 1}, {0, 2}})
-    ->ArgNames({"Mparams", "zenflow_async", "on_disk"})
+    ->ArgsProduct({{64}, {0, 1, 2, 3}, {0, 2}})
+    ->ArgNames({"Mparams", "schedule", "on_disk"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);

@@ -404,7 +404,8 @@ class basic_coordinator {
   void reselect(stream_type stream);
   [[nodiscard]] detail::interval_masses selection_masses() const;
   void end_interval(stream_type stream, bool synchronous, std::int64_t last_step);
-  void begin_interval(std::int64_t index, std::int64_t first_step);
+  void begin_interval(std::int64_t index, std::int64_t first_step, stream_type stream);
+  [[nodiscard]] std::int64_t steps_for_cpu_update(stream_type stream);
   void write_back(std::int64_t interval, stream_type stream, const char* reason, std::int64_t at_end_of);
 
   // State migration (migration.hpp).
@@ -476,6 +477,10 @@ class basic_coordinator {
   step_metrics last_metrics_{};  // the metrics before begin_step (restored when a step is abandoned)
   step_metrics metrics_{};
   double last_overlap_ = 1.0;
+  // cover_cpu_update's measure of the current interval: when it began in this process (the
+  // interval a checkpoint load lands in is not timed) and how long its steps stalled.
+  std::optional<clock::time_point> interval_began_;
+  double interval_stalled_ = 0.0;
 };
 
 /// The host instantiation: the full asynchronous schedule with a host_stream as the GPU stream.

@@ -62,6 +62,9 @@ struct step_metrics {
   std::uint64_t bytes_host_to_device = 0;  ///< written back by this step: CPU-updated columns, migration
   double selection_overlap = 1.0;          ///< mean overlap of the last selection with the one before
   std::int64_t interval = 1;               ///< length (steps) of the current update interval
+  /// zenflow_options::cover_cpu_update: the steps the last measured CPU update needs, which the
+  /// "auto" interval is held to at least (0: the rule is off or nothing has been measured yet).
+  std::int64_t interval_floor = 0;
   bool reselected = false;
   bool cpu_update_launched = false;
   bool written_back = false;

@@ -129,6 +129,16 @@ struct zenflow_options {
   /// Upper bound of an "auto" update interval. A reselection ends an interval anyway, so the
   /// bound in effect is min(max_update_interval, the selection interval in steps).
   std::int64_t max_update_interval = 16;
+  /// With update_interval "auto" and overlap_step: every interval is also long enough for the
+  /// CPU update (its NVMe state file's reads and writes included) to finish within the next one,
+  /// as measured: at least ceil(cpu_update_headroom * the last completed CPU update's seconds /
+  /// the ended interval's seconds per step, stalls excluded), within [1, max_update_interval].
+  /// Opt-in because it depends on timing: two runs may end their intervals at different steps
+  /// (the mass rule alone is reproducible). Data-parallel ranks take the largest length any rank
+  /// asks for (one all-reduce per interval). Ignored by the zero_offload and dense modes.
+  bool cover_cpu_update = false;
+  /// The margin cover_cpu_update adds to the measured CPU update time.
+  static constexpr double cpu_update_headroom = 1.1;
   /// The bound an "auto" update interval is held to (see max_update_interval).
   [[nodiscard]] std::int64_t effective_max_update_interval() const noexcept {
     return std::min(max_update_interval, select_interval_steps());
@@ -198,6 +208,12 @@ struct zenflow_options {
     expects(update_interval.is_auto || select_interval_steps() >= update_interval.value, "select_interval",
             "must not be smaller than update_interval (", update_interval.value, " steps), got ",
             select_interval_steps(), " steps");
+    expects(!cover_cpu_update || mode != offload_mode::zenflow || update_interval.is_auto, "cover_cpu_update",
+            "lengthens \"auto\" update intervals only, but update_interval is fixed at ", update_interval.value,
+            " steps");
+    expects(!cover_cpu_update || mode != offload_mode::zenflow || overlap_step, "cover_cpu_update",
+            "needs overlap_step (without it every CPU update runs synchronously at its interval's end, whatever "
+            "the interval's length)");
     expects(std::isfinite(max_grad_norm) && max_grad_norm >= 0.0f, "max_grad_norm",
             "must be finite and >= 0 (0 disables clipping), got ", max_grad_norm);
     adam.validate();

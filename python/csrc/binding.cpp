@@ -150,6 +150,7 @@ zenflow::zenflow_options to_options(const py::dict& d) {
   o.auto_select_steps = get<std::int64_t>(d, "auto_select_steps");
   o.max_update_interval = get<std::int64_t>(d, "max_update_interval");
   o.max_grad_norm = get<float>(d, "max_grad_norm");
+  o.cover_cpu_update = get<bool>(d, "cover_cpu_update");
   o.adam = to_adam(get<py::dict>(d, "adam"));
   o.validate();
   return o;
@@ -202,6 +203,7 @@ py::dict to_dict(const zenflow::step_metrics& m) {
   d["bytes_host_to_device"] = m.bytes_host_to_device;
   d["selection_overlap"] = m.selection_overlap;
   d["interval"] = m.interval;
+  d["interval_floor"] = m.interval_floor;
   d["reselected"] = m.reselected;
   d["cpu_update_launched"] = m.cpu_update_launched;
   d["written_back"] = m.written_back;

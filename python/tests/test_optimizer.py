@@ -207,7 +207,7 @@ def test_metrics_dict():
         train_step(model, opt, 0)
         m = opt.metrics()
     assert set(m) == {"step", "stall_seconds", "stall_reason", "cpu_update_seconds", "bytes_device_to_host",
-                      "bytes_host_to_device", "selection_overlap", "interval", "reselected",
+                      "bytes_host_to_device", "selection_overlap", "interval", "interval_floor", "reselected",
                       "cpu_update_launched", "written_back", "cpu_update_disk_read_bytes",
                       "cpu_update_disk_written_bytes", "cpu_update_disk_wait_seconds"}
     assert m["step"] == 0 and m["reselected"]

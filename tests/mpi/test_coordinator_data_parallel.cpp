@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -525,4 +526,50 @@ TEST_CASE("moments on disk: one state file per rank in a shared directory, train
     CHECK(std::filesystem::is_empty(dir));
     std::filesystem::remove_all(dir);
   }
+}
+
+namespace {
+// A CPU optimizer that sleeps before each update for as long as its rank's entry says (the ranks
+// of a group whose CPU updates take different times, as on disks of different speeds).
+struct rank_paced_cpu_adam : zenflow::cpu_adam {
+  using zenflow::cpu_adam::cpu_adam;
+  static inline std::chrono::milliseconds delay{0};
+  zenflow::cpu_step_result step(std::span<const zenflow::cpu_adam_task> tasks, float grad_scale, bool check_finite) {
+    std::this_thread::sleep_for(delay);
+    return zenflow::cpu_adam::step(tasks, grad_scale, check_finite);
+  }
+};
+}  // namespace
+
+TEST_CASE("cover_cpu_update: every rank takes the longest interval any rank's CPU update needs") {
+  const int rank = world_rank(), ranks = world_size(), steps = 30;
+  auto options = zenflow_test::data_parallel_test_options(0.0f);
+  options.update_interval = zenflow::interval_option::automatic();
+  options.select_interval = zenflow::interval_option::fixed(100);
+  options.max_update_interval = 16;
+  options.cover_cpu_update = true;
+  // The last rank's updates take 60 ms, the others' none: at ~8 ms a step it needs ~9 steps.
+  rank_paced_cpu_adam::delay = std::chrono::milliseconds(rank == ranks - 1 ? 60 : 0);
+  zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
+  model m;
+  zenflow::basic_coordinator<zenflow::host_backend, rank_paced_cpu_adam, zenflow::mpi_communicator> c(comm, options);
+  m.register_with(c);
+  host_stream s;
+  std::vector<std::int64_t> lengths;  // interval and floor at every step
+  std::int64_t max_floor = 0;
+  for (int t = 0; t < steps; ++t) {
+    m.make_gradients(t, rank, ranks);
+    std::this_thread::sleep_for(8ms);
+    m.submit(c, &s, true);
+    c.step(&s);
+    s.synchronize();
+    lengths.push_back(c.metrics().interval);
+    lengths.push_back(c.metrics().interval_floor);
+    max_floor = std::max(max_floor, c.metrics().interval_floor);
+  }
+  c.finish(&s);
+  std::vector<std::byte> bytes(lengths.size() * sizeof(std::int64_t));
+  std::memcpy(bytes.data(), lengths.data(), bytes.size());
+  CHECK(same_on_every_rank(bytes));
+  CHECK(max_floor >= 4);  // on rank 0 too, whose own updates need one step
 }

@@ -154,6 +154,65 @@ TEST_CASE("auto interval: ceil(important per GPU column / unimportant per CPU co
   CHECK(!schedule(zenflow_mode(0, 2)).wants_masses());
 }
 
+TEST_CASE("cover_cpu_update: the auto interval is no shorter than the measured CPU update needs") {
+  auto o = zenflow_mode(2, 2);
+  o.update_interval = interval_option::automatic();
+  o.select_interval = interval_option::fixed(20);
+  o.max_update_interval = 12;
+  o.cover_cpu_update = true;
+  o.validate();
+  schedule s(o);
+  // ceil(1.1 * update / step), in [1, bound]; nothing measured: 0.
+  CHECK(s.steps_for_update(0.095, 0.010) == 11);  // 10.45 steps
+  CHECK(s.steps_for_update(0.050, 0.010) == 6);   // 5.5
+  CHECK(s.steps_for_update(0.001, 0.010) == 1);
+  CHECK(s.steps_for_update(10.0, 0.010) == 12);  // the bound
+  CHECK(s.steps_for_update(0.0, 0.010) == 0);
+  CHECK(s.steps_for_update(0.050, 0.0) == 0);
+  CHECK(s.steps_for_update(0.050, -1.0) == 0);  // stalls exceeding the elapsed time: no measure
+  CHECK(s.steps_for_update(std::numeric_limits<double>::quiet_NaN(), 0.01) == 0);
+
+  s.start(0);
+  CHECK(!s.covers_cpu_update(0));  // warm-up: every update synchronous
+  CHECK(!s.covers_cpu_update(1));
+  CHECK(s.covers_cpu_update(2));
+  s.cover(7);  // before the first selection: the floor is kept, the interval stays 1 step
+  CHECK(s.target() == 1);
+  CHECK(s.cpu_update_floor() == 7);
+  s.selected({6.0, 9.0, 2, 9});  // masses: 3 steps; the floor: 7
+  CHECK(s.target() == 7);
+  s.cover(2);  // a faster update lowers the floor: the masses' length
+  CHECK(s.target() == 3);
+  s.cover(0);  // nothing measured: unchanged
+  CHECK(s.target() == 3);
+  s.cover(40);  // held to the bound
+  CHECK(s.target() == 12);
+  CHECK(s.cpu_update_floor() == 12);
+  s.selected({0.1, 9.0, 1, 1});  // a new selection of 1 step keeps the floor
+  CHECK(s.target() == 12);
+
+  // Off (the default), the same calls leave the masses' length alone.
+  auto off = o;
+  off.cover_cpu_update = false;
+  schedule plain(off);
+  plain.start(0);
+  CHECK(!plain.covers_cpu_update(5));
+  // ZeRO-Offload and dense ignore the option (their modes imply the rest).
+  auto zero = o;
+  zero.mode = offload_mode::zero_offload;
+  zero.validate();
+  CHECK(!schedule(zero).covers_cpu_update(5));
+
+  // Contradictions are rejected naming the option.
+  auto fixed = o;
+  fixed.update_interval = interval_option::fixed(4);
+  CHECK(contains(error_of([&] { fixed.validate(); }), "cover_cpu_update"));
+  CHECK(contains(error_of([&] { fixed.validate(); }), "fixed at 4 steps"));
+  auto sync = o;
+  sync.overlap_step = false;
+  CHECK(contains(error_of([&] { sync.validate(); }), "cover_cpu_update: needs overlap_step"));
+}
+
 TEST_CASE("the pending write-back: set when a CPU update is launched, cleared by its own write-back") {
   schedule s(zenflow_mode(0, 2));
   s.start(0);

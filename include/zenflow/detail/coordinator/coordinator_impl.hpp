@@ -36,8 +36,10 @@ inline std::ostream& operator<<(std::ostream& os, const step_metrics& m) {
     os << " (disk: read " << m.cpu_update_disk_read_bytes << " B, wrote " << m.cpu_update_disk_written_bytes
        << " B, waited " << m.cpu_update_disk_wait_seconds * 1e3 << " ms)";
   os << " d2h " << m.bytes_device_to_host << " B h2d " << m.bytes_host_to_device << " B overlap " << m.selection_overlap
-     << " interval " << m.interval << (m.reselected ? " reselected" : "")
-     << (m.cpu_update_launched ? " cpu-update" : "") << (m.written_back ? " write-back" : "");
+     << " interval " << m.interval;
+  if (m.interval_floor > 0) os << " (floor " << m.interval_floor << ")";
+  os << (m.reselected ? " reselected" : "") << (m.cpu_update_launched ? " cpu-update" : "")
+     << (m.written_back ? " write-back" : "");
   return os;
 }
 
@@ -314,7 +316,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
     if (has_cpu_columns())
       end_interval(stream, /*synchronous=*/!overlapped(), step_);
     else
-      begin_interval(schedule_.interval() + 1, step_ + 1);
+      begin_interval(schedule_.interval() + 1, step_ + 1, stream);
   }
   for (auto& p : params_) p.has_grad = p.offloaded = false;
   in_step_ = false;
@@ -323,6 +325,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
 
   metrics_.selection_overlap = last_overlap_;
   metrics_.interval = schedule_.target();
+  metrics_.interval_floor = schedule_.cpu_update_floor();
   {
     detail::state_lock lock(shared_.mutex);
     metrics_.cpu_update_seconds = shared_.last_update_seconds;

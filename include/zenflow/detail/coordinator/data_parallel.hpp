@@ -129,6 +129,7 @@ detail::agreement basic_coordinator<Backend, HostOptimizer, Communicator>::agree
   h = fingerprint(h, o.full_warm_up_rounds);
   h = fingerprint(h, o.overlap_step);
   h = fingerprint(h, o.max_update_interval);
+  h = fingerprint(h, o.cover_cpu_update);
   h = fingerprint(h, o.max_grad_norm);
   h = fingerprint(h, o.adam.beta1);
   h = fingerprint(h, o.adam.beta2);

@@ -163,17 +163,47 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
     write_back(i, stream, "synchronous CPU update", last_step);
   else
     schedule_.awaits_write_back(i);
-  begin_interval(i + 1, last_step + 1);
+  begin_interval(i + 1, last_step + 1, stream);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_interval(std::int64_t index,
-                                                                             std::int64_t first_step) {
+                                                                             std::int64_t first_step,
+                                                                             stream_type stream) {
+  if (schedule_.covers_cpu_update(first_step)) schedule_.cover(steps_for_cpu_update(stream));
+  interval_began_ = clock::now();
+  interval_stalled_ = 0.0;
   schedule_.begin_interval(index, first_step);
   // The interval of this parity two before is written back: its counts are read.
   for (auto& p : params_) p.accumulated[index % 2] = 0;
   detail::state_lock lock(shared_.mutex);
   shared_.accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
+}
+
+// cover_cpu_update: the steps the last completed CPU update needs at the ended interval's pace
+// (its time less its stalls, per step), 0 when either is unknown; the largest over the ranks (every
+// rank begins every interval, so every rank makes this collective at the same point of its calls).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::int64_t basic_coordinator<Backend, HostOptimizer, Communicator>::steps_for_cpu_update(stream_type stream) {
+  double update_seconds = 0.0;
+  {
+    detail::state_lock lock(shared_.mutex);
+    update_seconds = shared_.last_update_seconds;
+  }
+  double step_seconds = 0.0;
+  if (interval_began_ && schedule_.interval_steps() > 0) {
+    const double elapsed = std::chrono::duration<double>(clock::now() - *interval_began_).count();
+    step_seconds = (elapsed - interval_stalled_) / static_cast<double>(schedule_.interval_steps());
+  }
+  std::int64_t steps = schedule_.steps_for_update(update_seconds, step_seconds);
+  if constexpr (data_parallel) {
+    collectives_enqueued(stream);  // this step's collectives so far come first
+    const std::int64_t mine[1] = {steps};
+    steps = or_fail([&] { return all_reduce_to_host<std::int64_t>(mine, reduce_op::max); })[0];
+  } else {
+    (void)stream;
+  }
+  return steps;
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>

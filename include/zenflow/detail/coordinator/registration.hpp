@@ -288,7 +288,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::stall_until(Pred p
   if (pred()) return;
   const auto t0 = clock::now();
   shared_.cv.wait(lock, [&] { return pred() || shared_.failed; });
-  metrics_.stall_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+  const double stalled = std::chrono::duration<double>(clock::now() - t0).count();
+  metrics_.stall_seconds += stalled;
+  interval_stalled_ += stalled;
   if (metrics_.stall_reason.empty()) metrics_.stall_reason = reason;
   if (shared_.error) std::rethrow_exception(shared_.error);
 }

@@ -53,6 +53,7 @@ class schedule {
         warm_up_(options.full_warm_up_rounds),
         overlap_(options.overlap_step),
         update_interval_(options.update_interval),
+        covers_(options.cover_cpu_update && options.mode == offload_mode::zenflow),
         bound_(options.effective_max_update_interval()),
         policy_(options) {}
 
@@ -100,10 +101,39 @@ class schedule {
   void postpone_selection() noexcept { at_.selection_due = true; }
   /// Whether a selection needs interval_masses (the "auto" interval).
   [[nodiscard]] bool wants_masses() const noexcept { return update_interval_.is_auto; }
-  /// A selection happened: the intervals from now on are update_interval long, or "auto".
+  /// A selection happened: the intervals from now on are update_interval long, or "auto" (the
+  /// masses' length, and no shorter than the CPU update's floor with cover_cpu_update).
   void selected(const interval_masses& masses) noexcept {
     at_.selection_due = false;
-    at_.target = update_interval_.is_auto ? auto_length(masses, bound_) : update_interval_.value;
+    if (!update_interval_.is_auto) {
+      at_.target = update_interval_.value;
+      return;
+    }
+    mass_target_ = auto_length(masses, bound_);
+    at_.target = std::max(mass_target_, floor_);
+  }
+
+  /// cover_cpu_update is in effect: "auto" intervals after warm-up, ZenFlow's overlapped updates.
+  [[nodiscard]] bool covers_cpu_update(std::int64_t step) const noexcept {
+    return covers_ && update_interval_.is_auto && overlapped(step);
+  }
+  /// cover_cpu_update, as an interval begins (before its first step): the CPU update needs
+  /// `steps` steps of training to finish within an interval (0: nothing measured, the floor
+  /// stays). The interval is the selection's "auto" length or that, whichever is longer, within
+  /// [1, bound]; a selection's own length keeps the floor. Only once a selection set a length.
+  void cover(std::int64_t steps) noexcept {
+    if (steps > 0) floor_ = std::clamp<std::int64_t>(steps, 1, bound_);
+    if (mass_target_ > 0) at_.target = std::max(mass_target_, floor_);
+  }
+  /// The floor cover() holds the "auto" interval to (0: none yet).
+  [[nodiscard]] std::int64_t cpu_update_floor() const noexcept { return floor_; }
+  /// The steps an update of `update_seconds` needs at `step_seconds` per step, with the headroom
+  /// (0 when either is not a positive time); at most the bound.
+  [[nodiscard]] std::int64_t steps_for_update(double update_seconds, double step_seconds) const noexcept {
+    if (!(update_seconds > 0.0) || !(step_seconds > 0.0)) return 0;
+    const double steps = std::ceil(zenflow_options::cpu_update_headroom * update_seconds / step_seconds);
+    return std::isfinite(steps) ? std::clamp<std::int64_t>(static_cast<std::int64_t>(std::min(steps, 1e9)), 1, bound_)
+                                : bound_;
   }
 
   /// "auto": the interval ends when the unimportant gradient mass accumulated per CPU column
@@ -178,15 +208,24 @@ class schedule {
             "holds optimizer step counts ", host_steps, " (CPU) and ", device_steps, " (GPU) for ", at.interval,
             " intervals and ", step, " steps");
   }
-  /// Takes over a position check() accepted.
-  void restore(const schedule_position& at) noexcept { at_ = at; }
+  /// Takes over a position check() accepted. A position holds the interval's length, not how it
+  /// came about: with "auto", the length saved stands until the next selection (cover_cpu_update
+  /// measures its floor again from the next interval on).
+  void restore(const schedule_position& at) noexcept {
+    at_ = at;
+    mass_target_ = update_interval_.is_auto && at.started && !in_warm_up(at.interval_first_step) ? at.target : 0;
+    floor_ = 0;
+  }
 
  private:
   offload_mode mode_;
   std::int64_t warm_up_;
   bool overlap_;
   interval_option update_interval_;
+  bool covers_;
   std::int64_t bound_;
+  std::int64_t mass_target_ = 0;  // the last selection's "auto" length (0: none yet)
+  std::int64_t floor_ = 0;        // cover_cpu_update's floor (0: none yet)
   selection_policy policy_;
   schedule_position at_{};
 };

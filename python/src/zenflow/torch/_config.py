@@ -17,14 +17,16 @@ METHOD_DEFAULTS = {
     "auto_select_steps": 100,
     "max_update_interval": 16,
     "max_grad_norm": 0.0,
+    "cover_cpu_update": False,
 }
 
 MODES = ("zenflow", "zero_offload", "dense")
 
-# Keys of DeepSpeed's zero_optimization.zenflow block this optimizer takes ("cpu_state" is
-# zenflow's own: how the CPU columns' moments are held).
+# Keys of DeepSpeed's zero_optimization.zenflow block this optimizer takes ("cpu_state" and
+# "cover_cpu_update" are zenflow's own: how the CPU columns' moments are held, and whether the
+# "auto" update interval also covers the measured CPU update).
 _ZENFLOW_BLOCK_KEYS = ("topk_ratio", "select_strategy", "select_interval", "update_interval",
-                       "full_warm_up_rounds", "overlap_step", "steps_per_epoch", "cpu_state")
+                       "full_warm_up_rounds", "overlap_step", "steps_per_epoch", "cpu_state", "cover_cpu_update")
 # Keys DeepSpeed's block may hold that describe DeepSpeed's own process layout: accepted, no effect.
 _ZENFLOW_BLOCK_IGNORED = ("offload", "pt_reserved_cores_perc", "auto_ratio")
 
@@ -79,6 +81,15 @@ def method_options(given):
     o["update_interval"] = _interval("update_interval", o["update_interval"])
     if not isinstance(o["overlap_step"], bool):
         raise ValueError(f"overlap_step: must be True or False, got {o['overlap_step']!r}")
+    if not isinstance(o["cover_cpu_update"], bool):
+        raise ValueError(f"cover_cpu_update: must be True or False, got {o['cover_cpu_update']!r}")
+    if o["mode"] == "zenflow" and o["cover_cpu_update"]:
+        if o["update_interval"] != "auto":
+            raise ValueError(f"cover_cpu_update: lengthens \"auto\" update intervals only, but update_interval "
+                             f"is fixed at {o['update_interval']} steps")
+        if not o["overlap_step"]:
+            raise ValueError("cover_cpu_update: needs overlap_step (without it every CPU update runs "
+                             "synchronously at its interval's end, whatever the interval's length)")
     if o["mode"] == "zero_offload":
         o["update_interval"] = 1
         o["overlap_step"] = False
@@ -231,7 +242,8 @@ def deepspeed_options(config):
     ``zero_optimization.zenflow`` block. "auto" values mean the optimizer's defaults (the library's
     own "auto" for select_strategy, select_interval and update_interval). Read:
       zero_optimization.zenflow   -> mode "zenflow" and the method's options (and zenflow's own
-                                     "cpu_state": "fp32", "bf16_moments" or "blockwise8_moments");
+                                     "cpu_state": "fp32", "bf16_moments" or "blockwise8_moments",
+                                     and "cover_cpu_update");
       zero_optimization.offload_optimizer.device "cpu" or "nvme" without a zenflow block -> mode
                                      "zero_offload";
       neither -> mode "dense";

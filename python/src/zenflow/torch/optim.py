@@ -87,6 +87,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     max_grad_norm
         clip the global gradient norm of the step (both paths together) to this; 0: no clipping.
         ``torch.nn.utils.clip_grad_norm_`` before ``step()`` works as well.
+    cover_cpu_update
+        zenflow's own (default False): with ``update_interval="auto"`` and ``overlap_step``, every
+        interval is also long enough for the last CPU update (its NVMe state file's time
+        included) to finish within the next one, as measured (``metrics()["interval_floor"]``);
+        timing-dependent, so two runs may end their intervals at different steps.
     zenflow_config
         a DeepSpeed config (dict or JSON path) or its ``zenflow`` block; see
         :func:`zenflow.torch.deepspeed_options`. Explicit arguments must agree with it.
@@ -163,7 +168,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  amsgrad=False, maximize=False, mode=None, topk_ratio=None, select_strategy=None,
                  select_interval=None, update_interval=None, full_warm_up_rounds=None, overlap_step=None,
                  steps_per_epoch=None, auto_select_steps=None, max_update_interval=None, max_grad_norm=None,
-                 zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
+                 cover_cpu_update=None, zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
                  record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32",
                  offload_optimizer=None, aio=None):
         if amsgrad:
@@ -174,7 +179,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  "select_interval": select_interval, "update_interval": update_interval,
                  "full_warm_up_rounds": full_warm_up_rounds, "overlap_step": overlap_step,
                  "steps_per_epoch": steps_per_epoch, "auto_select_steps": auto_select_steps,
-                 "max_update_interval": max_update_interval, "max_grad_norm": max_grad_norm}
+                 "max_update_interval": max_update_interval, "max_grad_norm": max_grad_norm,
+                 "cover_cpu_update": cover_cpu_update}
         adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                 "gradient_accumulation_steps": gradient_accumulation_steps}
         if zenflow_config is not None:
