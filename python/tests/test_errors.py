@@ -31,6 +31,9 @@ def loss_of(model, step=0):
     (dict(update_interval="often"), "update_interval"),
     (dict(full_warm_up_rounds=-1), "full_warm_up_rounds"),
     (dict(overlap_step="yes"), "overlap_step"),
+    (dict(cover_cpu_update=1), "cover_cpu_update"),
+    (dict(cover_cpu_update=True, update_interval=4), "cover_cpu_update: lengthens \"auto\""),
+    (dict(cover_cpu_update=True, overlap_step=False), "cover_cpu_update: needs overlap_step"),
     (dict(max_grad_norm=-1.0), "max_grad_norm"),
     (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps"),
     (dict(cpu_threads=-1), "cpu_threads"),
@@ -191,3 +194,9 @@ def test_deepspeed_config():
         ZenFlowAdamW(make_model().parameters(), cpu_state="bf16_moments", zenflow_config=compact)
     with pytest.raises(ValueError, match="cpu_state: must be one of"):
         ZenFlowAdamW(make_model().parameters(), zenflow_config=dict(block, cpu_state="int4"))
+    covering = dict(block, update_interval="auto", cover_cpu_update=True)
+    assert deepspeed_options(covering)["cover_cpu_update"] is True
+    with ZenFlowAdamW(make_model().parameters(), zenflow_config=covering) as o:
+        assert o.options["cover_cpu_update"] is True
+    with pytest.raises(ValueError, match="cover_cpu_update: lengthens"):
+        ZenFlowAdamW(make_model().parameters(), zenflow_config=dict(block, cover_cpu_update=True))

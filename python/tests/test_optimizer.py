@@ -213,6 +213,25 @@ def test_metrics_dict():
     assert m["step"] == 0 and m["reselected"]
 
 
+def test_cover_cpu_update_holds_the_auto_interval_to_the_measured_update():
+    # The rule's effect on stalls is tested in C++ (a CPU update made slow on purpose); here: the
+    # option reaches the coordinator, the floor is reported, and the interval respects it.
+    model = make_model()
+    with ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval="auto", cover_cpu_update=True,
+                      **HYPER) as opt:
+        floors = []
+        for step in range(24):
+            train_step(model, opt, step)
+            m = opt.metrics()
+            assert m["interval"] >= m["interval_floor"] >= 0
+            floors.append(m["interval_floor"])
+        assert max(floors) >= 1  # measured once an update completed
+    plain = make_model()
+    with ZenFlowAdamW(groups(plain), topk_ratio=0.25, update_interval="auto", **HYPER) as opt:
+        train_step(plain, opt, 0)
+        assert opt.metrics()["interval_floor"] == 0  # off by default
+
+
 def test_close_and_context_manager():
     model = make_model()
     with ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=4, **HYPER) as opt:
