@@ -326,25 +326,31 @@ class basic_coordinator {
     std::size_t device_index = npos;          // in the device optimizer (npos: no GPU columns yet)
     adam_options adam;                        // hyper-parameters for the next step
     std::optional<adam_options> device_adam;  // the last ones handed to the device optimizer
-    std::vector<std::int32_t> selection;      // GPU columns (ascending)
-    std::vector<std::int32_t> complement;     // CPU columns (ascending)
-    device_buffer complement_dev;             // device copy of complement (int32)
-    device_buffer grad_stage[2];              // compact gathered gradient, per step parity
-    // Recorded after this parameter's gather, per step parity; the offload worker's copies wait
-    // for it (behind a pointer: events do not move).
-    std::unique_ptr<std::array<event_type, 2>> gathered = std::make_unique<std::array<event_type, 2>>();
-    // fp32 accumulated compact gradient: per interval parity with overlap_step, else [0] only
-    // (accumulator_of says which).
-    std::vector<float> accumulator[2];
-    // Non-skipped steps accumulated in interval parity b's interval: written by the offload
-    // worker, read by the update worker and by the trainer once that interval is accumulated,
-    // reset by the trainer when the interval of that parity begins.
-    std::int64_t accumulated[2] = {0, 0};
+    std::vector<std::int32_t> gpu_columns;    // updated on the GPU (ascending)
+    std::vector<std::int32_t> cpu_columns;    // the rest, updated on the CPU (ascending)
+    device_buffer cpu_columns_dev;            // device copy of cpu_columns (int32)
+    // What a step's offload uses, per step parity (step % 2; behind a pointer: events do not move).
+    struct step_buffers {
+      device_buffer grad_stage;  // compact gathered gradient
+      // Recorded after this parameter's gather; the offload worker's copies wait for it.
+      event_type gathered;
+    };
+    std::unique_ptr<std::array<step_buffers, 2>> by_step = std::make_unique<std::array<step_buffers, 2>>();
+    // What an interval's accumulation, CPU update and write-back use, per interval parity
+    // (interval % 2); with overlap_step both, else by_interval[0]'s accumulator only (accumulator_of).
+    struct interval_buffers {
+      std::vector<float> accumulator;  // fp32 accumulated compact gradient
+      // Non-skipped steps accumulated in the interval: written by the offload worker, read by the
+      // update worker and by the trainer once the interval is accumulated, reset by the trainer
+      // when the interval of that parity begins.
+      std::int64_t accumulated = 0;
+      std::vector<std::byte> out_stage;  // CPU copy-out (param dtype, compact); host backend: none
+      device_buffer writeback_dev;       // the same on the device
+    };
+    std::array<interval_buffers, 2> by_interval;
     // CPU updates applied to this parameter's columns (its CPU bias correction, as torch's per
     // parameter `step`): written by the update worker, read by the trainer when it is drained.
     std::int64_t cpu_steps = 0;
-    std::vector<std::byte> out_stage[2];  // CPU copy-out (param dtype, compact), per parity; host backend: none
-    device_buffer writeback_dev[2];       // the same on the device, per interval parity
     const_matrix_view grad_matrix{};
     const_vector_view grad_vector{};
     bool has_grad = false;
@@ -352,9 +358,9 @@ class basic_coordinator {
     // Data parallel (one process: the whole parameter, one piece).
     column_range owned{};                   // the columns whose CPU state this rank holds
     std::vector<std::int32_t> owned_local;  // the owned CPU columns, as columns of the CPU tensor
-    std::vector<std::size_t> pieces;        // ranks + 1 bounds: complement[pieces[r], pieces[r+1]) is rank r's
+    std::vector<std::size_t> pieces;        // ranks + 1 bounds: cpu_columns[pieces[r], pieces[r+1]) is rank r's
     std::size_t block = 0;                  // elements of the largest piece: the collectives' block
-    device_buffer selection_dev;            // device copy of selection (int32)
+    device_buffer gpu_columns_dev;          // device copy of gpu_columns (int32)
     device_buffer selected_stage;           // the selected columns' compact gradient (all-reduced)
     device_buffer vector_stage;             // a 1-D parameter's all-reduced gradient
   };
@@ -365,7 +371,7 @@ class basic_coordinator {
   // completes before the next interval begins): 4 bytes per CPU-column element instead of 8.
   template <class Parameter>  // parameter or const parameter
   [[nodiscard]] auto& accumulator_of(Parameter& p, std::int64_t interval) const noexcept {
-    return p.accumulator[options_.overlap_step ? interval % 2 : 0];
+    return p.by_interval[options_.overlap_step ? interval % 2 : 0].accumulator;
   }
 
   // Construction (coordinator_impl.hpp).
@@ -460,13 +466,21 @@ class basic_coordinator {
   detail::offload_worker<Backend> offload_;
   detail::update_worker<Backend, HostOptimizer> update_;
   std::vector<parameter> params_;
-  device_buffer flags_dev_[2];
   device_buffer statistics_scratch_;  // the backend's scratch for the step's gradient statistics
   device_buffer unit_flags_dev_;      // scale 1, no skip: gathers during backward and for checkpoints
   device_buffer migration_scratch_;   // the state of the columns a selection moves (migration_scratch)
-  event_type stats_ready_[2];         // the step's flags reached the host (per step parity)
-  event_type written_back_[2];        // the interval's scatter is done (per interval parity)
-  typename Backend::host_buffer flags_host_[2];
+  // The step's flags, per step parity (step % 2).
+  struct step_flags_buffers {
+    device_buffer flags_dev;
+    typename Backend::host_buffer flags_host;
+    event_type stats_ready;  // the step's flags reached the host
+  };
+  step_flags_buffers by_step_[2];
+  // Per interval parity (interval % 2).
+  struct interval_events {
+    event_type written_back;  // the interval's scatter is done
+  };
+  interval_events by_interval_[2];
   event_type step_done_;  // the last step's work on the trainer's stream (stream-order check)
 
   // The trainer thread's own state.

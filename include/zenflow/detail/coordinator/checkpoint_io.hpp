@@ -194,7 +194,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
       continue;
     }
     const auto rows = static_cast<std::size_t>(p.matrix.rows);
-    const std::size_t esize = dtype_size(p.matrix.type), k = p.selection.size();
+    const std::size_t esize = dtype_size(p.matrix.type), k = p.gpu_columns.size();
     w.put(p.matrix.rows);
     w.put(p.matrix.cols);
     w.put(p.matrix.type);
@@ -204,8 +204,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     std::int64_t current = 0, pending_count = 0;
     {
       detail::state_lock lock(shared_.mutex);  // drained above; the lock orders the workers' writes
-      current = position.started ? p.accumulated[current_interval % 2] : 0;
-      pending_count = pending_interval ? p.accumulated[*pending_interval % 2] : 0;
+      current = position.started ? p.by_interval[current_interval % 2].accumulated : 0;
+      pending_count = pending_interval ? p.by_interval[*pending_interval % 2].accumulated : 0;
     }
     w.put(current);
     w.put(pending_count);
@@ -214,7 +214,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     std::vector<std::byte> pending;
     if (pending_interval) {
       // This rank's block of the write-back staging (the whole of it in one process).
-      const std::byte* staged = p.writeback_dev[*pending_interval % 2].data() + rank_ * p.block * esize;
+      const std::byte* staged = p.by_interval[*pending_interval % 2].writeback_dev.data() + rank_ * p.block * esize;
       pending.resize(owned_piece_elements(p) * esize);
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(pending.data(), staged, pending.size(), stream);
@@ -223,7 +223,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     std::vector<std::byte> values(rows * static_cast<std::size_t>(p.matrix.cols) * esize);
     copy_all_columns(p, values, transfer_direction::device_to_host, stream);
     // This rank's CPU columns (its owned columns not on the GPU), as columns of its CPU tensor.
-    const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.selection);
+    const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.gpu_columns);
     const std::size_t cpu_n = cpu_columns.size() * rows;
     std::vector<float> cpu_master(cpu_n), cpu_m(cpu_n), cpu_v(cpu_n);
     host_opt_.export_columns(p.cpu_tensor, cpu_columns, cpu_master, cpu_m, cpu_v);
@@ -241,14 +241,14 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
                                           : column(cpu_columns[j] + static_cast<std::int32_t>(p.owned.first)),
                                       p.matrix.type, std::span<const float>(cpu_master).subspan(j * rows, rows));
       for (std::size_t l = 0; l < k && !master; ++l)
-        master = !detail::is_value_of(column(p.selection[l]), p.matrix.type,
+        master = !detail::is_value_of(column(p.gpu_columns[l]), p.matrix.type,
                                       std::span<const float>(compact).subspan(3 * l * rows, rows));
     }
     w.put(master);
     w.put_array<float>(master ? std::span<const float>(cpu_master) : std::span<const float>{});
     w.put_array<float>(std::span<const float>(cpu_m));
     w.put_array<float>(std::span<const float>(cpu_v));
-    w.put_array<std::int32_t>(p.selection);
+    w.put_array<std::int32_t>(p.gpu_columns);
     w.put_array<float>(master ? compact : detail::without_master(compact, rows));
     // Nothing is accumulated without a counted step: an empty accumulator is all zeros.
     w.put_array<float>(current > 0 ? std::span<const float>(accumulator_of(p, current_interval))
@@ -281,7 +281,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   }
   struct saved_parameter {
     std::vector<float> cpu_p, cpu_m, cpu_v, compact, accumulator, vector_state;
-    std::vector<std::int32_t> selection;
+    std::vector<std::int32_t> gpu_columns;
     std::vector<std::byte> pending, values;
     adam_options adam;
     std::int64_t host_steps = 0, device_steps = 0, current_count = 0, pending_count = 0;
@@ -364,15 +364,15 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     s.cpu_p = r.get_array<float>();
     s.cpu_m = r.get_array<float>();
     s.cpu_v = r.get_array<float>();
-    s.selection = r.get_array<std::int32_t>();
+    s.gpu_columns = r.get_array<std::int32_t>();
     s.compact = r.get_array<float>();
     s.accumulator = r.get_array<float>();
     s.pending = r.get_array<std::byte>();
     s.values = r.get_array<std::byte>();
     bool sorted =
-        std::adjacent_find(s.selection.begin(), s.selection.end(), std::greater_equal<>()) == s.selection.end();
-    for (auto c : s.selection) sorted = sorted && c >= 0 && c < cols;
-    const std::size_t k = s.selection.size();
+        std::adjacent_find(s.gpu_columns.begin(), s.gpu_columns.end(), std::greater_equal<>()) == s.gpu_columns.end();
+    for (auto c : s.gpu_columns) sorted = sorted && c >= 0 && c < cols;
+    const std::size_t k = s.gpu_columns.size();
     const std::size_t expected_k = options_.mode == offload_mode::dense ? static_cast<std::size_t>(cols)
                                    : options_.mode == offload_mode::zero_offload
                                        ? 0
@@ -385,7 +385,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     const std::size_t cpu_cols = static_cast<std::size_t>(cols) - k;
     // This rank's CPU columns: its range minus the selected columns in it.
     const auto selected_owned =
-        static_cast<std::size_t>(std::count_if(s.selection.begin(), s.selection.end(),
+        static_cast<std::size_t>(std::count_if(s.gpu_columns.begin(), s.gpu_columns.end(),
                                                [&](std::int32_t c) { return c >= p.owned.first && c < p.owned.last; }));
     const std::size_t owned_cpu_cols = static_cast<std::size_t>(p.owned.size()) - selected_owned;
     // Its own counts never exceed the optimizers' and intervals' (it may have missed steps); a GPU
@@ -434,7 +434,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     detail::agreement_position at{step, started, interval.index, interval.first_step, target, pending};
     at.cpu_steps = host_steps;
     at.gpu_steps = device_steps;
-    for (const auto& x : saved) at.add(x.selection, x.adam.lr, x.adam.weight_decay, x.host_steps, x.device_steps);
+    for (const auto& x : saved) at.add(x.gpu_columns, x.adam.lr, x.adam.weight_decay, x.host_steps, x.device_steps);
     stage = 1;
     agree(agreement_of(detail::agreement::checkpoint, at));
   }
@@ -479,7 +479,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     }
     const auto rows = static_cast<std::size_t>(p.matrix.rows);
     const std::size_t column_bytes = rows * dtype_size(p.matrix.type);
-    const auto cpu_columns = detail::owned_cpu_columns(p.owned, s.selection);
+    const auto cpu_columns = detail::owned_cpu_columns(p.owned, s.gpu_columns);
     if (!s.master) {
       // An f32 parameter's master is its values, except where its pending result (f32, exact) holds it.
       s.values.resize(static_cast<std::size_t>(p.matrix.cols) * column_bytes);
@@ -491,10 +491,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
         detail::adopt_values(std::span<const std::byte>(from_pending ? s.pending : s.values).subspan(at, column_bytes),
                              dtype::f32, std::span<float>(s.cpu_p).subspan(j * rows, rows), true);
       }
-      std::vector<float> packed(s.selection.size() * 3 * rows);
-      for (std::size_t l = 0; l < s.selection.size(); ++l) {
-        detail::adopt_values(std::span<const std::byte>(s.values).subspan(s.selection[l] * column_bytes, column_bytes),
-                             dtype::f32, std::span<float>(packed).subspan(3 * l * rows, rows), true);
+      std::vector<float> packed(s.gpu_columns.size() * 3 * rows);
+      for (std::size_t l = 0; l < s.gpu_columns.size(); ++l) {
+        detail::adopt_values(
+            std::span<const std::byte>(s.values).subspan(s.gpu_columns[l] * column_bytes, column_bytes), dtype::f32,
+            std::span<float>(packed).subspan(3 * l * rows, rows), true);
         const auto moments = std::span<const float>(s.compact).subspan(2 * l * rows, 2 * rows);
         std::ranges::copy(moments, std::span<float>(packed).subspan((3 * l + 1) * rows, 2 * rows).begin());
       }
@@ -503,30 +504,30 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     // This rank's CPU columns; those on the GPU keep what the CPU tensor holds (never read: a
     // column leaving the GPU brings its state).
     host_opt_.import_columns(p.cpu_tensor, cpu_columns, s.cpu_p, s.cpu_m, s.cpu_v);
-    if (!s.selection.empty()) {
+    if (!s.gpu_columns.empty()) {
       device_buffer compact_dev(s.compact.size() * sizeof(float));
       Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);
       Backend::synchronize(stream);
       p.device_index = Backend::add_matrix(
-          device_opt_, p.matrix, s.selection,
+          device_opt_, p.matrix, s.gpu_columns,
           std::span<const float>(reinterpret_cast<const float*>(compact_dev.data()), s.compact.size()), stream);
       // Dense mode does not use the selector (whose k may be smaller than every column).
-      if (options_.mode == offload_mode::zenflow) selector_.set_selection(p.selector_index, s.selection);
+      if (options_.mode == offload_mode::zenflow) selector_.set_selection(p.selector_index, s.gpu_columns);
     }
     // Before the first step a coordinator has no selection, CPU column list or staging buffers
     // yet (start() makes them).
     if (started) {
-      p.selection = s.selection;
-      p.complement = complement_columns(p.selection, p.matrix.cols);
+      p.gpu_columns = s.gpu_columns;
+      p.cpu_columns = complement_columns(p.gpu_columns, p.matrix.cols);
       setup_buffers(p, stream);  // zeroes the accumulators: an empty one in the file is all zeros
       if (!s.accumulator.empty()) accumulator_of(p, interval.index) = std::move(s.accumulator);
-      p.accumulated[interval.index % 2] = s.current_count;
-      if (pending >= 0) p.accumulated[pending % 2] = s.pending_count;
+      p.by_interval[interval.index % 2].accumulated = s.current_count;
+      if (pending >= 0) p.by_interval[pending % 2].accumulated = s.pending_count;
     }
     p.cpu_steps = s.host_steps;
     if (pending >= 0) {
       detail::synchronize_on_unwind<Backend> guard(stream);
-      Backend::copy_async(p.writeback_dev[pending % 2].data() + rank_ * p.block * dtype_size(p.matrix.type),
+      Backend::copy_async(p.by_interval[pending % 2].writeback_dev.data() + rank_ * p.block * dtype_size(p.matrix.type),
                           s.pending.data(), s.pending.size(), stream);
       Backend::synchronize(stream);
     }

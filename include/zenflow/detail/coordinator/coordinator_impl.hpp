@@ -93,10 +93,10 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
   const step_flags unit{};
   Backend::copy_async(unit_flags_dev_.data(), &unit, sizeof unit, offload_.stream());
   Backend::synchronize(offload_.stream());
-  flags_dev_[0] = device_buffer(sizeof(step_flags));
-  flags_dev_[1] = device_buffer(sizeof(step_flags));
-  flags_host_[0] = typename Backend::host_buffer(sizeof(step_flags));
-  flags_host_[1] = typename Backend::host_buffer(sizeof(step_flags));
+  by_step_[0].flags_dev = device_buffer(sizeof(step_flags));
+  by_step_[1].flags_dev = device_buffer(sizeof(step_flags));
+  by_step_[0].flags_host = typename Backend::host_buffer(sizeof(step_flags));
+  by_step_[1].flags_host = typename Backend::host_buffer(sizeof(step_flags));
   // The workers use the coordinator's device (a process may drive one GPU per coordinator).
   offload_.start(device_);
   try {
@@ -127,9 +127,9 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::~basic_coordinator() {
     // work is followed by one of these events. The trainer's stream itself is never synchronized
     // (it may be gone).
     for (int b = 0; b < 2; ++b) {
-      Backend::synchronize(stats_ready_[b]);
-      Backend::synchronize(written_back_[b]);
-      for (auto& p : params_) Backend::synchronize((*p.gathered)[b]);
+      Backend::synchronize(by_step_[b].stats_ready);
+      Backend::synchronize(by_interval_[b].written_back);
+      for (auto& p : params_) Backend::synchronize((*p.by_step)[b].gathered);
     }
   } catch (...) {
   }
@@ -223,9 +223,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
   begin_step();
   const int parity = static_cast<int>(step_ % 2);
 
-  auto* flags_dev = reinterpret_cast<step_flags*>(flags_dev_[parity].data());
-  auto* flags_host = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  auto* flags_host_dev = reinterpret_cast<step_flags*>(flags_host_[parity].device_data());
+  auto* flags_dev = reinterpret_cast<step_flags*>(by_step_[parity].flags_dev.data());
+  auto* flags_host = reinterpret_cast<const step_flags*>(by_step_[parity].flags_host.data());
+  auto* flags_host_dev = reinterpret_cast<step_flags*>(by_step_[parity].flags_host.device_data());
 
   if constexpr (data_parallel) {
     // 1. Selection boundary first (it decides which columns are all-reduced and which are
@@ -284,7 +284,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
   }
   if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);
 
-  Backend::record(stats_ready_[parity], stream);
+  Backend::record(by_step_[parity].stats_ready, stream);
   {
     detail::state_lock lock(shared_.mutex);
     shared_.stats_ready_step = step_;
@@ -294,7 +294,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
   // 4. Offload the CPU columns not handed over during backward: gathered scaled by the step's
   //    clip factor, then the end-of-step marker.
   for (auto& p : params_) {
-    if (p.is_vector || p.complement.empty() || !p.has_grad || p.offloaded) continue;
+    if (p.is_vector || p.cpu_columns.empty() || !p.has_grad || p.offloaded) continue;
     if constexpr (data_parallel)  // this rank's block of the reduce-scatter, scaled as it accumulates
       hand_over(p, static_cast<std::size_t>(rank_) * p.block * dtype_size(p.grad_type),
                 owned_piece_elements(p) * dtype_size(p.grad_type), /*scale_by_flags=*/true, stream);

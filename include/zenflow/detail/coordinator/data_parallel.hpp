@@ -174,7 +174,7 @@ detail::agreement_position basic_coordinator<Backend, HostOptimizer, Communicato
   at.interval_target = s.target;
   at.pending_interval = s.pending;
   // Before the first step no parameter has a GPU step count (gpu_step_count would synchronize).
-  for (const auto& p : params_) at.add(p.selection, p.adam.lr, p.adam.weight_decay, p.cpu_steps, 0);
+  for (const auto& p : params_) at.add(p.gpu_columns, p.adam.lr, p.adam.weight_decay, p.cpu_steps, 0);
   at.cpu_steps = host_opt_.step_count();
   return at;
 }
@@ -319,18 +319,18 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reduce_gradients(s
         if (p.vector_stage.bytes() != bytes) p.vector_stage = device_buffer(bytes);
         continue;
       }
-      if (!p.selection.empty())
-        Backend::gather(p.grad_matrix, p.selection, reinterpret_cast<const std::int32_t*>(p.selection_dev.data()),
+      if (!p.gpu_columns.empty())
+        Backend::gather(p.grad_matrix, p.gpu_columns, reinterpret_cast<const std::int32_t*>(p.gpu_columns_dev.data()),
                         p.selected_stage.data(), p.grad_type, unit_flags(), stream);
       const std::size_t esize = dtype_size(p.grad_type);
-      const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
-      for (int r = 0; r < ranks_ && !p.complement.empty(); ++r) {
+      const auto* cpu_columns_dev = reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data());
+      for (int r = 0; r < ranks_ && !p.cpu_columns.empty(); ++r) {
         const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
         if (count == 0) continue;
-        Backend::gather(p.grad_matrix, std::span<const std::int32_t>(p.complement).subspan(first, count),
-                        complement_dev + first,
-                        p.grad_stage[parity].data() + static_cast<std::size_t>(r) * p.block * esize, p.grad_type,
-                        unit_flags(), stream);
+        Backend::gather(p.grad_matrix, std::span<const std::int32_t>(p.cpu_columns).subspan(first, count),
+                        cpu_columns_dev + first,
+                        (*p.by_step)[parity].grad_stage.data() + static_cast<std::size_t>(r) * p.block * esize,
+                        p.grad_type, unit_flags(), stream);
       }
     }
     grouped([&] {
@@ -346,10 +346,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reduce_gradients(s
             return;
           }
           const std::span<T> selected(reinterpret_cast<T*>(p.selected_stage.data()),
-                                      p.selection.size() * static_cast<std::size_t>(p.matrix.rows));
+                                      p.gpu_columns.size() * static_cast<std::size_t>(p.matrix.rows));
           if (!selected.empty()) comm_->all_reduce(std::span<const T>(selected), selected, reduce_op::sum, stream);
-          if (p.complement.empty()) return;
-          T* blocks = reinterpret_cast<T*>(p.grad_stage[parity].data());
+          if (p.cpu_columns.empty()) return;
+          T* blocks = reinterpret_cast<T*>((*p.by_step)[parity].grad_stage.data());
           comm_->reduce_scatter(std::span<const T>(blocks, static_cast<std::size_t>(ranks_) * p.block),
                                 std::span<T>(blocks + static_cast<std::size_t>(rank_) * p.block, p.block),
                                 reduce_op::sum, stream);
@@ -361,12 +361,12 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reduce_gradients(s
       if (p.is_vector) {
         p.grad_vector =
             const_vector_view(p.vector_stage.data(), p.vector.size, p.grad_vector.type, Backend::device_space);
-      } else if (!p.selection.empty()) {
+      } else if (!p.gpu_columns.empty()) {
         const matrix_view grad(const_cast<void*>(p.grad_matrix.data), p.grad_matrix.rows, p.grad_matrix.cols,
                                p.grad_matrix.row_stride, p.grad_matrix.col_stride, p.grad_matrix.type,
                                p.grad_matrix.space);
-        Backend::scatter(p.selected_stage.data(), p.grad_type, p.selection,
-                         reinterpret_cast<const std::int32_t*>(p.selection_dev.data()), grad, stream);
+        Backend::scatter(p.selected_stage.data(), p.grad_type, p.gpu_columns,
+                         reinterpret_cast<const std::int32_t*>(p.gpu_columns_dev.data()), grad, stream);
       }
     }
   } else {
@@ -413,15 +413,16 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reduced_statistics
         continue;
       }
       const index_t rows = p.matrix.rows;
-      if (rank_ == 0 && !p.selection.empty())
+      if (rank_ == 0 && !p.gpu_columns.empty())
         m.push_back(const_matrix_view::column_contiguous(p.selected_stage.data(), rows,
-                                                         static_cast<index_t>(p.selection.size()), p.grad_type,
+                                                         static_cast<index_t>(p.gpu_columns.size()), p.grad_type,
                                                          Backend::device_space));
       const auto own = static_cast<index_t>(owned_piece_elements(p)) / rows;
       if (own > 0)
         m.push_back(const_matrix_view::column_contiguous(
-            p.grad_stage[parity].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.grad_type), rows,
-            own, p.grad_type, Backend::device_space));
+            (*p.by_step)[parity].grad_stage.data() +
+                static_cast<std::size_t>(rank_) * p.block * dtype_size(p.grad_type),
+            rows, own, p.grad_type, Backend::device_space));
     }
     auto* stats = reinterpret_cast<double*>(reduce_scratch_.data());
     Backend::partial_statistics(m, v, stats, statistics_scratch_.data(), stream);

@@ -36,7 +36,7 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::overlapped() const
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 bool basic_coordinator<Backend, HostOptimizer, Communicator>::has_cpu_columns() const noexcept {
   for (const auto& p : params_)
-    if (!p.is_vector && !p.complement.empty()) return true;
+    if (!p.is_vector && !p.cpu_columns.empty()) return true;
   return false;
 }
 
@@ -64,12 +64,12 @@ detail::interval_masses basic_coordinator<Backend, HostOptimizer, Communicator>:
     const auto scores = selector_.scores(p.selector_index);
     if (scores.empty()) continue;
     double sel = 0.0;
-    for (std::int32_t c : p.selection) sel += scores[c];
+    for (std::int32_t c : p.gpu_columns) sel += scores[c];
     const double total = std::accumulate(scores.begin(), scores.end(), 0.0);
     m.important += sel;
     m.unimportant += total - sel;
-    m.gpu_columns += static_cast<std::int64_t>(p.selection.size());
-    m.cpu_columns += static_cast<std::int64_t>(p.complement.size());
+    m.gpu_columns += static_cast<std::int64_t>(p.gpu_columns.size());
+    m.cpu_columns += static_cast<std::int64_t>(p.cpu_columns.size());
   }
   return m;
 }
@@ -88,7 +88,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reselect(stream_ty
     if (!p.is_vector) grads.push_back(p.has_grad ? p.grad_matrix : const_matrix_view(p.matrix));
   if (options_.mode == offload_mode::dense) {
     for (auto& p : params_) {
-      if (p.is_vector || !p.selection.empty()) continue;
+      if (p.is_vector || !p.gpu_columns.empty()) continue;
       std::vector<std::int32_t> all(static_cast<std::size_t>(p.matrix.cols));
       std::iota(all.begin(), all.end(), 0);
       set_selection(p, std::move(all), stream);
@@ -101,8 +101,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reselect(stream_ty
     for (auto& p : params_) {
       if (p.is_vector || !p.has_grad) continue;  // no gradient: keeps its selection (or has none yet)
       const auto s = selector_.selected(p.selector_index);
-      if (!p.selection.empty()) {
-        overlap += selection_overlap(p.selection, s);
+      if (!p.gpu_columns.empty()) {
+        overlap += selection_overlap(p.gpu_columns, s);
         ++counted;
       }
       set_selection(p, std::vector<std::int32_t>(s.begin(), s.end()), stream);
@@ -121,20 +121,21 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
   // The CPU update of every parameter with CPU columns, with the hyper-parameters in effect now.
   detail::update_job<Backend> job;
   job.interval = i;
-  job.written_back = &written_back_[b];
+  job.written_back = &by_interval_[b].written_back;
   for (auto& p : params_) {
-    if (p.is_vector || p.complement.empty()) continue;
+    if (p.is_vector || p.cpu_columns.empty()) continue;
     detail::update_item item;
     item.adam = p.adam;
     item.tensor = p.cpu_tensor;
     item.columns = p.owned_local;  // this rank's CPU columns (all of them in one process)
     item.accumulator = accumulator_of(p, i);
-    item.accumulated = &p.accumulated[b];
+    item.accumulated = &p.by_interval[b].accumulated;
     item.cpu_steps = &p.cpu_steps;
-    item.out = p.out_stage[b];
+    item.out = p.by_interval[b].out_stage;
     item.out_type = p.matrix.type;
     // Its block of the write-back's all-gather (the whole buffer in one process).
-    item.device_out = p.writeback_dev[b].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);
+    item.device_out =
+        p.by_interval[b].writeback_dev.data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);
     job.items.push_back(item);
   }
   {
@@ -175,7 +176,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_interval(std
   interval_stalled_ = 0.0;
   schedule_.begin_interval(index, first_step);
   // The interval of this parity two before is written back: its counts are read.
-  for (auto& p : params_) p.accumulated[index % 2] = 0;
+  for (auto& p : params_) p.by_interval[index % 2].accumulated = 0;
   detail::state_lock lock(shared_.mutex);
   shared_.accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
 }
@@ -223,7 +224,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
   if (applied) {
     // A parameter without a gradient in the interval had no CPU update: nothing to write back.
     auto written = [&](const parameter& p) {
-      return !p.is_vector && !p.complement.empty() && p.accumulated[i % 2] != 0;
+      return !p.is_vector && !p.cpu_columns.empty() && p.by_interval[i % 2].accumulated != 0;
     };
     if constexpr (data_parallel) {
       grouped([&] {  // every rank's block of every parameter: the columns each owner updated
@@ -231,7 +232,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
           if (!written(p)) continue;
           dispatch_dtype(p.matrix.type, [&](auto tag) {
             using T = decltype(tag);
-            T* all = reinterpret_cast<T*>(p.writeback_dev[i % 2].data());
+            T* all = reinterpret_cast<T*>(p.by_interval[i % 2].writeback_dev.data());
             comm_->all_gather(std::span<const T>(all + static_cast<std::size_t>(rank_) * p.block, p.block),
                               std::span<T>(all, static_cast<std::size_t>(ranks_) * p.block), stream);
           });
@@ -242,17 +243,17 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
       if (!written(p)) continue;
       const std::size_t esize = dtype_size(p.matrix.type);
       metrics_.bytes_host_to_device += owned_piece_elements(p) * esize;
-      std::byte* blocks = p.writeback_dev[i % 2].data();
-      const auto* complement_dev = reinterpret_cast<const std::int32_t*>(p.complement_dev.data());
+      std::byte* blocks = p.by_interval[i % 2].writeback_dev.data();
+      const auto* cpu_columns_dev = reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data());
       for (int r = 0; r < ranks_; ++r) {
         const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
         if (count == 0) continue;
         Backend::scatter(blocks + static_cast<std::size_t>(r) * p.block * esize, p.matrix.type,
-                         std::span<const std::int32_t>(p.complement).subspan(first, count), complement_dev + first,
+                         std::span<const std::int32_t>(p.cpu_columns).subspan(first, count), cpu_columns_dev + first,
                          p.matrix, stream);
       }
     }
-    Backend::record(written_back_[i % 2], stream);
+    Backend::record(by_interval_[i % 2].written_back, stream);
   }
   schedule_.written_back(i);
   metrics_.written_back = true;
@@ -278,10 +279,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::abandon_step(strea
   if (in_step_ && step_offloaded_) {
     const int parity = static_cast<int>(step_ % 2);
     // Host-side write: this parity's flags were last read two steps ago (begin_step waited).
-    auto* flags = reinterpret_cast<step_flags*>(flags_host_[parity].data());
+    auto* flags = reinterpret_cast<step_flags*>(by_step_[parity].flags_host.data());
     *flags = step_flags{};
     flags->skip = 1;
-    Backend::record(stats_ready_[parity], stream);  // after the gathers the copies read
+    Backend::record(by_step_[parity].stats_ready, stream);  // after the gathers the copies read
     {
       detail::state_lock lock(shared_.mutex);
       shared_.stats_ready_step = step_;
@@ -309,7 +310,7 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary
     for (const auto& p : params_) {
       if (p.is_vector) continue;
       facts.has_matrices = true;
-      (p.selection.empty() ? facts.dense_unselected : facts.any_selection) = true;
+      (p.gpu_columns.empty() ? facts.dense_unselected : facts.any_selection) = true;
       // Dense mode asks whether a parameter still has no GPU columns, the others whether any has.
       if (options_.mode == offload_mode::dense ? facts.dense_unselected : facts.any_selection) break;
     }
@@ -321,9 +322,9 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator
 void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(parameter& p, const step_flags* flags,
                                                                                stream_type stream) {
   const int parity = static_cast<int>(step_ % 2);
-  Backend::gather(p.grad_matrix, p.complement, reinterpret_cast<const std::int32_t*>(p.complement_dev.data()),
-                  p.grad_stage[parity].data(), p.grad_type, flags, stream);
-  hand_over(p, 0, p.complement.size() * static_cast<std::size_t>(p.matrix.rows) * dtype_size(p.grad_type),
+  Backend::gather(p.grad_matrix, p.cpu_columns, reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data()),
+                  (*p.by_step)[parity].grad_stage.data(), p.grad_type, flags, stream);
+  hand_over(p, 0, p.cpu_columns.size() * static_cast<std::size_t>(p.matrix.rows) * dtype_size(p.grad_type),
             /*scale_by_flags=*/false, stream);
 }
 
@@ -338,18 +339,18 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(paramete
   // The worker makes its copies wait for this event when it gets to them; a wait enqueued on the
   // offload stream here would also hold back the copies of earlier steps still being submitted.
   // Re-recorded two steps later, after begin_step saw this job consumed.
-  Backend::record((*p.gathered)[parity], stream);
+  Backend::record((*p.by_step)[parity].gathered, stream);
   detail::offload_job<Backend> j;
   j.step = step_;
   j.interval = schedule_.interval();
-  j.src = p.grad_stage[parity].data() + offset;
+  j.src = (*p.by_step)[parity].grad_stage.data() + offset;
   j.bytes = bytes;
   j.type = p.grad_type;
   j.accumulator = accumulator_of(p, schedule_.interval()).data();
-  j.accumulated = &p.accumulated[schedule_.interval() % 2];
-  j.flags = reinterpret_cast<const step_flags*>(flags_host_[parity].data());
-  j.flags_ready = &stats_ready_[parity];
-  j.gathered = &(*p.gathered)[parity];
+  j.accumulated = &p.by_interval[schedule_.interval() % 2].accumulated;
+  j.flags = reinterpret_cast<const step_flags*>(by_step_[parity].flags_host.data());
+  j.flags_ready = &by_step_[parity].stats_ready;
+  j.gathered = &(*p.by_step)[parity].gathered;
   j.scale_by_flags = scale_by_flags;
   {
     detail::state_lock lock(shared_.mutex);

@@ -56,7 +56,7 @@ inline std::vector<std::int32_t> set_difference(std::span<const std::int32_t> a,
 
 // Moves parameter p to `selection` (ascending; empty: every column on the CPU): the state of the
 // entering columns goes to the device optimizer, that of the leaving columns comes back, and the
-// CPU columns' buffers are set up for the new complement. Synchronizes with `stream`.
+// CPU columns' buffers are set up for the new CPU columns. Synchronizes with `stream`.
 //
 // Data parallel: each rank packs the entering columns it owns, and one all-gather (equal blocks,
 // in owner order, which is column order) gives every rank all of them; each rank keeps the
@@ -67,8 +67,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
                                                                             stream_type stream) {
   const index_t rows = p.matrix.rows;
   const std::size_t per_column = 3 * static_cast<std::size_t>(rows);  // master, m, v
-  const auto entering = detail::set_difference(selection, p.selection);
-  const auto leaving = detail::set_difference(p.selection, selection);
+  const auto entering = detail::set_difference(selection, p.gpu_columns);
+  const auto leaving = detail::set_difference(p.gpu_columns, selection);
   // The part of an ascending column list in rank r's range, and this rank's part as columns of
   // its CPU tensor.
   auto part = [&](std::span<const std::int32_t> list, int r) {
@@ -134,8 +134,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
       metrics_.bytes_device_to_host += back.size() * sizeof(float);
     }
   }
-  p.complement = complement_columns(selection, p.matrix.cols);
-  p.selection = std::move(selection);
+  p.cpu_columns = complement_columns(selection, p.matrix.cols);
+  p.gpu_columns = std::move(selection);
   setup_buffers(p, stream);
 }
 
@@ -158,19 +158,19 @@ float* basic_coordinator<Backend, HostOptimizer, Communicator>::migration_scratc
   return reinterpret_cast<float*>(migration_scratch_.data());
 }
 
-// Sizes parameter p's CPU-column buffers for its complement (accumulators and copy-out zeroed)
-// and uploads the complement's column list. Synchronizes with `stream`.
+// Sizes parameter p's CPU-column buffers for its CPU columns (accumulators and copy-out zeroed)
+// and uploads their column list. Synchronizes with `stream`.
 //
-// The complement is cut by owner into `pieces` (rank r's piece: its columns, in order); the
+// The CPU columns are cut by owner into `pieces` (rank r's piece: its columns, in order); the
 // gradient staging and the write-back staging hold ranks() blocks of `block` elements, the
 // largest piece (the equal blocks of reduce_scatter and all_gather; in one process one block, the
-// whole complement), and the padding after each piece is zero (the collectives read it). This
+// whole of them), and the padding after each piece is zero (the collectives read it). This
 // rank's accumulator and copy-out hold its own piece.
 //
 // The device buffers are allocated once, at the first call (start(), or a checkpoint's load), for
 // the most they can ever hold: every column of the parameter on the CPU, in data parallel the
 // largest owned range per block. The pieces follow the selection; the buffers stay (on a GPU a
-// reallocation is a cudaFree, which waits for the whole device). A parameter whose complement is
+// reallocation is a cudaFree, which waits for the whole device). A parameter whose CPU columns are
 // empty (every column selected, which lasts: k is fixed) lets its staging go.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(parameter& p, stream_type stream) {
@@ -180,30 +180,32 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
   std::size_t largest = 0;
   for (int r = 0; r <= ranks_; ++r) {
     const index_t bound = r == ranks_ ? p.matrix.cols : detail::owned_range(p.matrix.cols, r, ranks_).first;
-    p.pieces[r] = static_cast<std::size_t>(std::lower_bound(p.complement.begin(), p.complement.end(), bound) -
-                                           p.complement.begin());
+    p.pieces[r] = static_cast<std::size_t>(std::lower_bound(p.cpu_columns.begin(), p.cpu_columns.end(), bound) -
+                                           p.cpu_columns.begin());
     if (r > 0) largest = std::max(largest, p.pieces[r] - p.pieces[r - 1]);
   }
   p.block = largest * rows;
-  p.owned_local.assign(p.complement.begin() + static_cast<std::ptrdiff_t>(p.pieces[rank_]),
-                       p.complement.begin() + static_cast<std::ptrdiff_t>(p.pieces[rank_ + 1]));
+  p.owned_local.assign(p.cpu_columns.begin() + static_cast<std::ptrdiff_t>(p.pieces[rank_]),
+                       p.cpu_columns.begin() + static_cast<std::ptrdiff_t>(p.pieces[rank_ + 1]));
   for (auto& c : p.owned_local) c -= static_cast<std::int32_t>(p.owned.first);
   const std::size_t own = p.owned_local.size() * rows;
   // The most elements a staging buffer can hold: ranks blocks of the largest owned range.
   const std::size_t most_owned = (cols + static_cast<std::size_t>(ranks_) - 1) / static_cast<std::size_t>(ranks_);
-  const std::size_t staged = p.complement.empty() ? 0 : static_cast<std::size_t>(ranks_) * most_owned * rows;
+  const std::size_t staged = p.cpu_columns.empty() ? 0 : static_cast<std::size_t>(ranks_) * most_owned * rows;
   auto reserve = [](device_buffer& b, std::size_t bytes) {
     if (bytes == 0)
       b = device_buffer();
     else if (b.bytes() < bytes)
       b = device_buffer(bytes);
   };
-  reserve(p.complement_dev, cols * sizeof(std::int32_t));
-  Backend::copy_async(p.complement_dev.data(), p.complement.data(), p.complement.size() * sizeof(std::int32_t), stream);
+  reserve(p.cpu_columns_dev, cols * sizeof(std::int32_t));
+  Backend::copy_async(p.cpu_columns_dev.data(), p.cpu_columns.data(), p.cpu_columns.size() * sizeof(std::int32_t),
+                      stream);
   if constexpr (data_parallel) {
-    reserve(p.selection_dev, cols * sizeof(std::int32_t));
-    Backend::copy_async(p.selection_dev.data(), p.selection.data(), p.selection.size() * sizeof(std::int32_t), stream);
-    reserve(p.selected_stage, p.selection.size() * rows * dtype_size(p.grad_type));
+    reserve(p.gpu_columns_dev, cols * sizeof(std::int32_t));
+    Backend::copy_async(p.gpu_columns_dev.data(), p.gpu_columns.data(), p.gpu_columns.size() * sizeof(std::int32_t),
+                        stream);
+    reserve(p.selected_stage, p.gpu_columns.size() * rows * dtype_size(p.grad_type));
   }
   // Data parallel: the padding after each rank's piece is zeroed from here (before the guard: the
   // copies read it until the stream is synchronized).
@@ -211,24 +213,25 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
       data_parallel ? p.block * std::max(dtype_size(p.grad_type), dtype_size(p.matrix.type)) : 0, std::byte{0});
   detail::synchronize_on_unwind<Backend> guard(stream);
   for (int b = 0; b < 2; ++b) {
-    reserve(p.grad_stage[b], staged * dtype_size(p.grad_type));
-    {  // see accumulator_of; memory a larger complement needed (before the first selection) is released
+    reserve((*p.by_step)[b].grad_stage, staged * dtype_size(p.grad_type));
+    {  // see accumulator_of; memory more CPU columns needed (before the first selection) is released
       const std::size_t want = b == 0 || options_.overlap_step ? own : 0;
-      if (p.accumulator[b].capacity() > want)
-        p.accumulator[b] = std::vector<float>(want, 0.0f);
+      if (p.by_interval[b].accumulator.capacity() > want)
+        p.by_interval[b].accumulator = std::vector<float>(want, 0.0f);
       else
-        p.accumulator[b].assign(want, 0.0f);
+        p.by_interval[b].accumulator.assign(want, 0.0f);
     }
-    p.accumulated[b] = 0;
+    p.by_interval[b].accumulated = 0;
     // The host backend's CPU Adam writes the write-back staging directly: no host copy-out.
-    p.out_stage[b].assign(Backend::device_space == memory_space::host ? 0 : own * dtype_size(p.matrix.type),
-                          std::byte{0});
-    reserve(p.writeback_dev[b], staged * dtype_size(p.matrix.type));
+    p.by_interval[b].out_stage.assign(Backend::device_space == memory_space::host ? 0 : own * dtype_size(p.matrix.type),
+                                      std::byte{0});
+    reserve(p.by_interval[b].writeback_dev, staged * dtype_size(p.matrix.type));
     if constexpr (data_parallel) {
-      for (int r = 0; r < ranks_ && !p.complement.empty(); ++r) {
+      for (int r = 0; r < ranks_ && !p.cpu_columns.empty(); ++r) {
         const std::size_t used = (p.pieces[r + 1] - p.pieces[r]) * rows;
-        for (auto* buffer : {&p.grad_stage[b], &p.writeback_dev[b]}) {
-          const std::size_t esize = buffer == &p.grad_stage[b] ? dtype_size(p.grad_type) : dtype_size(p.matrix.type);
+        for (auto* buffer : {&(*p.by_step)[b].grad_stage, &p.by_interval[b].writeback_dev}) {
+          const std::size_t esize =
+              buffer == &(*p.by_step)[b].grad_stage ? dtype_size(p.grad_type) : dtype_size(p.matrix.type);
           const std::size_t bytes = (p.block - used) * esize;
           Backend::copy_async(buffer->data() + (static_cast<std::size_t>(r) * p.block + used) * esize, zeros.data(),
                               bytes, stream);

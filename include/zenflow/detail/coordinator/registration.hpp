@@ -56,9 +56,9 @@ host_memory_bytes basic_coordinator<Backend, HostOptimizer, Communicator>::host_
     if (opt.nvme_file() != nullptr) m.state_file_pool = opt.nvme_file()->pool().total_bytes();
   for (const parameter& p : params_)
     for (int b = 0; b < 2; ++b) {
-      m.accumulators += p.accumulator[b].capacity() * sizeof(float);
-      m.copy_out += p.out_stage[b].capacity();
-      m.device_buffers += p.grad_stage[b].bytes() + p.writeback_dev[b].bytes();
+      m.accumulators += p.by_interval[b].accumulator.capacity() * sizeof(float);
+      m.copy_out += p.by_interval[b].out_stage.capacity();
+      m.device_buffers += (*p.by_step)[b].grad_stage.bytes() + p.by_interval[b].writeback_dev.bytes();
     }
   return m;
 }
@@ -101,7 +101,7 @@ const adam_options& basic_coordinator<Backend, HostOptimizer, Communicator>::ada
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 std::span<const std::int32_t> basic_coordinator<Backend, HostOptimizer, Communicator>::gpu_columns(
     std::size_t i) const {
-  return at(i).selection;
+  return at(i).gpu_columns;
 }
 
 // --- hyper-parameters and registration -----------------------------------------------------------
@@ -203,7 +203,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(st
   // gather them now and let the copy overlap backward (not at a selection boundary, which may
   // change the columns).
   // Data parallel: the CPU columns are reduced across ranks first, in step().
-  if (!data_parallel && schedule_.started() && options_.max_grad_norm == 0.0f && !p.complement.empty() &&
+  if (!data_parallel && schedule_.started() && options_.max_grad_norm == 0.0f && !p.cpu_columns.empty() &&
       !selection_boundary()) {
     begin_step();
     offload_gradient(p, unit_flags(), stream);

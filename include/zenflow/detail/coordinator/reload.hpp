@@ -47,19 +47,21 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
     copy_all_columns(p, values, transfer_direction::device_to_host, stream);
     auto column = [&](index_t c) { return std::span<const std::byte>(values).subspan(c * column_bytes, column_bytes); };
     if (p.device_index != npos) {  // the GPU columns: packed [master, m, v] per selected column
-      std::vector<float> packed(3 * rows * p.selection.size());
+      std::vector<float> packed(3 * rows * p.gpu_columns.size());
       device_opt_.export_state(p.device_index, packed);
-      for (std::size_t l = 0; l < p.selection.size(); ++l)
-        detail::adopt_values(column(p.selection[l]), type, std::span<float>(packed).subspan(3 * l * rows, rows), false);
+      for (std::size_t l = 0; l < p.gpu_columns.size(); ++l)
+        detail::adopt_values(column(p.gpu_columns[l]), type, std::span<float>(packed).subspan(3 * l * rows, rows),
+                             false);
       device_opt_.import_state(p.device_index, packed);
     }
-    // This rank's CPU columns. With a pending result for this parameter (its CPU columns are the
-    // complement the update ran on) the edit wins: every element takes its value, and the
+    // This rank's CPU columns. With a pending result for this parameter (its CPU columns are the ones
+    // the update ran on) the edit wins: every element takes its value, and the
     // write-back will write these values.
     const auto pending_interval = schedule_.pending();
-    const bool pending = pending_interval && p.accumulated[*pending_interval % 2] > 0 && !p.complement.empty();
+    const bool pending =
+        pending_interval && p.by_interval[*pending_interval % 2].accumulated > 0 && !p.cpu_columns.empty();
     // Through the optimizer's export and import: wherever it keeps the master (RAM or an SSD).
-    const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.selection);
+    const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.gpu_columns);
     const std::size_t cpu_n = cpu_columns.size() * rows;
     std::vector<float> master(cpu_n), m(cpu_n), v(cpu_n);
     host_opt_.export_columns(p.cpu_tensor, cpu_columns, master, m, v);
@@ -73,8 +75,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
         const auto c = column(p.owned_local[j] + p.owned.first);
         std::copy(c.begin(), c.end(), block.begin() + static_cast<std::ptrdiff_t>(j * column_bytes));
       }
-      std::byte* staged =
-          p.writeback_dev[*pending_interval % 2].data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(type);
+      std::byte* staged = p.by_interval[*pending_interval % 2].writeback_dev.data() +
+                          static_cast<std::size_t>(rank_) * p.block * dtype_size(type);
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(staged, block.data(), block.size(), stream);
       Backend::synchronize(stream);
