@@ -363,7 +363,7 @@ void coordinator_memory(benchmark::State& state) {
   const auto format = static_cast<zenflow::cpu_state_format>(state.range(2));
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
-  std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params, zenflow::bfloat16(1e-3f));
+  std::vector<zenflow::bfloat16> weight(params, zenflow::to_bfloat16(0.01f)), grad(params, zenflow::to_bfloat16(1e-3f));
   zenflow::coordinator_config config = coordinator_config_for(on_disk);
   config.cpu_state = format;
   double added = 0, accounted = 0, device = 0, seconds = 0;
@@ -416,9 +416,9 @@ void coordinator_stall(benchmark::State& state) {
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
   const auto compute = std::chrono::milliseconds(env_u64("ZENFLOW_BENCH_STEP_MS", 100));
-  std::vector<zenflow::bfloat16> weight(params, zenflow::bfloat16(0.01f)), grad(params);
+  std::vector<zenflow::bfloat16> weight(params, zenflow::to_bfloat16(0.01f)), grad(params);
   for (std::size_t i = 0; i < params; ++i)  // column norms that differ, so the selection matters
-    grad[i] = zenflow::bfloat16(1e-3f * static_cast<float>(1 + (i / rows) % 97));
+    grad[i] = zenflow::to_bfloat16(1e-3f * static_cast<float>(1 + (i / rows) % 97));
   const zenflow::coordinator_config config = coordinator_config_for(on_disk);
   zenflow::zenflow_options options = zenflow::zenflow_options::zero_offload();
   constexpr int interval = 8;
@@ -559,7 +559,7 @@ void larger_than_ram(benchmark::State& state) {
     }
     register_s = seconds_since(t0);
     std::vector<zenflow::bfloat16> grad(per_tensor);
-    for (std::size_t i = 0; i < per_tensor; ++i) grad[i] = zenflow::bfloat16(1e-3f * static_cast<float>(i % 7) - 3e-3f);
+    for (std::size_t i = 0; i < per_tensor; ++i) grad[i] = zenflow::to_bfloat16(1e-3f * static_cast<float>(i % 7) - 3e-3f);
     std::vector<zenflow::cpu_adam_task> tasks(tensors);
     for (std::size_t t = 0; t < tensors; ++t) tasks[t] = {t, grad.data(), zenflow::dtype::bf16, {}};
     const double wait0 = opt.nvme_file()->counters().wait_seconds;

@@ -128,9 +128,9 @@ bool step_both(cpu_adam& ram, cpu_adam& nvme, int step) {
     const std::size_t n =
         compact ? cols[t].size() * static_cast<std::size_t>(s.rows) : static_cast<std::size_t>(s.rows * s.cols);
     g32[t] = values(n, 1000u * static_cast<std::uint32_t>(step) + static_cast<std::uint32_t>(t), 0.1f);
-    for (float x : g32[t]) g16[t].push_back(zenflow::bfloat16(x));
-    out_a[t].assign(n, zenflow::bfloat16(0.0f));
-    out_b[t].assign(n, zenflow::bfloat16(0.0f));
+    for (float x : g32[t]) g16[t].push_back(zenflow::to_bfloat16(x));
+    out_a[t].assign(n, zenflow::to_bfloat16(0.0f));
+    out_b[t].assign(n, zenflow::to_bfloat16(0.0f));
     tasks[t].tensor = t;
     tasks[t].columns = cols[t];
     tasks[t].grad_compact = compact;
