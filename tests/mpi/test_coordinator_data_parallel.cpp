@@ -546,10 +546,10 @@ TEST_CASE("cover_cpu_update: every rank takes the longest interval any rank's CP
   auto options = zenflow_test::data_parallel_test_options(0.0f);
   options.update_interval = zenflow::interval_option::automatic();
   options.select_interval = zenflow::interval_option::fixed(100);
-  options.max_update_interval = 16;
+  options.max_update_interval = 24;
   options.cover_cpu_update = true;
-  // The last rank's updates take 60 ms, the others' none: at ~8 ms a step it needs ~9 steps.
-  rank_paced_cpu_adam::delay = std::chrono::milliseconds(rank == ranks - 1 ? 60 : 0);
+  // The last rank's updates take 150 ms, the others' none: at ~8 ms a step it needs ~16 steps.
+  rank_paced_cpu_adam::delay = std::chrono::milliseconds(rank == ranks - 1 ? 150 : 0);
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   model m;
   zenflow::basic_coordinator<zenflow::host_backend, rank_paced_cpu_adam, zenflow::mpi_communicator> c(comm, options);

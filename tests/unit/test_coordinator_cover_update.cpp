@@ -5,9 +5,10 @@
 //   - with it, the interval grows to what the measured update needs at the measured pace of the
 //     steps (step_metrics::interval_floor), the stall goes away, and the staleness bound still
 //     holds for intervals of changing length.
-// The timings are sleeps far apart (an update of 150 ms, steps of about 12 ms: the toy's masses
-// ask for 8-step intervals, 96 ms), so the checks hold on a loaded machine and under the
-// sanitizers; the rule's arithmetic is tested alone in test_schedule.cpp.
+// The timings are sleeps far apart (an update of 300 ms, steps of about 12 ms: the toy's masses
+// ask for 8-step intervals, 96 ms; the rule for about 28), so the checks hold with steps up to
+// twice as slow (a loaded machine, the sanitizers); the rule's arithmetic is tested alone in
+// test_schedule.cpp.
 #include <zenflow/coordinator.hpp>
 
 #include <doctest/doctest.h>
@@ -25,11 +26,11 @@ using namespace zenflow::testing;
 
 namespace {
 
-// A CPU optimizer whose updates take 150 ms more than the arithmetic.
+// A CPU optimizer whose updates take 300 ms more than the arithmetic.
 struct slow_cpu_adam : cpu_adam {
   using cpu_adam::cpu_adam;
   cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return cpu_adam::step(tasks, grad_scale, check_finite);
   }
 };
@@ -40,7 +41,7 @@ zenflow_options auto_interval(bool cover) {
   zenflow_options o = base_options();
   o.update_interval = interval_option::automatic();
   o.select_interval = interval_option::fixed(100);
-  o.max_update_interval = 16;
+  o.max_update_interval = 40;
   o.cover_cpu_update = cover;
   o.validate();
   return o;
@@ -77,7 +78,7 @@ run_result train(bool cover, std::int64_t steps) {
 }  // namespace
 
 TEST_CASE("cover_cpu_update: the auto interval grows to cover a slow CPU update, and ZenFlow async stops stalling") {
-  constexpr std::int64_t steps = 48;
+  constexpr std::int64_t steps = 64;
   const run_result plain = train(/*cover=*/false, steps);
   const run_result covered = train(/*cover=*/true, steps);
 
@@ -86,15 +87,15 @@ TEST_CASE("cover_cpu_update: the auto interval grows to cover a slow CPU update,
   INFO("masses' interval " << plain.max_interval << ", stall without the rule " << plain.late_stall * 1e3
                            << " ms, with it " << covered.late_stall * 1e3 << " ms, floor " << covered.max_floor);
   REQUIRE(plain.max_interval <= 10);  // shorter than the update needs: the case to cover
-  CHECK(plain.late_stall > 0.1);      // ~150 - 8 x 12 ms at each of the 4 intervals' ends
+  CHECK(plain.late_stall > 0.2);      // ~300 - 8 x 12 ms at each of the 6 intervals' ends
 
-  // With it: a floor of about 1.1 x 150 / 12 ~ 14 steps (fewer when the steps run slower), the
+  // With it: a floor of about 1.1 x 300 / 12 ~ 28 steps (fewer when the steps run slower), the
   // intervals at least that long, and at most a fifth of the stall.
   CHECK(covered.max_floor > plain.max_interval);
   for (const step_metrics& m : covered.steps) {
     CAPTURE(m.step);
     CHECK(m.interval >= m.interval_floor);
-    CHECK(m.interval <= 16);
+    CHECK(m.interval <= 40);
   }
   CHECK(covered.late_stall < 0.2 * plain.late_stall);
   check_staleness(covered.trace, steps, /*overlap=*/true);
