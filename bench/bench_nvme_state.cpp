@@ -559,7 +559,8 @@ void larger_than_ram(benchmark::State& state) {
     }
     register_s = seconds_since(t0);
     std::vector<zenflow::bfloat16> grad(per_tensor);
-    for (std::size_t i = 0; i < per_tensor; ++i) grad[i] = zenflow::to_bfloat16(1e-3f * static_cast<float>(i % 7) - 3e-3f);
+    for (std::size_t i = 0; i < per_tensor; ++i)
+      grad[i] = zenflow::to_bfloat16(1e-3f * static_cast<float>(i % 7) - 3e-3f);
     std::vector<zenflow::cpu_adam_task> tasks(tensors);
     for (std::size_t t = 0; t < tensors; ++t) tasks[t] = {t, grad.data(), zenflow::dtype::bf16, {}};
     const double wait0 = opt.nvme_file()->counters().wait_seconds;

@@ -225,6 +225,17 @@ struct basic_harness {
 
 using harness = basic_harness<>;
 
+// A CPU optimizer whose updates take `Milliseconds` longer than the arithmetic (a slow CPU, or a
+// state file on a slow disk).
+template <int Milliseconds>
+struct delayed_cpu_adam : cpu_adam {
+  using cpu_adam::cpu_adam;
+  cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(Milliseconds));
+    return cpu_adam::step(tasks, grad_scale, check_finite);
+  }
+};
+
 // A CPU optimizer that fails on its third update, to show worker errors reach the trainer.
 struct failing_cpu_adam : cpu_adam {
   using cpu_adam::cpu_adam;

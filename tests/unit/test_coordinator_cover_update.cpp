@@ -27,15 +27,7 @@ using namespace zenflow::testing;
 namespace {
 
 // A CPU optimizer whose updates take 300 ms more than the arithmetic.
-struct slow_cpu_adam : cpu_adam {
-  using cpu_adam::cpu_adam;
-  cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    return cpu_adam::step(tasks, grad_scale, check_finite);
-  }
-};
-
-using slow_harness = basic_harness<basic_coordinator<host_backend, slow_cpu_adam>>;
+using slow_harness = basic_harness<basic_coordinator<host_backend, delayed_cpu_adam<300>>>;
 
 zenflow_options auto_interval(bool cover) {
   zenflow_options o = base_options();

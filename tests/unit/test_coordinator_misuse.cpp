@@ -167,13 +167,7 @@ TEST_CASE("a non-finite gradient on a selection step skips the step; the selecti
 namespace {
 // A CPU optimizer whose updates take a while: a read that does not wait for them sees a stale
 // state (and races them).
-struct slow_cpu_adam : cpu_adam {
-  using cpu_adam::cpu_adam;
-  cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(40));
-    return cpu_adam::step(tasks, grad_scale, check_finite);
-  }
-};
+using slow_cpu_adam = delayed_cpu_adam<40>;
 }  // namespace
 
 TEST_CASE("reading the CPU optimizer between steps waits for the CPU updates already launched") {
