@@ -16,8 +16,10 @@ from conftest import batch, make_model, max_diff, train_step
 HYPER = dict(lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 # Per-step bound on |p_zenflow - p_torch| over 300 steps. zenflow's Adam forms the whole change
 # of p (decay included) and rounds once; torch multiplies by (1 - lr*wd) first: the two differ by
-# a few ulp per step, which Adam's normalisation keeps from growing beyond this.
-TRACK_TOL = 2e-5
+# a few ulp per step, which Adam's normalisation keeps from growing beyond this. Measured: below
+# 2e-5 on an AVX-512 Xeon, 2.003e-5 (dense and ZeRO-Offload, step 296 of 300) on an AVX2 EPYC,
+# where torch's CPU kernels take their AVX2 paths; one step's update is lr = 3e-3, 100x the bound.
+TRACK_TOL = 3e-5
 
 
 def groups(model):
