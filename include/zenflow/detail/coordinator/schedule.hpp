@@ -113,10 +113,9 @@ class schedule {
     at_.target = std::max(mass_target_, floor_);
   }
 
-  /// cover_cpu_update is in effect: "auto" intervals after warm-up, ZenFlow's overlapped updates.
-  [[nodiscard]] bool covers_cpu_update(std::int64_t step) const noexcept {
-    return covers_ && update_interval_.is_auto && overlapped(step);
-  }
+  /// cover_cpu_update is in effect: after warm-up, ZenFlow's overlapped updates (validate() admits
+  /// the option with "auto" intervals only).
+  [[nodiscard]] bool covers_cpu_update(std::int64_t step) const noexcept { return covers_ && overlapped(step); }
   /// cover_cpu_update, as an interval begins (before its first step): the CPU update needs
   /// `steps` steps of training to finish within an interval (0: nothing measured, the floor
   /// stays). The interval is the selection's "auto" length or that, whichever is longer, within

@@ -83,13 +83,6 @@ def method_options(given):
         raise ValueError(f"overlap_step: must be True or False, got {o['overlap_step']!r}")
     if not isinstance(o["cover_cpu_update"], bool):
         raise ValueError(f"cover_cpu_update: must be True or False, got {o['cover_cpu_update']!r}")
-    if o["mode"] == "zenflow" and o["cover_cpu_update"]:
-        if o["update_interval"] != "auto":
-            raise ValueError(f"cover_cpu_update: lengthens \"auto\" update intervals only, but update_interval "
-                             f"is fixed at {o['update_interval']} steps")
-        if not o["overlap_step"]:
-            raise ValueError("cover_cpu_update: needs overlap_step (without it every CPU update runs "
-                             "synchronously at its interval's end, whatever the interval's length)")
     if o["mode"] == "zero_offload":
         o["update_interval"] = 1
         o["overlap_step"] = False
