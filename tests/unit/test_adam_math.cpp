@@ -7,6 +7,10 @@
 #include <random>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 namespace {
 struct reference_adam {
   double p, m = 0, v = 0;
@@ -73,3 +77,5 @@ TEST_CASE("step constants reject bad input and compute bias corrections in doubl
   CHECK(!zenflow::is_finite_bits(std::nanf("")));
   CHECK(!zenflow::is_finite_bits(-INFINITY));
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -411,3 +415,5 @@ TEST_CASE("a checkpoint far into training loads without memory per interval") {
   CHECK_NOTHROW(resumed = resume(m, document.file(), 3));
   CHECK(m.coordinator().step_count() == huge + 3);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

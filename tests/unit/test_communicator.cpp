@@ -15,6 +15,10 @@
 
 #include "../support/error_text.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::bfloat16;
 using zenflow::float16;
 using zenflow::reduce_op;
@@ -262,3 +266,5 @@ TEST_CASE("reduce_op names") {
   CHECK(zenflow::reduce_op_name(reduce_op::max) == "max");
   CHECK(zenflow::reduce_op_name(reduce_op::min) == "min");
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

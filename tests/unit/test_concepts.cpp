@@ -16,6 +16,10 @@
 
 #include "coordinator_harness.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 namespace {
 
 struct model_selector {
@@ -355,3 +359,5 @@ TEST_CASE("concept models are usable through the concept") {
   CHECK(count(s) == 2);
   CHECK(s.k(0) == 2);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

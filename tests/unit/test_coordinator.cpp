@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -262,3 +266,5 @@ TEST_CASE("destruction with CPU work in flight is clean") {
   const auto trace = h.coordinator.trace();
   for (const auto& r : trace) CHECK(r.write_backs == 1);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -21,6 +21,10 @@
 
 #include "coordinator_harness.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -115,3 +119,5 @@ TEST_CASE("cover_cpu_update: a checkpoint keeps the interval's length; the floor
   a.finish();
   b.finish();
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

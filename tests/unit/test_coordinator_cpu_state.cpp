@@ -23,6 +23,10 @@
 #include <utility>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -200,3 +204,5 @@ TEST_CASE("host_memory: one accumulator without overlap_step, two with it; state
     h.finish();
   }
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -15,6 +15,10 @@
 
 #include "../support/data_parallel_model.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::host_backend;
 using zenflow::host_stream;
 
@@ -170,3 +174,5 @@ TEST_CASE("every public call of a coordinator runs on its device, and leaves the
   device_backend::current = 0;
   std::remove(path.c_str());
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

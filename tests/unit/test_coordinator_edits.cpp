@@ -20,6 +20,10 @@
 #include <span>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -282,3 +286,5 @@ TEST_CASE("an edit wins over a CPU update in flight; the other parameters get th
     CHECK(h.model.bias == reference.model.bias);
   }
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

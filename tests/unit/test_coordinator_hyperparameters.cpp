@@ -10,6 +10,10 @@
 
 #include "coordinator_harness.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -145,3 +149,5 @@ TEST_CASE("hyper-parameters: bad values are rejected before anything changes; ch
   CHECK(second.finish() == reference);
   std::filesystem::remove(path);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -32,6 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -419,3 +423,5 @@ TEST_CASE("a checkpoint taken mid-interval with missing gradients resumes bit-id
   CHECK(h.coordinator.gpu_step_count(1) == 5);
   CHECK(h.coordinator.gpu_step_count(2) == 7);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

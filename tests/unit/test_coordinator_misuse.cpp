@@ -13,6 +13,10 @@
 
 #include "coordinator_harness.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -295,3 +299,5 @@ TEST_CASE("a bad coordinator_config is rejected naming its own field") {
   c.cpu_threads = 100000;
   CHECK(rejected_field(c) == "cpu_threads");
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

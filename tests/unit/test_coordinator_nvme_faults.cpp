@@ -18,6 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 using zenflow_test::contains;
@@ -104,3 +108,5 @@ TEST_CASE("moments on disk: a process killed mid-run leaves a scratch file; the 
   CHECK(resumed(dir.path(), checkpoint) == uninterrupted());
   CHECK_FALSE(std::filesystem::exists(dir.path() / "zenflow_state.rank0.bin"));  // the resumed run's, removed
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -21,6 +21,10 @@
 #include "../support/data_parallel_model.hpp"
 #include "../support/exported_state.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::host_stream;
 using zenflow::missing_gradients;
 using zenflow_test::data_parallel_model;
@@ -119,3 +123,5 @@ TEST_CASE("one rank of the data-parallel schedule with compact CPU moments equal
     run_against_single_process(0.0f, false, format);
   }
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -15,6 +15,10 @@
 #include "../support/counting_communicator.hpp"
 #include "../support/data_parallel_model.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::host_stream;
 using zenflow_test::counting_backend;
 using zenflow_test::counting_communicator;
@@ -86,3 +90,5 @@ TEST_CASE("one rank: reselections reuse the buffers of the first selection") {
   CHECK(selections >= 4);
   dp.finish(&s);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -11,6 +11,10 @@
 #include <random>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::bfloat16;
 using zenflow::cpu_adam;
 using zenflow::cpu_adam_config;
@@ -639,3 +643,5 @@ TEST_CASE("a task's own step and gradient scale equal an optimizer at that step 
   CHECK_THROWS_AS(per_task.step({&bad, 1}), zenflow::error);
   CHECK(per_task.step_count() == 1);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

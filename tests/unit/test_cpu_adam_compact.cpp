@@ -15,6 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::bfloat16;
 using zenflow::cpu_adam;
 using zenflow::cpu_adam_config;
@@ -807,3 +811,5 @@ TEST_CASE("fidelity: compact states train small problems as fp32 state does") {
     CHECK(ls_d <= b.distance);
   }
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -22,6 +22,10 @@
 #include <random>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::cpu_adam;
 using zenflow::cpu_adam_config;
 using zenflow::cpu_adam_task;
@@ -437,3 +441,5 @@ TEST_CASE("master on an SSD: tensors may be added after a step; a full disk at a
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

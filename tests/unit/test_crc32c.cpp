@@ -12,6 +12,10 @@
 #include "../support/error_text.hpp"
 #include "../support/storage_test_utils.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::crc32c;
 using zenflow::crc32c_isa;
 
@@ -114,3 +118,5 @@ TEST_CASE("crc32c: names, and a path the CPU lacks is an error naming isa") {
     CHECK(zenflow_test::contains(msg, "isa"));
   }
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

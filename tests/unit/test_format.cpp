@@ -9,6 +9,10 @@
 #include <sstream>
 #include <string>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 
 TEST_CASE("enums print their names") {
@@ -115,3 +119,5 @@ TEST_CASE("step_metrics: fmt and operator<< write the same text") {
   CHECK(os.str() == expected);
   CHECK(fmt::format("{:>{}}", m, expected.size() + 4) == "    " + expected);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -18,6 +18,10 @@
 #include <random>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 namespace {
 
 using zenflow::cpu_isa;
@@ -614,3 +618,5 @@ TEST_CASE("a SIMD path this CPU lacks, or an unknown one, is rejected before any
 }
 
 }  // namespace
+
+}  // namespace ZENFLOW_TEST_FILE_ID

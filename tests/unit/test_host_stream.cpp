@@ -9,6 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace std::chrono_literals;
 
 TEST_CASE("work runs in order, asynchronously, and synchronize waits for it") {
@@ -93,3 +97,5 @@ TEST_CASE("destruction with work in flight drains it") {
   }
   CHECK(done == 50);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

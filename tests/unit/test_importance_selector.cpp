@@ -13,6 +13,10 @@
 #include <random>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::const_matrix_view;
 using zenflow::dtype;
 using zenflow::index_t;
@@ -423,3 +427,5 @@ TEST_CASE("host_gradient_stats: sum of squares over finite elements and the non-
   dev.space = memory_space::device;
   check_throws_arg([&] { (void)zenflow::host_gradient_stats(grads, std::span(&dev, 1)); }, "vectors");
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

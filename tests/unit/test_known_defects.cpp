@@ -35,6 +35,10 @@
 
 #include "coordinator_harness.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace zenflow;
 using namespace zenflow::testing;
 
@@ -585,3 +589,5 @@ TEST_CASE("defect: pinning lost (a per-step copy between device memory and pagea
     run(h);
   }
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -9,6 +9,10 @@
 #include <limits>
 #include <string>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::interval_option;
 using zenflow::selection_strategy;
 using zenflow::zenflow_options;
@@ -126,3 +130,5 @@ TEST_CASE("auto resolution of the selection strategy and interval") {
   o.select_strategy = selection_strategy::step;
   CHECK(o.select_interval_steps() == 3);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

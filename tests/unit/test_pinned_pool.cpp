@@ -15,6 +15,10 @@
 #include "../support/error_text.hpp"
 #include "../support/storage_test_utils.hpp"
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::pin_policy;
 using zenflow::pinned_buffer_pool;
 using zenflow_test::contains;
@@ -134,3 +138,5 @@ TEST_CASE("pinned_buffer_pool: bad arguments name the argument before mapping an
   CHECK(error_of([&] { pinned_buffer_pool p(1, 4096, pin_policy::none, hook); }) ==
         "zenflow: hook: a pin hook (h) was given with pin_policy::none");
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

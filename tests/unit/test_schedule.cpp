@@ -16,6 +16,10 @@
 #include <limits>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::interval_option;
 using zenflow::offload_mode;
 using zenflow::zenflow_options;
@@ -267,3 +271,5 @@ TEST_CASE("checkpoint positions: consistent ones restored, inconsistent ones rej
   const auto message = error_of([&] { no_overlap.check(good, 9, 1, 4, 1, 9); });
   CHECK(contains(message, "these options never leave one pending"));
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -13,6 +13,10 @@
 #include <random>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 namespace {
 
 using zenflow::dtype;
@@ -558,3 +562,5 @@ TEST_CASE("a parameter without a gradient (null view) is untouched and keeps its
   CHECK(together.step_count(0) == 4);
   CHECK(together.step_count(1) == 4);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

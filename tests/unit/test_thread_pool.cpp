@@ -8,6 +8,10 @@
 #include <thread>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 TEST_CASE("parallel_for runs every task exactly once, for any pool size") {
   for (std::size_t threads : {1u, 2u, 3u, 8u}) {
     zenflow::thread_pool pool(threads);
@@ -56,3 +60,5 @@ TEST_CASE("nested calls run inline and concurrent callers are serialized") {
   b.join();
   CHECK(total.load() == 2L * 20 * (63 * 64 / 2));
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -16,6 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using namespace std::chrono_literals;
 using zenflow::host_stream;
 using zenflow::host_transfer_queue;
@@ -486,3 +490,5 @@ TEST_CASE("mapped_region: page-aligned, zero-filled, exact, moved and freed once
   b = std::move(big);
   CHECK(b.size() == (std::size_t{300} << 20));
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

@@ -9,6 +9,10 @@
 #include <ios>
 #include <limits>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 namespace {
 
 float bits_f(std::uint32_t u) {
@@ -138,3 +142,5 @@ TEST_CASE("named special cases") {
   CHECK(zenflow::dtype_name(zenflow::dtype::f16) == "f16");
   CHECK(zenflow::from_float<zenflow::float16>(1.0f).bits == 0x3c00);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID

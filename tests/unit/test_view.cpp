@@ -5,6 +5,10 @@
 
 #include <vector>
 
+#include "../support/test_file_id.hpp"
+
+namespace ZENFLOW_TEST_FILE_ID {  // this file's names (tests/support/test_file_id.hpp)
+
 using zenflow::dtype;
 using zenflow::matrix_view;
 using zenflow::memory_space;
@@ -67,3 +71,5 @@ TEST_CASE("vector views") {
   CHECK_THROWS_AS((zenflow::vector_view{bias.data(), 3, dtype::bf16, memory_space::host, 0}.validate("bias")),
                   zenflow::error);
 }
+
+}  // namespace ZENFLOW_TEST_FILE_ID
