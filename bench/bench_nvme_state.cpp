@@ -14,12 +14,12 @@
 // rates, and the time the stream's thread waited on the disk. cpu_adam_nvme measures the same for
 // zenflow::cpu_adam with its state on the disk (cpu_adam_config::nvme; master_on_disk 1: the fp32
 // master and the moments in the file; 0: the moments only, the master in RAM; cpu_state 0: fp32
-// moments, 1: bf16), the CPU update a coordinator runs: one step over every column. coordinator_memory measures the
-// host RAM a ZeRO-Offload coordinator adds per parameter with its state in RAM, its moments on disk and its master too
-// (resident memory, and the coordinator's own accounting). coordinator_stall measures what the
-// trainer waits for per step, ZeRO-Offload against ZenFlow async (update_interval 8, "auto", and
-// "auto" with cover_cpu_update), with the state in RAM and on disk (ZENFLOW_BENCH_STEP_MS: the
-// simulated GPU step). larger_than_ram (only with
+// moments, 1: bf16, 2: 8-bit), the CPU update a coordinator runs: one step over every column.
+// coordinator_memory measures the host RAM a ZeRO-Offload coordinator adds per parameter with its
+// state in RAM, its moments on disk and its master too (resident memory, and the coordinator's own
+// accounting). coordinator_stall measures what the trainer waits for per step, ZeRO-Offload
+// against ZenFlow async (update_interval 8, "auto", and "auto" with cover_cpu_update), with the
+// state in RAM and on disk (ZENFLOW_BENCH_STEP_MS: the simulated GPU step). larger_than_ram (only with
 // ZENFLOW_BENCH_LARGER_THAN_RAM_GB set) steps a cpu_adam whose state on disk is that many GB, more
 // than the machine's RAM, and reports its peak resident memory (VmHWM).
 //
@@ -248,9 +248,9 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
 
 // zenflow::cpu_adam with its state on the disk (cpu_adam_config::nvme): what a coordinator's
 // CPU update runs. One step over every column of one 1024-row tensor whose state on disk fills
-// the state bytes (12, 8 or 8 B per parameter: fp32 master and moments, fp32 moments, fp32 master
-// and bf16 moments; the gradient in RAM), against the roofline's sequential read + write of the
-// same bytes.
+// the state bytes (12, 8, 8 or about 6 B per parameter: fp32 master and moments, fp32 moments,
+// fp32 master and bf16 moments, fp32 master and 8-bit moments; the gradient in RAM), against the
+// roofline's sequential read + write of the same bytes.
 void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   const bool master_on_disk = state.range(0) != 0;
   const auto format = static_cast<zenflow::cpu_state_format>(state.range(1));
@@ -258,9 +258,12 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
   const std::size_t qd = env_u64("ZENFLOW_BENCH_NVME_QD", 32);
   if (io_uring_missing(state, kind)) return;
-  // [master |] m | v or [master |] words of this many elements per block (as cpu_adam lays them out)
+  // [master |] m | v or [master |] words of this many elements per block, or whole 8-bit blocks of
+  // 256 rows (as cpu_adam lays them out)
   const std::size_t arrays = (master_on_disk ? 1 : 0) + (format == zenflow::cpu_state_format::fp32 ? 2 : 1);
-  const std::size_t per_block = block / (4 * arrays) / 16 * 16;
+  const std::size_t per_block = format == zenflow::cpu_state_format::blockwise8_moments
+                                    ? block / (256 * ((master_on_disk ? 4 : 0) + 2) + 8) * 256
+                                    : block / (4 * arrays) / 16 * 16;
   const std::uint64_t blocks = (want + block - 1) / block;
   const zenflow::index_t cols = static_cast<zenflow::index_t>(blocks * per_block / rows);
   const std::size_t params = static_cast<std::size_t>(rows * cols);
@@ -492,6 +495,7 @@ BENCHMARK_CAPTURE(cpu_adam_nvme, io_uring, zenflow::io_engine_kind::uring)
     ->Args({1, 0})
     ->Args({0, 0})
     ->Args({1, 1})
+    ->Args({1, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
@@ -500,6 +504,7 @@ BENCHMARK_CAPTURE(cpu_adam_nvme, posix, zenflow::io_engine_kind::posix)
     ->Args({1, 0})
     ->Args({0, 0})
     ->Args({1, 1})
+    ->Args({1, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);

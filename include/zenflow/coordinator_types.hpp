@@ -27,8 +27,8 @@ struct coordinator_config {
   /// is kept in every format; reselection and checkpoints move the state as fp32 (a checkpoint
   /// loads into a coordinator of any format).
   cpu_state_format cpu_state = cpu_state_format::fp32;
-  /// Set: the CPU columns' state lives in a state file on an SSD (the NVMe state tier, fp32 or bf16
-  /// moments; cpu_adam.hpp): the moments and, with nvme->master_on_disk (the default), the master.
+  /// Set: the CPU columns' state lives in a state file on an SSD (the NVMe state tier, any
+  /// cpu_state; cpu_adam.hpp): the moments and, with nvme->master_on_disk (the default), the master.
   /// Host RAM keeps the gradient accumulator (4 bytes per CPU-column parameter, 8 with
   /// overlap_step; host_memory()), the master if it is not on disk (4 more) and a pool of
   /// read_ahead + 1 + write_behind blocks, instead of 16 or 20 bytes per parameter in RAM. The

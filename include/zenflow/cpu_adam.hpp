@@ -40,22 +40,27 @@
 // (`export_columns` / `import_columns`: the GPU's columns are fp32) and as raw bytes per tensor
 // (`save_state` / `load_state`: a compact format saves compactly).
 //
-// State on an SSD (`cpu_adam_config::nvme`, the NVMe state tier; fp32 or bf16 moments) lives in
-// one preallocated O_DIRECT state file (state_file.hpp: a CRC32C per block, verified on every
-// read). A block holds arrays of 4 bytes per element: the master (when on disk), then m and v
-// (fp32) or the bf16 moments' words; S = B / (4 x arrays), rounded down to a multiple of 16,
-// consecutive elements of one tensor (column-contiguous order) per block of B bytes. Two layouts
-// (`nvme_state_config::master_on_disk`):
+// State on an SSD (`cpu_adam_config::nvme`, the NVMe state tier; every format) lives in one
+// preallocated O_DIRECT state file (state_file.hpp: a CRC32C per block, verified on every read).
+// A block of B bytes holds up to S consecutive elements of one tensor (column-contiguous order)
+// as arrays of S slots: the master (when on disk), then m and v (fp32), the bf16 moments' words,
+// or the 8-bit m codes, v codes and the scales of its 8-bit blocks. fp32 and bf16: S = B / (4 x
+// arrays), rounded down to a multiple of 16. 8-bit: a state-file block holds Q whole 8-bit blocks,
+// Q = B / (256 x (4 + 2) + 8) with the master on disk (B / 520 without), S = 256 Q; a column
+// whose rows are not a multiple of 256 ends in a short 8-bit block, and the slots it leaves stay
+// unused. Two layouts (`nvme_state_config::master_on_disk`):
 //
-// - master on disk (the default): no state in RAM; a block is [master | m | v] (fp32: S = B / 12)
-//   or [master | words] (bf16: S = B / 8). add_tensor extends the file by the tensor's blocks and writes
+// - master on disk (the default): no state in RAM; a block is [master | m | v] (fp32: S = B / 12),
+//   [master | words] (bf16: S = B / 8) or [master | m codes | v codes | m scales | v scales]
+//   (8-bit). add_tensor extends the file by the tensor's blocks and writes
 //   its initial master there (a full disk is reported then, with nothing registered); tensors may
 //   be added at any time. `params(t)` throws: the master moves through export_columns /
 //   import_columns and save_state / load_state as the moments do.
 // - master in RAM: the fp32 master stays in RAM (`params(t)`, 4 bytes per parameter); a block is
-//   [m | v] (S = B / 8) or [words] (S = B / 4). Construction's one-block file is replaced, by the first call that
-//   touches the moments, with one sized for every tensor registered (a full disk is reported then,
-//   before any state changed); add_tensor after that throws.
+//   [m | v] (S = B / 8), [words] (S = B / 4) or [m codes | v codes | scales]. Construction's
+//   one-block file is replaced, by the first call that touches the moments, with one sized for
+//   every tensor registered (a full disk is reported then, before any state changed); add_tensor
+//   after that throws.
 //
 // A tensor starts on a fresh block. `step` streams the blocks its columns touch (read ahead, the
 // Adam on the pool, write behind); a block that also holds unlisted columns is read and written
@@ -114,7 +119,7 @@ struct cpu_adam_config {
   /// Seed of the compact formats' stochastic rounding: runs with the same seed, tensors, gradients
   /// and steps are bit-identical (a checkpoint resumes bit-identically under the same seed).
   std::uint64_t seed = 0x7a656e666c6f77ull;
-  /// Set: the state lives in a state file on an SSD (fp32 or bf16 moments): the moments, and the fp32
+  /// Set: the state lives in a state file on an SSD (any cpu_state): the moments, and the fp32
   /// master too unless nvme->master_on_disk is false. The directory, engine and pool are checked at
   /// construction (a one-block probe file).
   std::optional<nvme_state_config> nvme = std::nullopt;
@@ -292,6 +297,18 @@ class cpu_adam {
     [[nodiscard]] float* scales(std::size_t byte_offset) const noexcept {
       return reinterpret_cast<float*>(at(byte_offset));
     }
+    // 8-bit format: blocks per column, the block element e is in (e = size: `blocks`), and the
+    // first element of block j (j = blocks: size).
+    [[nodiscard]] std::size_t q8_per_col() const noexcept {
+      return (static_cast<std::size_t>(rows) + q8_block_rows - 1) / q8_block_rows;
+    }
+    [[nodiscard]] std::size_t q8_block_of(std::size_t e) const noexcept {
+      const auto r = static_cast<std::size_t>(rows);
+      return (e / r) * q8_per_col() + (e % r) / q8_block_rows;
+    }
+    [[nodiscard]] std::size_t q8_block_start(std::size_t j) const noexcept {
+      return (j / q8_per_col()) * static_cast<std::size_t>(rows) + (j % q8_per_col()) * q8_block_rows;
+    }
   };
   // A contiguous run of elements of one task: state, gradient and copy-out pointers.
   struct segment {
@@ -328,31 +345,55 @@ class cpu_adam {
     std::size_t n = 0;
     std::size_t tag = 0;
     std::size_t off = 0;
+    std::size_t elem = 0;  // the run's first element's index in its tensor
   };
   std::unique_ptr<state_file> make_state_file(std::uint64_t bytes) const;
   void split_into_blocks(std::size_t t, std::size_t elem, std::size_t n, std::size_t tag, std::size_t off,
                          std::vector<nvme_piece>& out) const;
   // A block's arrays: slot i of each belongs to the block's element i. p is nullptr when the master
-  // is in RAM; m and v (fp32 state) or words (bf16 state: m and v in one 32-bit word) are set.
+  // is in RAM; m and v (fp32 state), words (bf16 state: m and v in one 32-bit word) or qm, qv, dm
+  // and dv (8-bit state: the codes, and the scales of the block's 8-bit blocks, the first at [0])
+  // are set.
   struct nvme_arrays {
     float* p = nullptr;
     float* m = nullptr;
     float* v = nullptr;
     std::uint32_t* words = nullptr;
+    std::uint8_t* qm = nullptr;
+    std::uint8_t* qv = nullptr;
+    float* dm = nullptr;
+    float* dv = nullptr;
+  };
+  // Where the state of nvme_read_state / nvme_write_state goes or comes from, element x.off of a
+  // piece x at byte x.off x (element bytes): p the master; m and v fp32 moments, or with `raw` as
+  // held (bf16: the words in m; 8-bit: the codes in m and v, and the scales in dm and dv at the
+  // 8-bit block's index in its tensor, as save_state lays them out). Bytes: a saved state's arrays
+  // may be unaligned.
+  template <class Byte>  // std::byte (read into) or const std::byte (write from)
+  struct nvme_buffers {
+    Byte* p = nullptr;
+    Byte* m = nullptr;
+    Byte* v = nullptr;
+    Byte* dm = nullptr;
+    Byte* dv = nullptr;
+    bool raw = false;
   };
   // Streams the blocks of `pieces` (sorted here) in `mode`; fn(pieces of one block, arrays).
   template <class Fn>
   void nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn&& fn) const;
   // The pieces of tensor t's listed columns, off = the column's place in a packed buffer.
   [[nodiscard]] std::vector<nvme_piece> column_pieces(std::size_t t, std::span<const std::int32_t> columns) const;
-  // Copies the state of `pieces` out of the file into p_out / m_out / v_out (element p.off and on),
-  // or from p_in / m_in / v_in into it; the master only when it is on disk. The moments as fp32
-  // (bf16 state: decoded, or encoded to nearest), or with `raw` as held (bf16 state: the words in
-  // m_out / m_in; save_state's bytes). Bytes: a saved state's arrays may be unaligned.
-  void nvme_read_state(std::vector<nvme_piece>& pieces, std::byte* p_out, std::byte* m_out, std::byte* v_out,
-                       bool raw) const;
-  void nvme_write_state(std::vector<nvme_piece>& pieces, const std::byte* p_in, const std::byte* m_in,
-                        const std::byte* v_in, bool raw);
+  // Copies the state of tensor t's `pieces` out of the file into `to`, or from `from` into it; the
+  // master only when it is on disk. The moments as fp32 (compact state: decoded, or encoded to
+  // nearest, an 8-bit block re-scaled from its own values), or raw (see nvme_buffers).
+  void nvme_read_state(std::size_t t, std::vector<nvme_piece>& pieces, const nvme_buffers<std::byte>& to) const;
+  void nvme_write_state(std::size_t t, std::vector<nvme_piece>& pieces, const nvme_buffers<const std::byte>& from);
+  // save_state's arrays past the master in RAM, from `at` (the master first when it is on disk).
+  template <class Byte>
+  [[nodiscard]] nvme_buffers<Byte> saved_arrays(const tensor_state& ts, Byte* at) const;
+  // The state-file blocks tensor ts needs, and the elements [first, first + count) of its block d.
+  [[nodiscard]] std::uint64_t nvme_blocks(const tensor_state& ts) const;
+  [[nodiscard]] std::pair<std::size_t, std::size_t> nvme_block_elements(const tensor_state& ts, std::uint64_t d) const;
   // Master on disk: extends the file by tensor t's blocks and writes its initial master there.
   void nvme_add_tensor(tensor_state& ts, std::span<const float> initial);
   // (byte offset, bytes) of each array of a tensor's state, in save_state's order
@@ -370,6 +411,7 @@ class cpu_adam {
   std::vector<detail::byte_range> state_ranges_;  // every tensor's state, sorted (validation)
   std::optional<nvme_state_config> nvme_;
   std::size_t slots_ = 0;                     // NVMe: elements per block
+  std::size_t q8_per_block_ = 0;              // NVMe, 8-bit state: 8-bit blocks per state-file block
   std::uint64_t blocks_ = 0;                  // NVMe: blocks the registered tensors need
   mutable std::unique_ptr<state_file> file_;  // NVMe: one block until the first call that needs it
   std::string nvme_status_;

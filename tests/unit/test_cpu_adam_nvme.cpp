@@ -49,7 +49,8 @@ cpu_adam_config ram_config(std::size_t threads = 2, std::size_t chunk = 100,
 
 // fp32 moments: master_on_disk false: the moments only ([m | v] blocks of 512 elements); true:
 // [master | m | v] blocks of 336 elements (4096 / 12 rounded down to a multiple of 16). bf16
-// moments: [words] blocks of 1024 elements, [master | words] of 512.
+// moments: [words] blocks of 1024 elements, [master | words] of 512. 8-bit moments: 7 whole 8-bit
+// blocks of up to 256 rows per block (4096 / 520), 2 with the master (4096 / 1544).
 cpu_adam_config nvme_config(const zenflow_test::scratch_dir& dir, std::size_t threads = 2, std::size_t chunk = 100,
                             zenflow::io_engine_kind engine = zenflow::io_engine_kind::automatic,
                             bool master_on_disk = false, cpu_state_format format = cpu_state_format::fp32) {
@@ -161,7 +162,9 @@ bool step_both(cpu_adam& ram, cpu_adam& nvme, int step) {
 TEST_CASE("state on an SSD: bit-identical to RAM state over column subsets, dtypes, engines, threads, layouts") {
   for (const auto& [format, master_on_disk] :
        {std::pair{cpu_state_format::fp32, false}, std::pair{cpu_state_format::fp32, true},
-        std::pair{cpu_state_format::bf16_moments, false}, std::pair{cpu_state_format::bf16_moments, true}}) {
+        std::pair{cpu_state_format::bf16_moments, false}, std::pair{cpu_state_format::bf16_moments, true},
+        std::pair{cpu_state_format::blockwise8_moments, false},
+        std::pair{cpu_state_format::blockwise8_moments, true}}) {
     for (const auto engine : {zenflow::io_engine_kind::posix, zenflow::io_engine_kind::automatic}) {
       for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
         CAPTURE(zenflow::cpu_state_format_name(format));
@@ -171,10 +174,13 @@ TEST_CASE("state on an SSD: bit-identical to RAM state over column subsets, dtyp
         zenflow_test::scratch_dir dir;
         cpu_adam ram(adamw(), ram_config(threads, 100, format));
         cpu_adam nvme(adamw(), nvme_config(dir, threads, 100, engine, master_on_disk, format));
-        const bool fp32 = format == cpu_state_format::fp32;
-        // Blocks per tensor (1850, 1000, 2100 and 64 elements), each tensor on fresh blocks.
-        const std::size_t blocks =
-            fp32 ? (master_on_disk ? 6 + 3 + 7 + 1 : 4 + 2 + 5 + 1) : (master_on_disk ? 4 + 2 + 5 + 1 : 2 + 1 + 3 + 1);
+        // Blocks per tensor (1850, 1000, 2100 and 64 elements), each tensor on fresh blocks. 8-bit:
+        // the tensors have 50, 4, 9 and 8 8-bit blocks (37 rows: one short block per column; 1000
+        // and 700 rows: 256-row blocks and a short one), whole ones per state-file block.
+        const std::size_t blocks = format == cpu_state_format::fp32 ? (master_on_disk ? 6 + 3 + 7 + 1 : 4 + 2 + 5 + 1)
+                                   : format == cpu_state_format::bf16_moments
+                                       ? (master_on_disk ? 4 + 2 + 5 + 1 : 2 + 1 + 3 + 1)
+                                       : (master_on_disk ? 25 + 2 + 5 + 4 : 8 + 1 + 2 + 2);
         add_all(ram);
         add_all(nvme);
         CHECK(nvme.on_nvme());
@@ -203,8 +209,8 @@ TEST_CASE("state on an SSD: bit-identical to RAM state over column subsets, dtyp
         }
         CHECK(nvme.nvme_file()->block_count() == blocks);
         CHECK(nvme.nvme_file()->counters().checksum_failures == 0);
-        // RAM holds the master only (a third of fp32 state, half of bf16 state), or nothing.
-        CHECK(nvme.host_state_bytes() == (master_on_disk ? 0 : ram.state_bytes() / (fp32 ? 3 : 2)));
+        // RAM holds the master only (4 bytes per element), or nothing.
+        CHECK(nvme.host_state_bytes() == (master_on_disk ? 0 : (1850 + 1000 + 2100 + 64) * sizeof(float)));
         CHECK(nvme.state_bytes() == ram.state_bytes());
         if (master_on_disk) CHECK(contains(error_of([&] { (void)nvme.params(0); }), "nvme"));
       }
@@ -317,7 +323,9 @@ void check_interchange(bool master_on_disk, cpu_state_format format) {
 }  // namespace
 
 TEST_CASE("state on an SSD: export, import, save and load interchange with RAM state in both layouts") {
-  for (const auto format : {cpu_state_format::fp32, cpu_state_format::bf16_moments}) {
+  for (const auto format :
+       {cpu_state_format::fp32, cpu_state_format::bf16_moments, cpu_state_format::blockwise8_moments}) {
+    CAPTURE(zenflow::cpu_state_format_name(format));
     check_interchange(false, format);
     check_interchange(true, format);
   }
@@ -362,11 +370,6 @@ TEST_CASE("state on an SSD: a corrupted block fails the step with its offset; Ad
 
 TEST_CASE("moments on an SSD: bad configurations and misuse are rejected by name") {
   zenflow_test::scratch_dir dir;
-  {
-    auto c = nvme_config(dir);
-    c.cpu_state = zenflow::cpu_state_format::blockwise8_moments;
-    CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme: holds fp32 or bf16 moments"));
-  }
   {
     auto c = nvme_config(dir);
     c.nvme->file.directory = dir.path() / "missing";

@@ -75,8 +75,6 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
   isa_ = detail::resolve_isa(config.isa);
   chunk_ = config.chunk_elements;
   if (config.nvme) {
-    expects(format_ != cpu_state_format::blockwise8_moments, "config.nvme", "holds fp32 or bf16 moments; cpu_state is ",
-            cpu_state_format_name(format_));
     nvme_ = config.nvme;
     // A one-block file checks the directory, O_DIRECT, the engine and the pool now rather than
     // at the first step, and holds the file's lock (a second optimizer on the same file fails
@@ -87,9 +85,17 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
                                   "; pool: ", file_->pool().size(), " x ", file_->pool().buffer_bytes(), " bytes, ",
                                   file_->pool().status());
     // [master |] m | v (fp32) or [master |] m and v words (bf16): arrays of 4 bytes per element,
-    // each a multiple of 16 elements (64-byte aligned).
-    const std::size_t arrays = (master_on_nvme() ? 1 : 0) + (format_ == cpu_state_format::fp32 ? 2 : 1);
-    slots_ = nvme_->file.block_bytes / (arrays * sizeof(float)) / 16 * 16;
+    // each a multiple of 16 elements (64-byte aligned). 8-bit: [master |] m codes | v codes |
+    // m scales | v scales of whole 8-bit blocks (the arrays stay 64-byte aligned).
+    const std::size_t master = master_on_nvme() ? sizeof(float) : 0;
+    if (format_ == cpu_state_format::blockwise8_moments) {
+      // at least 2 (the state file checked that block_bytes is a multiple of 4096)
+      q8_per_block_ = nvme_->file.block_bytes / (q8_block_rows * (master + 2) + 2 * sizeof(float));
+      slots_ = q8_per_block_ * q8_block_rows;
+    } else {
+      const std::size_t arrays = (master != 0 ? 1 : 0) + (format_ == cpu_state_format::fp32 ? 2 : 1);
+      slots_ = nvme_->file.block_bytes / (arrays * sizeof(float)) / 16 * 16;
+    }
   }
   pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
 }
@@ -108,6 +114,7 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   ts.rows = rows;
   ts.cols = cols;
   ts.size = size;
+  if (format_ == cpu_state_format::blockwise8_moments) ts.blocks = ts.q8_per_col() * static_cast<std::size_t>(cols);
   if (master_on_nvme()) {  // nothing in RAM
     nvme_add_tensor(ts, initial_params);
     tensors_.push_back(std::move(ts));
@@ -129,14 +136,16 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
       ts.dm_off = ts.dv_off = nvme_ ? ts.m_off : ts.m_off + pad64(size * sizeof(std::uint32_t));
       break;
     case cpu_state_format::blockwise8_moments:  // params | m codes | v codes | m scales | v scales
+      if (nvme_) {
+        ts.dm_off = ts.dv_off = ts.m_off;
+        break;
+      }
       ts.v_off = ts.m_off + pad64(size);
       ts.dm_off = ts.v_off + pad64(size);
-      ts.blocks =
-          static_cast<std::size_t>(cols) * ((static_cast<std::size_t>(rows) + q8_block_rows - 1) / q8_block_rows);
       ts.dv_off = ts.dm_off + pad64(ts.blocks * sizeof(float));
       break;
   }
-  const std::size_t bytes = ts.dv_off + pad64(ts.blocks * sizeof(float));
+  const std::size_t bytes = nvme_ ? ts.m_off : ts.dv_off + pad64(ts.blocks * sizeof(float));
   ts.alloc_bytes = bytes;
   // Large tensors: 2 MiB alignment and transparent huge pages (fewer TLB misses when streaming).
   const std::size_t alignment = bytes >= (std::size_t{4} << 20) ? (std::size_t{2} << 20) : 64;
@@ -151,7 +160,7 @@ inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, i
   std::memset(ts.at(ts.m_off), 0, bytes - ts.m_off);  // moments (and scales) 0
   if (nvme_) {                                        // a fresh file reads as zeros: moments 0
     ts.first_block = blocks_;
-    blocks_ += (size + slots_ - 1) / slots_;
+    blocks_ += nvme_blocks(ts);
   }
   tensors_.push_back(std::move(ts));
   return tensors_.size() - 1;
@@ -337,19 +346,40 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
       std::size_t offset, n;
     };
     std::vector<work> items;
-    // bf16 moments: the kernels and random-bit keys of step_compact (the same bits as in RAM).
+    // Compact moments: the kernels, random-bit keys and quotient bounds of step_compact (the same
+    // bits as in RAM).
     std::vector<detail::bf16_adam_range_fn> bf16(tasks.size());
-    std::vector<std::uint64_t> keys(tasks.size());
-    if (format_ == cpu_state_format::bf16_moments)
+    std::vector<detail::q8_adam_run_fn> q8(tasks.size());
+    std::vector<detail::compact_step_constants> compact(tasks.size());
+    if (format_ != cpu_state_format::fp32)
       for (std::size_t i = 0; i < tasks.size(); ++i) {
         const cpu_adam_task& t = tasks[i];
-        bf16[i] = detail::select_bf16_adam_range(isa_, t.grad_type, t.copy_out != nullptr, t.copy_out_type);
-        keys[i] = detail::sr_task_key(seed_, t.tensor, t.step != 0 ? t.step : step_count_ + 1);
+        const std::int64_t step = t.step != 0 ? t.step : step_count_ + 1;
+        compact[i].key = detail::sr_task_key(seed_, t.tensor, step);
+        if (format_ == cpu_state_format::bf16_moments) {
+          bf16[i] = detail::select_bf16_adam_range(isa_, t.grad_type, t.copy_out != nullptr, t.copy_out_type);
+        } else {
+          compact[i].max_ratio = detail::adam_quotient_bound(t.options != nullptr ? *t.options : options_, step);
+          q8[i] = detail::select_q8_adam_run(isa_, t.grad_type, t.copy_out != nullptr, t.copy_out_type);
+        }
       }
     nvme_stream(pieces_, stream_mode::update, [&](std::span<const nvme_piece> block, const nvme_arrays& a) {
       items.clear();
-      for (const nvme_piece& p : block)
-        for (std::size_t o = 0; o < p.n; o += chunk_) items.push_back({&p, o, std::min(chunk_, p.n - o)});
+      for (const nvme_piece& p : block) {
+        if (format_ != cpu_state_format::blockwise8_moments) {
+          for (std::size_t o = 0; o < p.n; o += chunk_) items.push_back({&p, o, std::min(chunk_, p.n - o)});
+          continue;
+        }
+        // 8-bit: items of whole 8-bit blocks (pieces hold whole blocks: segments are whole columns)
+        const tensor_state& ts = tensors_[tasks[segments_[p.tag].task].tensor];
+        for (std::size_t o = 0; o < p.n;) {
+          std::size_t e = o;
+          while (e < p.n && e - o < chunk_) e = ts.q8_block_start(ts.q8_block_of(p.elem + e) + 1) - p.elem;
+          e = std::min(e, p.n);
+          items.push_back({&p, o, e - o});
+          o = e;
+        }
+      }
       pool_->parallel_for(items.size(), [&](std::size_t w) {
         const work& it = items[w];
         const segment& s = segments_[it.piece->tag];
@@ -357,12 +387,34 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
         const std::size_t off = it.piece->off + it.offset, slot = it.piece->slot + it.offset;
         float* p = a.p != nullptr ? a.p + slot : s.p + off;
         unsigned char* out = s.out ? s.out + off * kk.osz : nullptr;
-        if (format_ == cpu_state_format::fp32) {
-          kk.adam(p, s.g + off * kk.gsz, a.m + slot, a.v + slot, out, it.n, task_constants[s.task]);
-          return;
+        switch (format_) {
+          case cpu_state_format::fp32:
+            kk.adam(p, s.g + off * kk.gsz, a.m + slot, a.v + slot, out, it.n, task_constants[s.task]);
+            return;
+          case cpu_state_format::bf16_moments:
+            detail::bf16_adam_runs(bf16[s.task], p, s.g + off * kk.gsz, kk.gsz, a.words + slot, out, kk.osz, it.n,
+                                   task_constants[s.task], s.elem + off, compact[s.task].key);
+            return;
+          case cpu_state_format::blockwise8_moments: {
+            const tensor_state& ts = tensors_[tasks[s.task].tensor];
+            const std::size_t e = s.elem + off, j = ts.q8_block_of(e);
+            const std::size_t scale = j - (it.piece->block - ts.first_block) * q8_per_block_;
+            detail::q8_run r;
+            r.p = p;
+            r.g = s.g + off * kk.gsz;
+            r.qm = a.qm + slot;
+            r.qv = a.qv + slot;
+            r.dm = a.dm + scale;
+            r.dv = a.dv + scale;
+            r.out = out;
+            r.rows = static_cast<std::size_t>(ts.rows);
+            r.first_row = e % r.rows;
+            r.blocks = ts.q8_block_of(e + it.n) - j;
+            r.first_block = j;
+            q8[s.task](r, task_constants[s.task], compact[s.task]);
+            return;
+          }
         }
-        detail::bf16_adam_runs(bf16[s.task], p, s.g + off * kk.gsz, kk.gsz, a.words + slot, out, kk.osz, it.n,
-                               task_constants[s.task], s.elem + off, keys[s.task]);
       });
     });
   } else if (format_ == cpu_state_format::fp32) {

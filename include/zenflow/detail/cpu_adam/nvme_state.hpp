@@ -1,5 +1,6 @@
 // cpu_adam's moments on an SSD (declared in zenflow/cpu_adam.hpp): the state file, the mapping of
-// a tensor's elements to its blocks, and the stream every step, export and import runs on.
+// a tensor's elements to its blocks (8-bit state: whole 8-bit blocks per state-file block), and
+// the stream every step, export and import runs on.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zenflow/cpu_adam.hpp"
@@ -26,14 +28,33 @@ inline std::unique_ptr<state_file> cpu_adam::make_state_file(std::uint64_t bytes
   }
 }
 
+inline std::uint64_t cpu_adam::nvme_blocks(const tensor_state& ts) const {
+  if (format_ == cpu_state_format::blockwise8_moments) return (ts.blocks + q8_per_block_ - 1) / q8_per_block_;
+  return (ts.size + slots_ - 1) / slots_;
+}
+
+inline std::pair<std::size_t, std::size_t> cpu_adam::nvme_block_elements(const tensor_state& ts,
+                                                                         std::uint64_t d) const {
+  if (format_ == cpu_state_format::blockwise8_moments) {  // whole 8-bit blocks [d Q, (d + 1) Q)
+    const std::size_t j0 = d * q8_per_block_, j1 = std::min(ts.blocks, j0 + q8_per_block_);
+    const std::size_t first = ts.q8_block_start(j0);
+    return {first, ts.q8_block_start(j1) - first};
+  }
+  const std::size_t first = d * slots_;
+  return {first, std::min(slots_, ts.size - first)};
+}
+
 inline void cpu_adam::split_into_blocks(std::size_t t, std::size_t elem, std::size_t n, std::size_t tag,
                                         std::size_t off, std::vector<nvme_piece>& out) const {
   const tensor_state& ts = tensors_[t];
   while (n > 0) {
-    const std::size_t slot = elem % slots_;
-    const std::size_t count = std::min(n, slots_ - slot);
-    out.push_back({ts.first_block + elem / slots_, slot, count, tag, off});
-    elem += count, off += count, n -= count;
+    const std::uint64_t d =
+        format_ == cpu_state_format::blockwise8_moments ? ts.q8_block_of(elem) / q8_per_block_ : elem / slots_;
+    const auto [first, count] = nvme_block_elements(ts, d);
+    const std::size_t slot = elem - first;
+    const std::size_t k = std::min(n, count - slot);
+    out.push_back({ts.first_block + d, slot, k, tag, off, elem});
+    elem += k, off += k, n -= k;
   }
 }
 
@@ -65,16 +86,24 @@ void cpu_adam::nvme_stream(std::vector<nvme_piece>& pieces, stream_mode mode, Fn
     auto* base = reinterpret_cast<float*>(b.data.data());
     nvme_arrays a;
     if (master_on_nvme()) a.p = base, base += slots_;
-    if (format_ == cpu_state_format::fp32)
-      a.m = base, a.v = base + slots_;
-    else
-      a.words = reinterpret_cast<std::uint32_t*>(base);
+    switch (format_) {
+      case cpu_state_format::fp32:
+        a.m = base, a.v = base + slots_;
+        break;
+      case cpu_state_format::bf16_moments:
+        a.words = reinterpret_cast<std::uint32_t*>(base);
+        break;
+      case cpu_state_format::blockwise8_moments:
+        a.qm = reinterpret_cast<std::uint8_t*>(base), a.qv = a.qm + slots_;
+        a.dm = reinterpret_cast<float*>(a.qv + slots_), a.dv = a.dm + q8_per_block_;
+        break;
+    }
     fn(std::span<const nvme_piece>(pieces.data() + first, next - first), a);
   });
 }
 
 inline void cpu_adam::nvme_add_tensor(tensor_state& ts, std::span<const float> initial) {
-  const std::uint64_t blocks = (ts.size + slots_ - 1) / slots_;
+  const std::uint64_t blocks = nvme_blocks(ts);
   const std::size_t block_bytes = nvme_->file.block_bytes;
   try {
     file_->grow((blocks_ + blocks) * block_bytes);
@@ -84,9 +113,8 @@ inline void cpu_adam::nvme_add_tensor(tensor_state& ts, std::span<const float> i
   ts.first_block = blocks_;
   const block_range range{blocks_, blocks};
   file_->stream({&range, 1}, stream_mode::write, [&](const stream_block& b) {
-    std::fill(b.data.begin(), b.data.end(), std::byte{0});  // moments 0, and the padding
-    const std::size_t elem = b.position * slots_;
-    const std::size_t n = std::min(slots_, ts.size - elem);
+    std::fill(b.data.begin(), b.data.end(), std::byte{0});  // moments 0 (8-bit: codes and scales 0), padding
+    const auto [elem, n] = nvme_block_elements(ts, b.position);
     std::memcpy(b.data.data(), initial.data() + elem, n * sizeof(float));
   });
   blocks_ += blocks;
@@ -102,45 +130,106 @@ inline auto cpu_adam::column_pieces(std::size_t t, std::span<const std::int32_t>
   return pieces;
 }
 
-inline void cpu_adam::nvme_read_state(std::vector<nvme_piece>& pieces, std::byte* p_out, std::byte* m_out,
-                                      std::byte* v_out, bool raw) const {
+inline void cpu_adam::nvme_read_state(std::size_t t, std::vector<nvme_piece>& pieces,
+                                      const nvme_buffers<std::byte>& to) const {
+  const tensor_state& ts = tensors_[t];
   nvme_stream(pieces, stream_mode::read, [&](std::span<const nvme_piece> block, const nvme_arrays& a) {
     for (const nvme_piece& x : block) {
       const std::size_t at = x.off * sizeof(float), bytes = x.n * sizeof(float);
-      if (a.p != nullptr) std::memcpy(p_out + at, a.p + x.slot, bytes);
-      if (a.words == nullptr) {
-        std::memcpy(m_out + at, a.m + x.slot, bytes);
-        std::memcpy(v_out + at, a.v + x.slot, bytes);
-      } else if (raw) {
-        std::memcpy(m_out + at, a.words + x.slot, bytes);
-      } else {
-        for (std::size_t i = 0; i < x.n; ++i) {
-          const float m = detail::bf16_word_m(a.words[x.slot + i]), v = detail::bf16_word_v(a.words[x.slot + i]);
-          std::memcpy(m_out + at + i * sizeof(float), &m, sizeof m);
-          std::memcpy(v_out + at + i * sizeof(float), &v, sizeof v);
+      if (a.p != nullptr) std::memcpy(to.p + at, a.p + x.slot, bytes);
+      switch (format_) {
+        case cpu_state_format::fp32:
+          std::memcpy(to.m + at, a.m + x.slot, bytes);
+          std::memcpy(to.v + at, a.v + x.slot, bytes);
+          break;
+        case cpu_state_format::bf16_moments:
+          if (to.raw) {
+            std::memcpy(to.m + at, a.words + x.slot, bytes);
+            break;
+          }
+          for (std::size_t i = 0; i < x.n; ++i) {
+            const float m = detail::bf16_word_m(a.words[x.slot + i]), v = detail::bf16_word_v(a.words[x.slot + i]);
+            std::memcpy(to.m + at + i * sizeof(float), &m, sizeof m);
+            std::memcpy(to.v + at + i * sizeof(float), &v, sizeof v);
+          }
+          break;
+        case cpu_state_format::blockwise8_moments: {
+          const std::size_t first_scale = (x.block - ts.first_block) * q8_per_block_;
+          for (std::size_t i = 0; i < x.n;) {  // the piece's 8-bit blocks (pieces hold whole blocks)
+            const std::size_t j = ts.q8_block_of(x.elem + i), s = j - first_scale;
+            const std::size_t n = std::min(x.n - i, ts.q8_block_start(j + 1) - (x.elem + i));
+            const std::size_t slot = x.slot + i;
+            if (to.raw) {
+              std::memcpy(to.m + x.off + i, a.qm + slot, n);
+              std::memcpy(to.v + x.off + i, a.qv + slot, n);
+              std::memcpy(to.dm + j * sizeof(float), a.dm + s, sizeof(float));
+              std::memcpy(to.dv + j * sizeof(float), a.dv + s, sizeof(float));
+            } else {
+              const float dm = a.dm[s], dv = a.dv[s];
+              for (std::size_t r = 0; r < n; ++r) {
+                const float m = detail::q8_decode_m(a.qm[slot + r], dm, -(detail::q8_m_offset * dm));
+                const float v = detail::q8_decode_v(a.qv[slot + r], dv, -(detail::q8_v_offset * dv));
+                std::memcpy(to.m + at + (i + r) * sizeof(float), &m, sizeof m);
+                std::memcpy(to.v + at + (i + r) * sizeof(float), &v, sizeof v);
+              }
+            }
+            i += n;
+          }
+          break;
         }
       }
     }
   });
 }
 
-inline void cpu_adam::nvme_write_state(std::vector<nvme_piece>& pieces, const std::byte* p_in, const std::byte* m_in,
-                                       const std::byte* v_in, bool raw) {
+inline void cpu_adam::nvme_write_state(std::size_t t, std::vector<nvme_piece>& pieces,
+                                       const nvme_buffers<const std::byte>& from) {
+  const tensor_state& ts = tensors_[t];
   nvme_stream(pieces, stream_mode::update, [&](std::span<const nvme_piece> block, const nvme_arrays& a) {
     for (const nvme_piece& x : block) {
       const std::size_t at = x.off * sizeof(float), bytes = x.n * sizeof(float);
-      if (a.p != nullptr) std::memcpy(a.p + x.slot, p_in + at, bytes);
-      if (a.words == nullptr) {
-        std::memcpy(a.m + x.slot, m_in + at, bytes);
-        std::memcpy(a.v + x.slot, v_in + at, bytes);
-      } else if (raw) {
-        std::memcpy(a.words + x.slot, m_in + at, bytes);
-      } else {
-        for (std::size_t i = 0; i < x.n; ++i) {
-          float m, v;
-          std::memcpy(&m, m_in + at + i * sizeof(float), sizeof m);
-          std::memcpy(&v, v_in + at + i * sizeof(float), sizeof v);
-          a.words[x.slot + i] = detail::bf16_word_nearest(m, v);
+      if (a.p != nullptr) std::memcpy(a.p + x.slot, from.p + at, bytes);
+      switch (format_) {
+        case cpu_state_format::fp32:
+          std::memcpy(a.m + x.slot, from.m + at, bytes);
+          std::memcpy(a.v + x.slot, from.v + at, bytes);
+          break;
+        case cpu_state_format::bf16_moments:
+          if (from.raw) {
+            std::memcpy(a.words + x.slot, from.m + at, bytes);
+            break;
+          }
+          for (std::size_t i = 0; i < x.n; ++i) {
+            float m, v;
+            std::memcpy(&m, from.m + at + i * sizeof(float), sizeof m);
+            std::memcpy(&v, from.v + at + i * sizeof(float), sizeof v);
+            a.words[x.slot + i] = detail::bf16_word_nearest(m, v);
+          }
+          break;
+        case cpu_state_format::blockwise8_moments: {
+          const std::size_t first_scale = (x.block - ts.first_block) * q8_per_block_;
+          for (std::size_t i = 0; i < x.n;) {  // the piece's 8-bit blocks (pieces hold whole blocks)
+            const std::size_t j = ts.q8_block_of(x.elem + i), s = j - first_scale;
+            const std::size_t n = std::min(x.n - i, ts.q8_block_start(j + 1) - (x.elem + i));
+            const std::size_t slot = x.slot + i;
+            if (from.raw) {
+              std::memcpy(a.qm + slot, from.m + x.off + i, n);
+              std::memcpy(a.qv + slot, from.v + x.off + i, n);
+              std::memcpy(a.dm + s, from.dm + j * sizeof(float), sizeof(float));
+              std::memcpy(a.dv + s, from.dv + j * sizeof(float), sizeof(float));
+            } else {  // re-scaled from the block's own values, to nearest (as import_columns in RAM)
+              float m[q8_block_rows], v[q8_block_rows];
+              std::memcpy(m, from.m + at + i * sizeof(float), n * sizeof(float));
+              std::memcpy(v, from.v + at + i * sizeof(float), n * sizeof(float));
+              std::uint32_t am = 0, av = 0;
+              for (std::size_t r = 0; r < n; ++r)
+                am = std::max(am, detail::float_to_bits(m[r]) & 0x7fffffffu),
+                av = std::max(av, detail::float_to_bits(v[r]));
+              detail::q8_encode_block(m, v, n, am, av, 0, /*nearest=*/true, a.qm + slot, a.qv + slot, a.dm[s], a.dv[s]);
+            }
+            i += n;
+          }
+          break;
         }
       }
     }

@@ -85,8 +85,10 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
   if (nvme_) {
     auto pieces = column_pieces(t, columns);
-    nvme_read_state(pieces, std::as_writable_bytes(params).data(), std::as_writable_bytes(exp_avg).data(),
-                    std::as_writable_bytes(exp_avg_sq).data(), /*raw=*/false);
+    nvme_read_state(t, pieces,
+                    {.p = std::as_writable_bytes(params).data(),
+                     .m = std::as_writable_bytes(exp_avg).data(),
+                     .v = std::as_writable_bytes(exp_avg_sq).data()});
     if (master_on_nvme()) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
@@ -135,8 +137,9 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
   const std::size_t per_col = (rows + q8_block_rows - 1) / q8_block_rows;
   if (nvme_) {  // the file first: of the two, only the file can fail
     auto pieces = column_pieces(t, columns);
-    nvme_write_state(pieces, std::as_bytes(params).data(), std::as_bytes(exp_avg).data(),
-                     std::as_bytes(exp_avg_sq).data(), /*raw=*/false);
+    nvme_write_state(
+        t, pieces,
+        {.p = std::as_bytes(params).data(), .m = std::as_bytes(exp_avg).data(), .v = std::as_bytes(exp_avg_sq).data()});
     if (master_on_nvme()) return;
   }
   for (std::size_t j = 0; j < columns.size(); ++j) {
@@ -185,6 +188,25 @@ inline std::vector<std::pair<std::size_t, std::size_t>> cpu_adam::state_regions(
   return {{0, n * 4}, {ts.m_off, n}, {ts.v_off, n}, {ts.dm_off, ts.blocks * 4}, {ts.dv_off, ts.blocks * 4}};
 }
 
+template <class Byte>
+auto cpu_adam::saved_arrays(const tensor_state& ts, Byte* at) const -> nvme_buffers<Byte> {
+  nvme_buffers<Byte> b{.raw = true};
+  const std::size_t n = ts.size;
+  if (master_on_nvme()) b.p = at, at += n * sizeof(float);
+  b.m = at;
+  switch (format_) {
+    case cpu_state_format::fp32:
+      b.v = at + n * sizeof(float);
+      break;
+    case cpu_state_format::bf16_moments:
+      break;
+    case cpu_state_format::blockwise8_moments:
+      b.v = at + n, b.dm = at + 2 * n, b.dv = at + 2 * n + ts.blocks * sizeof(float);
+      break;
+  }
+  return b;
+}
+
 inline std::size_t cpu_adam::saved_state_size(std::size_t t) const {
   return sizeof(detail::saved_state_header) + state_bytes(t);
 }
@@ -205,13 +227,12 @@ inline void cpu_adam::save_state(std::size_t t, std::span<std::byte> out) const 
     o += bytes;
   };
   put(&h, sizeof h);
-  if (nvme_) {  // as the same format in RAM saves it: params | m | v, or params | m and v words
+  if (nvme_) {  // as the same format in RAM saves it (state_regions' order)
     const std::size_t bytes = ts.size * sizeof(float);
     if (!master_on_nvme()) put(ts.at(0), bytes);
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    std::byte* m_out = master_on_nvme() ? o + bytes : o;
-    nvme_read_state(pieces, o, m_out, m_out + bytes, /*raw=*/true);
+    nvme_read_state(t, pieces, saved_arrays(ts, o));
     return;
   }
   for (const auto& [off, bytes] : state_regions(ts)) put(ts.at(off), bytes);
@@ -242,10 +263,9 @@ inline void cpu_adam::load_state(std::size_t t, std::span<const std::byte> in) {
   };
   if (nvme_) {  // the file first: of the two, only the file can fail
     const std::size_t bytes = ts.size * sizeof(float);
-    const std::byte* m_in = i + bytes;
     std::vector<nvme_piece> pieces;
     split_into_blocks(t, 0, ts.size, 0, 0, pieces);
-    nvme_write_state(pieces, i, m_in, m_in + bytes, /*raw=*/true);
+    nvme_write_state(t, pieces, saved_arrays(ts, i + (master_on_nvme() ? 0 : bytes)));
     if (!master_on_nvme()) get(ts.at(0), bytes);
     return;
   }

@@ -124,8 +124,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         the CPU Adam in blocks (read ahead, update, write behind); RAM keeps the gradient
         accumulator (4 bytes per parameter, 8 with overlap_step, instead of 16 or 20) and a pool
         of ``buffer_count`` blocks (``"master_on_disk": False`` keeps the master in RAM: 4 bytes
-        more). fp32 or bf16 moments (``cpu_state``; bf16: 8 bytes per parameter on disk instead of
-        12). Results are bit-identical to the same state in RAM. Other keys:
+        more). Any ``cpu_state`` (on disk per parameter: fp32 12 bytes, bf16 8, 8-bit about 6, or
+        8, 4 and about 2 with the master in RAM). Results are bit-identical to the same state in RAM. Other keys:
         buffer_count, pin_memory, pipeline_read, pipeline_write, io_engine ("auto", "io_uring",
         "posix"), master_on_disk; aio:
         block_size, queue_depth, intra_op_parallelism / thread_count (see
@@ -217,9 +217,6 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             raise ValueError(f"cpu_state: must be one of {', '.join(map(repr, CPU_STATES))}, got {cpu_state!r}")
         nvme = nvme_config(offload_optimizer, aio)
         if nvme is not None:
-            if cpu_state not in ("fp32", "bf16_moments"):
-                raise ValueError(f"offload_optimizer: device \"nvme\" holds fp32 or bf16 moments; cpu_state is "
-                                 f"{cpu_state!r}")
             if not os.path.isdir(nvme["directory"]):
                 raise ValueError(f"offload_optimizer.nvme_path: {nvme['directory']!r} is not a directory (create it "
                                  f"on the SSD first)")
