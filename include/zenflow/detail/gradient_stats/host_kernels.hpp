@@ -8,8 +8,16 @@
 // lane l + w for w = 8, 4, 2, 1 and lane 0 is the block's sum. A square of a float is exact in
 // double (24 significant bits squared fit in 53), so a contracted fma(x, x, sum) and the rounded
 // sum + x*x are the same value: contraction cannot change a bit here (the rule in adam_math.hpp).
+//
+// The SIMD versions first run that order without masks (`finite_squares`: a load, a conversion
+// and a fused multiply-add per 8 or 16 elements); a non-finite element makes that sum non-finite
+// (squares are >= 0 and a finite float's square is finite in double, as is a block's sum of
+// them), and only then does the block run again with the non-finite elements masked out and
+// counted. With every element finite the two add the same values in the same order: the same
+// bits, at about a third of the instructions per element.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "zenflow/detail/cpu_adam/isa.hpp"
@@ -62,6 +70,26 @@ block_stats stats_block_scalar(const void* data, index_t n) noexcept {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 namespace avx512 {
+// The documented order over a block assumed finite (see the header comment); the tail's zeroed
+// lanes add +0.0, which changes no partial sum (they are never -0.0).
+template <class T>
+ZENFLOW_TARGET_AVX512 double finite_squares(const void* data, index_t n) noexcept {
+  namespace k = zenflow::detail::avx512;
+  const T* x = static_cast<const T*>(data);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();  // lanes 0-7, lanes 8-15
+  for (index_t q = 0; q < n; q += 16) {
+    const __mmask16 m = n - q >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - q)) - 1u);
+    const __m512 f = n - q >= 16 ? k::load<false>(x + q, m) : k::load<true>(x + q, m);
+    const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    const __m512d b = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+    lo = _mm512_fmadd_pd(a, a, lo);
+    hi = _mm512_fmadd_pd(b, b, hi);
+  }
+  const __m512d s8 = _mm512_add_pd(lo, hi);  // w = 8
+  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
 // Masked-off lanes (the tail, the non-finite elements) add nothing.
 template <class T>
 ZENFLOW_TARGET_AVX512 block_stats stats_block(const void* data, index_t n) noexcept {
@@ -93,6 +121,35 @@ ZENFLOW_TARGET_AVX2 inline __attribute__((always_inline)) void add_squares(__m25
   const __m256d d = _mm256_cvtps_pd(f);
   acc = _mm256_add_pd(
       acc, _mm256_and_pd(_mm256_mul_pd(d, d), _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_castps_si128(finite)))));
+}
+// The documented order over a block assumed finite (see the header comment).
+template <class T>
+ZENFLOW_TARGET_AVX2 double finite_squares(const void* data, index_t n) noexcept {
+  namespace k = zenflow::detail::avx2;
+  const T* x = static_cast<const T*>(data);
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;  // lanes 0-3, 4-7, 8-11, 12-15
+  for (index_t q = 0; q < n; q += 16) {
+    __m256 f0, f1;
+    if (n - q >= 16) {
+      f0 = k::load(x + q);
+      f1 = k::load(x + q + 8);
+    } else {  // zero padding: +0.0 squares add nothing
+      T t[16] = {};
+      for (index_t i = 0; i < n - q; ++i) t[i] = x[q + i];
+      f0 = k::load(t);
+      f1 = k::load(t + 8);
+    }
+    const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0)), d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));
+    const __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1)), d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));
+    a0 = _mm256_fmadd_pd(d0, d0, a0);
+    a1 = _mm256_fmadd_pd(d1, d1, a1);
+    a2 = _mm256_fmadd_pd(d2, d2, a2);
+    a3 = _mm256_fmadd_pd(d3, d3, a3);
+  }
+  const __m256d s8a = _mm256_add_pd(a0, a2), s8b = _mm256_add_pd(a1, a3);  // w = 8
+  const __m256d s4 = _mm256_add_pd(s8a, s8b);                              // w = 4
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
 template <class T>
 ZENFLOW_TARGET_AVX2 block_stats stats_block(const void* data, index_t n) noexcept {
@@ -137,8 +194,14 @@ ZENFLOW_TARGET_AVX2 block_stats stats_block(const void* data, index_t n) noexcep
 template <cpu_isa Isa, class T>
 block_stats stats_block_erased(const void* data, index_t n) noexcept {
 #if ZENFLOW_CPU_ADAM_X86
-  if constexpr (Isa == cpu_isa::avx512) return avx512::stats_block<T>(data, n);
-  if constexpr (Isa == cpu_isa::avx2) return avx2::stats_block<T>(data, n);
+  if constexpr (Isa == cpu_isa::avx512) {
+    const double sum = avx512::finite_squares<T>(data, n);
+    return std::isfinite(sum) ? block_stats{sum, 0} : avx512::stats_block<T>(data, n);
+  }
+  if constexpr (Isa == cpu_isa::avx2) {
+    const double sum = avx2::finite_squares<T>(data, n);
+    return std::isfinite(sum) ? block_stats{sum, 0} : avx2::stats_block<T>(data, n);
+  }
 #endif
   return stats_block_scalar<T>(data, n);
 }
