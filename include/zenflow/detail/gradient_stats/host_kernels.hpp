@@ -122,23 +122,37 @@ ZENFLOW_TARGET_AVX2 inline __attribute__((always_inline)) void add_squares(__m25
   acc = _mm256_add_pd(
       acc, _mm256_and_pd(_mm256_mul_pd(d, d), _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_castps_si128(finite)))));
 }
+// Elements q..q+15 of a block of n as floats, zero past n (+0.0 squares add nothing).
+template <class T>
+ZENFLOW_TARGET_AVX2 inline __attribute__((always_inline)) void load16(const T* x, index_t q, index_t n, __m256& f0,
+                                                                      __m256& f1) {
+  namespace k = zenflow::detail::avx2;
+  if (n - q >= 16) {
+    f0 = k::load(x + q);
+    f1 = k::load(x + q + 8);
+    return;
+  }
+  T t[16] = {};
+  for (index_t i = 0; i < n - q; ++i) t[i] = x[q + i];
+  f0 = k::load(t);
+  f1 = k::load(t + 8);
+}
+// The lane fold (lane l += lane l + w for w = 8, 4, 2, 1) of lanes 0-3, 4-7, 8-11, 12-15.
+ZENFLOW_TARGET_AVX2 inline __attribute__((always_inline)) double fold_lanes(__m256d a0, __m256d a1, __m256d a2,
+                                                                            __m256d a3) {
+  const __m256d s8a = _mm256_add_pd(a0, a2), s8b = _mm256_add_pd(a1, a3);  // w = 8
+  const __m256d s4 = _mm256_add_pd(s8a, s8b);                              // w = 4
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
 // The documented order over a block assumed finite (see the header comment).
 template <class T>
 ZENFLOW_TARGET_AVX2 double finite_squares(const void* data, index_t n) noexcept {
-  namespace k = zenflow::detail::avx2;
   const T* x = static_cast<const T*>(data);
   __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;  // lanes 0-3, 4-7, 8-11, 12-15
   for (index_t q = 0; q < n; q += 16) {
     __m256 f0, f1;
-    if (n - q >= 16) {
-      f0 = k::load(x + q);
-      f1 = k::load(x + q + 8);
-    } else {  // zero padding: +0.0 squares add nothing
-      T t[16] = {};
-      for (index_t i = 0; i < n - q; ++i) t[i] = x[q + i];
-      f0 = k::load(t);
-      f1 = k::load(t + 8);
-    }
+    load16(x, q, n, f0, f1);
     const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0)), d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));
     const __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1)), d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));
     a0 = _mm256_fmadd_pd(d0, d0, a0);
@@ -146,29 +160,17 @@ ZENFLOW_TARGET_AVX2 double finite_squares(const void* data, index_t n) noexcept 
     a2 = _mm256_fmadd_pd(d2, d2, a2);
     a3 = _mm256_fmadd_pd(d3, d3, a3);
   }
-  const __m256d s8a = _mm256_add_pd(a0, a2), s8b = _mm256_add_pd(a1, a3);  // w = 8
-  const __m256d s4 = _mm256_add_pd(s8a, s8b);                              // w = 4
-  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+  return fold_lanes(a0, a1, a2, a3);
 }
 template <class T>
 ZENFLOW_TARGET_AVX2 block_stats stats_block(const void* data, index_t n) noexcept {
-  namespace k = zenflow::detail::avx2;
   const T* x = static_cast<const T*>(data);
   __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;  // lanes 0-3, 4-7, 8-11, 12-15
   std::int64_t bad = 0;
   const __m256i e = _mm256_set1_epi32(0x7f800000);
   for (index_t q = 0; q < n; q += 16) {
     __m256 f0, f1;
-    if (n - q >= 16) {
-      f0 = k::load(x + q);
-      f1 = k::load(x + q + 8);
-    } else {  // zero padding: +0.0 squares add nothing
-      T t[16] = {};
-      for (index_t i = 0; i < n - q; ++i) t[i] = x[q + i];
-      f0 = k::load(t);
-      f1 = k::load(t + 8);
-    }
+    load16(x, q, n, f0, f1);
     const __m256i nf0 = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(f0), e), e);
     const __m256i nf1 = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(f1), e), e);
     bad += __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(nf0)))) +
@@ -180,10 +182,7 @@ ZENFLOW_TARGET_AVX2 block_stats stats_block(const void* data, index_t n) noexcep
     add_squares(a2, _mm256_castps256_ps128(f1), _mm256_castps256_ps128(ok1));
     add_squares(a3, _mm256_extractf128_ps(f1, 1), _mm256_extractf128_ps(ok1, 1));
   }
-  const __m256d s8a = _mm256_add_pd(a0, a2), s8b = _mm256_add_pd(a1, a3);  // w = 8
-  const __m256d s4 = _mm256_add_pd(s8a, s8b);                              // w = 4
-  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
-  return {_mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2))), bad};
+  return {fold_lanes(a0, a1, a2, a3), bad};
 }
 }  // namespace avx2
 #if defined(__GNUC__) && !defined(__clang__)
