@@ -273,6 +273,22 @@ inline void q8_encode_block(const float* sm, const float* sv, std::size_t n, std
   }
 }
 
+/// Export and import of one 8-bit block of n <= q8_block_rows elements in fp32 (cpu_adam's
+/// export_columns / import_columns, in RAM and on disk): the moments decoded with the block's
+/// scales, or encoded to nearest with scales from their own largest values.
+inline void q8_decode_block(const std::uint8_t* qm, const std::uint8_t* qv, float dm, float dv, std::size_t n, float* m,
+                            float* v) noexcept {
+  for (std::size_t i = 0; i < n; ++i)
+    m[i] = q8_decode_m(qm[i], dm, -(q8_m_offset * dm)), v[i] = q8_decode_v(qv[i], dv, -(q8_v_offset * dv));
+}
+inline void q8_encode_block_nearest(const float* m, const float* v, std::size_t n, std::uint8_t* qm, std::uint8_t* qv,
+                                    float& dm, float& dv) noexcept {
+  std::uint32_t am = 0, av = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    am = std::max(am, float_to_bits(m[i]) & 0x7fffffffu), av = std::max(av, float_to_bits(v[i]));
+  q8_encode_block(m, v, n, am, av, 0, /*nearest=*/true, qm, qv, dm, dv);
+}
+
 /// One 8-bit block of n <= q8_block_rows elements: decode, bounded Adam, copy-out, re-encode
 /// with stochastic rounding under the block's key.
 template <class G, class O>

@@ -371,14 +371,12 @@ inline cpu_step_result cpu_adam::step(std::span<const cpu_adam_task> tasks, floa
           continue;
         }
         // 8-bit: items of whole 8-bit blocks (pieces hold whole blocks: segments are whole columns)
-        const tensor_state& ts = tensors_[tasks[segments_[p.tag].task].tensor];
-        for (std::size_t o = 0; o < p.n;) {
-          std::size_t e = o;
-          while (e < p.n && e - o < chunk_) e = ts.q8_block_start(ts.q8_block_of(p.elem + e) + 1) - p.elem;
-          e = std::min(e, p.n);
-          items.push_back({&p, o, e - o});
-          o = e;
-        }
+        std::size_t o = 0;
+        detail::for_each_q8_block(tensors_[tasks[segments_[p.tag].task].tensor], p, q8_per_block_,
+                                  [&](std::size_t, std::size_t, std::size_t i, std::size_t n) {
+                                    if (i + n - o >= chunk_ || i + n == p.n)
+                                      items.push_back({&p, o, i + n - o}), o = i + n;
+                                  });
       }
       pool_->parallel_for(items.size(), [&](std::size_t w) {
         const work& it = items[w];

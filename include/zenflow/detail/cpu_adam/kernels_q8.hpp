@@ -34,6 +34,21 @@ struct q8_run {
   std::uint64_t first_block = 0;     ///< index of the first block in the tensor (for its key)
 };
 
+/// cpu_adam on an SSD: calls fn(j, s, i, n) for each 8-bit block of a piece of tensor ts (a run of
+/// whole blocks in one state-file block holding q8_per_block of them): j the block's index in the
+/// tensor, s its scales' index in the state-file block, i its first element's place in the piece,
+/// n its length.
+template <class Tensor, class Piece, class Fn>
+void for_each_q8_block(const Tensor& ts, const Piece& x, std::size_t q8_per_block, Fn&& fn) {
+  const std::size_t first_scale = (x.block - ts.first_block) * q8_per_block;
+  for (std::size_t i = 0; i < x.n;) {
+    const std::size_t j = ts.q8_block_of(x.elem + i);
+    const std::size_t n = std::min(x.n - i, ts.q8_block_start(j + 1) - (x.elem + i));
+    fn(j, j - first_scale, i, n);
+    i += n;
+  }
+}
+
 template <class G, class O>
 inline void q8_adam_run_scalar(const q8_run& r, const G* g, O* out, const adam_step_constants& c,
                                const compact_step_constants& k) noexcept {

@@ -17,22 +17,6 @@
 
 namespace zenflow {
 
-namespace detail {
-/// Calls fn(j, s, i, n) for each 8-bit block of a piece of tensor ts (pieces hold whole blocks): j
-/// the block's index in the tensor, s its scales' index in the state-file block, i its first
-/// element's place in the piece, n its length.
-template <class Tensor, class Piece, class Fn>
-void for_each_q8_block(const Tensor& ts, const Piece& x, std::size_t q8_per_block, Fn&& fn) {
-  const std::size_t first_scale = (x.block - ts.first_block) * q8_per_block;
-  for (std::size_t i = 0; i < x.n;) {
-    const std::size_t j = ts.q8_block_of(x.elem + i);
-    const std::size_t n = std::min(x.n - i, ts.q8_block_start(j + 1) - (x.elem + i));
-    fn(j, j - first_scale, i, n);
-    i += n;
-  }
-}
-}  // namespace detail
-
 inline std::unique_ptr<state_file> cpu_adam::make_state_file(std::uint64_t bytes) const {
   state_file_config c = nvme_->file;
   c.bytes = bytes;
@@ -170,24 +154,21 @@ inline void cpu_adam::nvme_read_state(std::size_t t, std::vector<nvme_piece>& pi
           }
           break;
         case cpu_state_format::blockwise8_moments:
-          detail::for_each_q8_block(
-              ts, x, q8_per_block_, [&](std::size_t j, std::size_t s, std::size_t i, std::size_t n) {
-                const std::size_t slot = x.slot + i;
-                if (to.raw) {
-                  std::memcpy(to.m + x.off + i, a.qm + slot, n);
-                  std::memcpy(to.v + x.off + i, a.qv + slot, n);
-                  std::memcpy(to.dm + j * sizeof(float), a.dm + s, sizeof(float));
-                  std::memcpy(to.dv + j * sizeof(float), a.dv + s, sizeof(float));
-                } else {
-                  const float dm = a.dm[s], dv = a.dv[s];
-                  for (std::size_t r = 0; r < n; ++r) {
-                    const float m = detail::q8_decode_m(a.qm[slot + r], dm, -(detail::q8_m_offset * dm));
-                    const float v = detail::q8_decode_v(a.qv[slot + r], dv, -(detail::q8_v_offset * dv));
-                    std::memcpy(to.m + at + (i + r) * sizeof(float), &m, sizeof m);
-                    std::memcpy(to.v + at + (i + r) * sizeof(float), &v, sizeof v);
-                  }
-                }
-              });
+          detail::for_each_q8_block(ts, x, q8_per_block_,
+                                    [&](std::size_t j, std::size_t s, std::size_t i, std::size_t n) {
+                                      const std::size_t slot = x.slot + i;
+                                      if (to.raw) {
+                                        std::memcpy(to.m + x.off + i, a.qm + slot, n);
+                                        std::memcpy(to.v + x.off + i, a.qv + slot, n);
+                                        std::memcpy(to.dm + j * sizeof(float), a.dm + s, sizeof(float));
+                                        std::memcpy(to.dv + j * sizeof(float), a.dv + s, sizeof(float));
+                                      } else {  // decoded as export_columns in RAM decodes
+                                        float m[q8_block_rows], v[q8_block_rows];
+                                        detail::q8_decode_block(a.qm + slot, a.qv + slot, a.dm[s], a.dv[s], n, m, v);
+                                        std::memcpy(to.m + at + i * sizeof(float), m, n * sizeof(float));
+                                        std::memcpy(to.v + at + i * sizeof(float), v, n * sizeof(float));
+                                      }
+                                    });
           break;
       }
     }
@@ -231,12 +212,7 @@ inline void cpu_adam::nvme_write_state(std::size_t t, std::vector<nvme_piece>& p
                   float m[q8_block_rows], v[q8_block_rows];
                   std::memcpy(m, from.m + at + i * sizeof(float), n * sizeof(float));
                   std::memcpy(v, from.v + at + i * sizeof(float), n * sizeof(float));
-                  std::uint32_t am = 0, av = 0;
-                  for (std::size_t r = 0; r < n; ++r)
-                    am = std::max(am, detail::float_to_bits(m[r]) & 0x7fffffffu),
-                    av = std::max(av, detail::float_to_bits(v[r]));
-                  detail::q8_encode_block(m, v, n, am, av, 0, /*nearest=*/true, a.qm + slot, a.qv + slot, a.dm[s],
-                                          a.dv[s]);
+                  detail::q8_encode_block_nearest(m, v, n, a.qm + slot, a.qv + slot, a.dm[s], a.dv[s]);
                 }
               });
           break;

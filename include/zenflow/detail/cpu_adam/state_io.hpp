@@ -107,15 +107,11 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
         break;
       }
       case cpu_state_format::blockwise8_moments: {
-        const std::uint8_t* qm = ts.at(ts.m_off) + src;
-        const std::uint8_t* qv = ts.at(ts.v_off) + src;
-        const float* dm = ts.scales(ts.dm_off) + static_cast<std::size_t>(columns[j]) * per_col;
-        const float* dv = ts.scales(ts.dv_off) + static_cast<std::size_t>(columns[j]) * per_col;
-        for (std::size_t r = 0; r < rows; ++r) {
-          const std::size_t b = r / q8_block_rows;
-          exp_avg[dst + r] = detail::q8_decode_m(qm[r], dm[b], -(detail::q8_m_offset * dm[b]));
-          exp_avg_sq[dst + r] = detail::q8_decode_v(qv[r], dv[b], -(detail::q8_v_offset * dv[b]));
-        }
+        const std::size_t blk = static_cast<std::size_t>(columns[j]) * per_col;
+        for (std::size_t r0 = 0, b = 0; r0 < rows; r0 += q8_block_rows, ++b)
+          detail::q8_decode_block(ts.at(ts.m_off) + src + r0, ts.at(ts.v_off) + src + r0, ts.scales(ts.dm_off)[blk + b],
+                                  ts.scales(ts.dv_off)[blk + b], std::min(q8_block_rows, rows - r0),
+                                  exp_avg.data() + dst + r0, exp_avg_sq.data() + dst + r0);
         break;
       }
     }
@@ -157,18 +153,12 @@ inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t
         break;
       }
       case cpu_state_format::blockwise8_moments: {
-        for (std::size_t r0 = 0, b = 0; r0 < rows; r0 += q8_block_rows, ++b) {
-          const std::size_t n = std::min(q8_block_rows, rows - r0);
-          const float* m = exp_avg.data() + src + r0;
-          const float* v = exp_avg_sq.data() + src + r0;
-          std::uint32_t am = 0, av = 0;
-          for (std::size_t r = 0; r < n; ++r)
-            am = std::max(am, detail::float_to_bits(m[r]) & 0x7fffffffu),
-            av = std::max(av, detail::float_to_bits(v[r]));
-          const std::size_t blk = static_cast<std::size_t>(columns[j]) * per_col + b;
-          detail::q8_encode_block(m, v, n, am, av, 0, /*nearest=*/true, ts.at(ts.m_off) + dst + r0,
-                                  ts.at(ts.v_off) + dst + r0, ts.scales(ts.dm_off)[blk], ts.scales(ts.dv_off)[blk]);
-        }
+        const std::size_t blk = static_cast<std::size_t>(columns[j]) * per_col;
+        for (std::size_t r0 = 0, b = 0; r0 < rows; r0 += q8_block_rows, ++b)
+          detail::q8_encode_block_nearest(exp_avg.data() + src + r0, exp_avg_sq.data() + src + r0,
+                                          std::min(q8_block_rows, rows - r0), ts.at(ts.m_off) + dst + r0,
+                                          ts.at(ts.v_off) + dst + r0, ts.scales(ts.dm_off)[blk + b],
+                                          ts.scales(ts.dv_off)[blk + b]);
         break;
       }
     }

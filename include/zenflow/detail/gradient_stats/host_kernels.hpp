@@ -70,6 +70,13 @@ block_stats stats_block_scalar(const void* data, index_t n) noexcept {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 namespace avx512 {
+// The lane fold (lane l += lane l + w for w = 8, 4, 2, 1) of lanes 0-7 and 8-15.
+ZENFLOW_TARGET_AVX512 inline __attribute__((always_inline)) double fold_lanes(__m512d lo, __m512d hi) {
+  const __m512d s8 = _mm512_add_pd(lo, hi);  // w = 8
+  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
 // The documented order over a block assumed finite (see the header comment); the tail's zeroed
 // lanes add +0.0, which changes no partial sum (they are never -0.0).
 template <class T>
@@ -85,10 +92,7 @@ ZENFLOW_TARGET_AVX512 double finite_squares(const void* data, index_t n) noexcep
     lo = _mm512_fmadd_pd(a, a, lo);
     hi = _mm512_fmadd_pd(b, b, hi);
   }
-  const __m512d s8 = _mm512_add_pd(lo, hi);  // w = 8
-  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
-  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+  return fold_lanes(lo, hi);
 }
 // Masked-off lanes (the tail, the non-finite elements) add nothing.
 template <class T>
@@ -108,10 +112,7 @@ ZENFLOW_TARGET_AVX512 block_stats stats_block(const void* data, index_t n) noexc
     lo = _mm512_mask_add_pd(lo, static_cast<__mmask8>(add), lo, _mm512_mul_pd(a, a));
     hi = _mm512_mask_add_pd(hi, static_cast<__mmask8>(add >> 8), hi, _mm512_mul_pd(b, b));
   }
-  const __m512d s8 = _mm512_add_pd(lo, hi);  // w = 8
-  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
-  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
-  return {_mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2))), bad};
+  return {fold_lanes(lo, hi), bad};
 }
 }  // namespace avx512
 

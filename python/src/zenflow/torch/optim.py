@@ -125,7 +125,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         accumulator (4 bytes per parameter, 8 with overlap_step, instead of 16 or 20) and a pool
         of ``buffer_count`` blocks (``"master_on_disk": False`` keeps the master in RAM: 4 bytes
         more). Any ``cpu_state`` (on disk per parameter: fp32 12 bytes, bf16 8, 8-bit about 6, or
-        8, 4 and about 2 with the master in RAM). Results are bit-identical to the same state in RAM. Other keys:
+        8, 4 and about 2 with the master in RAM). Results are bit-identical to the same state in RAM.
+        Other keys:
         buffer_count, pin_memory, pipeline_read, pipeline_write, io_engine ("auto", "io_uring",
         "posix"), master_on_disk; aio:
         block_size, queue_depth, intra_op_parallelism / thread_count (see
