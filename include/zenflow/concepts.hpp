@@ -301,6 +301,13 @@ concept backend_step_operations =
 ///        same list in device memory.
 ///    R12 `select(selector, grads, stream)` — scores the step's gradients and selects; the
 ///        selection is readable on the host on return.
+///    R13 Optional: `B::accumulates_on_stream` (a constexpr bool), true when work on the stream
+///        can accumulate into host memory itself (host_backend: its device memory is host memory).
+///        A coordinator of one process then
+///        offloads each step's CPU columns at step(), with the step's flags, through
+///        `gather_accumulate(grad, columns, acc, accumulated, flags, stream)`: unless flags->skip,
+///        the fp32 host accumulator `acc` += gather's result (as R11 writes it, in grad's dtype),
+///        stored instead when *accumulated == 0, then ++*accumulated; no staging, no copy.
 template <class B>
 concept coordinator_backend =
     detail::backend_stream<B> && detail::backend_selector<B> && detail::backend_device_optimizer<B> &&
@@ -308,6 +315,12 @@ concept coordinator_backend =
     detail::backend_devices_and_copies<B> && detail::backend_step_operations<B>;
 
 namespace detail {
+/// R13: whether B accumulates a step's CPU columns on its stream.
+template <class B>
+inline constexpr bool accumulates_on_stream = requires {
+  requires B::accumulates_on_stream;
+};
+
 /// A score communicator for checking D1 (the selector of a data-parallel coordinator reduces its
 /// scores through one; see importance_selector.hpp).
 struct any_score_communicator {

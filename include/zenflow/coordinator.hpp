@@ -4,6 +4,8 @@
 //   trainer stream        statistics -> GPU sparse Adam (selected columns, 1-D params)
 //                         -> gather of the unselected columns (scaled) -> [write-back scatter]
 //   offload worker        D2H through the transfer queue, fp32 accumulation on the CPU
+//                         (host_backend in one process: the trainer stream gathers and
+//                         accumulates in one pass at step(), and the worker only keeps count)
 //   update worker         CPU Adam on the mean accumulated gradient (the library's thread pool),
 //                         low-precision copy-out, H2D through the transfer queue
 //
@@ -344,7 +346,8 @@ class basic_coordinator {
       // update worker and by the trainer once the interval is accumulated, reset by the trainer
       // when the interval of that parity begins.
       std::int64_t accumulated = 0;
-      std::vector<std::byte> out_stage;  // CPU copy-out (param dtype, compact); host backend: none
+      std::vector<std::byte> out_stage;  // CPU copy-out (param dtype, compact); by_interval[0]'s only;
+                                         // host backend: none
       device_buffer writeback_dev;       // the same on the device
     };
     std::array<interval_buffers, 2> by_interval;
@@ -371,7 +374,20 @@ class basic_coordinator {
   // completes before the next interval begins): 4 bytes per CPU-column element instead of 8.
   template <class Parameter>  // parameter or const parameter
   [[nodiscard]] auto& accumulator_of(Parameter& p, std::int64_t interval) const noexcept {
-    return p.by_interval[options_.overlap_step ? interval % 2 : 0].accumulator;
+    return p.by_interval[staging_parity(interval)].accumulator;
+  }
+  // The write-back staging interval i's CPU update writes and its write-back scatters from, and
+  // that write-back's event: as accumulator_of, one for every interval unless a CPU update may run
+  // while the previous interval's result still waits for its write-back (overlap_step).
+  template <class Parameter>
+  [[nodiscard]] auto& writeback_of(Parameter& p, std::int64_t interval) const noexcept {
+    return p.by_interval[staging_parity(interval)].writeback_dev;
+  }
+  [[nodiscard]] event_type& written_back_of(std::int64_t interval) noexcept {
+    return by_interval_[staging_parity(interval)].written_back;
+  }
+  [[nodiscard]] int staging_parity(std::int64_t interval) const noexcept {
+    return options_.overlap_step ? static_cast<int>(interval % 2) : 0;
   }
 
   // Construction (coordinator_impl.hpp).
@@ -421,6 +437,10 @@ class basic_coordinator {
 
   // Data parallel (data_parallel.hpp).
   static constexpr bool data_parallel = !std::same_as<Communicator, single_process>;
+  // One process on a backend that accumulates the CPU columns' gradients on its stream (R13:
+  // host_backend): at step(), with the step's flags; no gradient staging, no hand-over during
+  // backward.
+  static constexpr bool accumulates_on_stream = !data_parallel && detail::accumulates_on_stream<Backend>;
   [[nodiscard]] std::size_t owned_piece_elements(const parameter& p) const noexcept;
   [[nodiscard]] detail::agreement agreement_of(std::int64_t kind, const detail::agreement_position& at) const;
   [[nodiscard]] detail::agreement_position current_position() const;

@@ -102,12 +102,15 @@ struct host_memory_bytes {
   /// The fp32 gradient accumulators: 4 bytes per CPU-column element, twice with overlap_step.
   std::size_t accumulators = 0;
   /// The CPU updates' results on their way to the device (a CUDA backend: the parameter's dtype,
-  /// per interval parity; the host backend writes them straight into the device buffers: none).
+  /// once, uploaded before the next update; the host backend writes them straight into the
+  /// device buffers: none).
   std::size_t copy_out = 0;
   /// The NVMe state file's pinned pool (read_ahead + 1 + write_behind blocks); 0 in RAM.
   std::size_t state_file_pool = 0;
-  /// The backend's device buffers for the CPU columns (gathered gradients, write-back staging):
-  /// GPU memory on a CUDA backend, host RAM on the host backend, where they stand in for it.
+  /// The backend's device buffers for the CPU columns: the write-back staging (the parameter's
+  /// dtype, twice with overlap_step) and, unless the backend accumulates on its stream (the host
+  /// backend in one process), the gathered gradients (the gradient's dtype, twice). GPU memory on
+  /// a CUDA backend, host RAM on the host backend, where they stand in for it.
   std::size_t device_buffers = 0;
   /// Host RAM on a GPU backend: every field but device_buffers.
   [[nodiscard]] std::size_t host_total() const noexcept {

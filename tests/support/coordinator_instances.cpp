@@ -2,3 +2,4 @@
 #include "coordinator_instances.hpp"
 
 template class zenflow::basic_coordinator<zenflow::host_backend>;
+template class zenflow::basic_coordinator<zenflow::testing::staged_host_backend>;

@@ -7,5 +7,16 @@
 #include <zenflow/communicator.hpp>
 #include <zenflow/coordinator.hpp>
 
+namespace zenflow::testing {
+// The host backend with a GPU backend's offload (R13 off): each step's CPU columns gathered into
+// the gradient staging, handed over at submit_gradient when no clip factor waits for the step,
+// and accumulated from the staging by the offload worker. The path of a CUDA backend's schedule,
+// run on the host and compared with the host backend's accumulation on its stream.
+struct staged_host_backend : host_backend {
+  static constexpr bool accumulates_on_stream = false;
+};
+}  // namespace zenflow::testing
+
 extern template class zenflow::basic_coordinator<zenflow::host_backend>;
+extern template class zenflow::basic_coordinator<zenflow::testing::staged_host_backend>;
 extern template class zenflow::basic_coordinator<zenflow::host_backend, zenflow::cpu_adam, zenflow::self_communicator>;

@@ -224,6 +224,8 @@ struct basic_harness {
 };
 
 using harness = basic_harness<>;
+// staged_host_backend: coordinator_instances.hpp.
+using staged_harness = basic_harness<basic_coordinator<staged_host_backend>>;
 
 // A CPU optimizer whose updates take `Milliseconds` longer than the arithmetic (a slow CPU, or a
 // state file on a slow disk).

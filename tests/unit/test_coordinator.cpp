@@ -66,13 +66,71 @@ TEST_CASE("dense, ZeRO-Offload and ZenFlow with everything on the GPU are bit-id
   CHECK(interval_one.coordinator.metrics().bytes_device_to_host > 0);
 }
 
+TEST_CASE("the host backend's accumulation on its stream gives the staged offload's bits in every mode") {
+  // host_backend accumulates each step's CPU columns on the stream at step() (R13); the staged
+  // path gathers them (at submit_gradient where it can) and the offload worker accumulates them.
+  // Same bits, same trace and counts, with a skipped step and with clipping; no gradient staging.
+  auto zero = zenflow_options::zero_offload();
+  zero.adam = base_options().adam;
+  auto async = base_options();
+  async.update_interval = interval_option::fixed(3);
+  auto sync = base_options();
+  sync.overlap_step = false;
+  auto clipped = base_options();
+  clipped.max_grad_norm = 0.5f;
+  auto automatic = base_options();
+  automatic.update_interval = interval_option::automatic();
+  for (const auto& o : {zero, async, sync, clipped, automatic}) {
+    CAPTURE(offload_mode_name(o.mode));
+    CAPTURE(o.overlap_step);
+    CAPTURE(o.max_grad_norm);
+    harness fused(o, harness::small_config(), toy_model::with_large_weight());
+    staged_harness staged(o, staged_harness::small_config(), toy_model::with_large_weight());
+    fused.train(14, /*poison_step=*/5);
+    staged.train(14, /*poison_step=*/5);
+    CHECK(fused.finish() == staged.finish());
+    const auto a = fused.coordinator.trace(), b = staged.coordinator.trace();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].first_step == b[i].first_step);
+      CHECK(a[i].last_step == b[i].last_step);
+      CHECK(a[i].accumulated_steps == b[i].accumulated_steps);
+      CHECK(a[i].written_back_at == b[i].written_back_at);
+    }
+    CHECK(fused.coordinator.metrics().bytes_device_to_host == staged.coordinator.metrics().bytes_device_to_host);
+    for (std::size_t i = 0; i < 3; ++i)
+      CHECK(fused.coordinator.cpu_step_count(i) == staged.coordinator.cpu_step_count(i));
+    // No gradient staging: the "device" buffers are the write-back staging only.
+    const host_memory_bytes fm = fused.coordinator.host_memory(), sm = staged.coordinator.host_memory();
+    CHECK(fm.device_buffers < sm.device_buffers);
+    CHECK(fm.accumulators == sm.accumulators);
+  }
+}
+
+TEST_CASE("without overlap_step one write-back staging serves every interval") {
+  // A CPU update without overlap completes and is written back before the next interval's update
+  // begins: one accumulator and one write-back staging per parameter, not one per parity.
+  auto sync = base_options();
+  sync.overlap_step = false;
+  harness one(sync, harness::small_config(), toy_model::with_large_weight());
+  harness two(base_options(), harness::small_config(), toy_model::with_large_weight());
+  one.train(8);
+  two.train(8);
+  const host_memory_bytes a = one.coordinator.host_memory(), b = two.coordinator.host_memory();
+  CHECK(a.device_buffers * 2 == b.device_buffers);
+  CHECK(a.accumulators * 2 == b.accumulators);
+  one.finish();
+  two.finish();
+}
+
 TEST_CASE("large gradients accumulated by several threads give the same bits for any cpu_threads") {
-  // The offload worker accumulates on a pool of cpu_threads threads, and a parameter's first step
-  // of an interval overwrites its accumulator: neither may change a bit.
+  // The staged offload's worker accumulates on a pool of cpu_threads threads (host_backend: the
+  // stream's pool), and a parameter's first step of an interval overwrites its accumulator:
+  // neither may change a bit.
   auto run = [](const zenflow_options& o, std::size_t threads) {
     auto config = harness::small_config();
     config.cpu_threads = threads;
-    harness h(o, config, toy_model::with_large_weight());
+    staged_harness h(o, config, toy_model::with_large_weight());
     h.train(9);
     return h.finish();
   };

@@ -31,12 +31,15 @@ std::vector<std::byte> reference_run(const zenflow_options& o, std::int64_t step
 
 }  // namespace
 
-TEST_CASE("a gradient submitted twice in one step is rejected and changes nothing") {
-  const auto o = base_options();  // no clipping: gradients are offloaded as they are submitted
+// Both offload paths: the staged one (a CUDA backend's) hands the CPU columns over as they are
+// submitted when no clip factor waits for the step; the host backend's keeps them for step().
+TEST_CASE_TEMPLATE("a gradient submitted twice in one step is rejected and changes nothing", Harness, harness,
+                   staged_harness) {
+  const auto o = base_options();  // no clipping: the staged path offloads gradients as they are submitted
   const auto reference = reference_run(o, 12);
   for (std::size_t twice : {std::size_t{0}, std::size_t{1}, std::size_t{2}}) {  // bf16, f32 matrix, the bias
     CAPTURE(twice);
-    harness h(o);
+    Harness h(o);
     h.train(3);  // step 3: mid-interval, not a selection step
     h.backward();
     for (std::size_t i = 0; i <= 2; ++i) {
@@ -52,14 +55,15 @@ TEST_CASE("a gradient submitted twice in one step is rejected and changes nothin
   }
 }
 
-TEST_CASE("a rejected step() leaves the coordinator as if the step had not begun") {
+TEST_CASE_TEMPLATE("a rejected step() leaves the coordinator as if the step had not begun", Harness, harness,
+                   staged_harness) {
   const auto o = base_options();
   SUBCASE("then every gradient is submitted again: bit-identical to an uninterrupted run") {
     const auto reference = reference_run(o, 12);
-    harness h(o);
+    Harness h(o);
     h.train(3);
     h.backward();
-    h.submit(0);  // offloaded at once (no clipping, mid-interval)
+    h.submit(0);  // staged: offloaded at once (no clipping, mid-interval)
     CHECK_THROWS_WITH_AS(h.coordinator.step(&h.stream), doctest::Contains("no gradient was submitted"), zenflow::error);
     CHECK(h.coordinator.step_count() == 3);
     {
@@ -72,7 +76,7 @@ TEST_CASE("a rejected step() leaves the coordinator as if the step had not begun
   }
   SUBCASE("then finish() returns, with the rejected step's gradients dropped") {
     const auto reference = reference_run(o, 3);
-    harness h(o);
+    Harness h(o);
     h.train(3);
     h.backward();
     h.submit(0);
@@ -83,7 +87,7 @@ TEST_CASE("a rejected step() leaves the coordinator as if the step had not begun
   }
   SUBCASE("finish() with gradients submitted and no step() drops them") {
     const auto reference = reference_run(o, 5);
-    harness h(o);
+    Harness h(o);
     h.train(5);
     h.backward();
     h.submit(1);
@@ -92,7 +96,7 @@ TEST_CASE("a rejected step() leaves the coordinator as if the step had not begun
   }
   SUBCASE("destruction in the middle of a step") {
     watchdog guard("destruction in the middle of a step");
-    harness h(o);
+    Harness h(o);
     h.train(5);
     h.backward();
     h.submit(0);

@@ -529,6 +529,52 @@ TEST_CASE("gather_columns and scatter_columns on every path equal the per-elemen
         }
 }
 
+TEST_CASE("gather_accumulate equals gather_columns followed by the accumulate kernel, without the buffer") {
+  // The host backend's offload at step(): the same bits as the staged path it replaces, for every
+  // layout, dtype, path and thread count, into zeros or over an accumulator, with blocks of whole
+  // columns and (70,000 rows) blocks of one column's rows.
+  namespace hd = zenflow::detail::host_device;
+  executions ex;
+  std::mt19937 rng(29);
+  const index_t shapes[][2] = {{70, 23}, {1, 40}, {129, 300}, {70000, 3}};
+  for (const auto& shape : shapes)
+    for (int layout = 0; layout < 5; ++layout)
+      for (dtype st : {dtype::f32, dtype::bf16, dtype::f16}) {
+        const index_t rows = shape[0], cols = shape[1];
+        if (rows > 1000 && layout > 1) continue;  // row-major and column-contiguous are enough there
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(layout);
+        CAPTURE(zenflow::dtype_name(st));
+        strided src = strided::make(st, rows, cols, layout);
+        fill(src, rng, 3.0f);
+        src.set(0, cols - 1, std::numeric_limits<float>::quiet_NaN());
+        for (const auto& columns : {pick(cols, (cols + 1) / 2, rng), pick(cols, cols, rng)}) {
+          const auto n = static_cast<index_t>(columns.size());
+          std::vector<float> acc0(static_cast<std::size_t>(n * rows));
+          for (auto& x : acc0) x = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+          for (const bool overwrite : {false, true}) {
+            CAPTURE(overwrite);
+            const float scale = 0.3f;
+            for (const auto& e : ex.all) {
+              CAPTURE(describe(e));
+              std::vector<std::byte> staged(acc0.size() * zenflow::dtype_size(st));
+              zenflow::gather_columns(src.cview(), columns, staged.data(), st, scale, e);
+              std::vector<float> expect = acc0;
+              (void)zenflow::detail::select_accumulate_range(e.isa, st, overwrite)(expect.data(), staged.data(),
+                                                                                   expect.size(), 1.0f);
+              std::vector<float> got = acc0;
+              const zenflow::const_matrix_view v = src.cview();
+              hd::gather_accumulate(
+                  {v.data, v.type, v.row_stride, v.col_stride, columns.data(), hd::max_column(columns)}, rows, n, scale,
+                  got.data(), overwrite, e, e.isa);
+              CHECK(std::memcmp(got.data(), expect.data(), got.size() * sizeof(float)) == 0);
+            }
+          }
+        }
+      }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Gradient statistics.
 // ------------------------------------------------------------------------------------------------

@@ -214,7 +214,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     std::vector<std::byte> pending;
     if (pending_interval) {
       // This rank's block of the write-back staging (the whole of it in one process).
-      const std::byte* staged = p.by_interval[*pending_interval % 2].writeback_dev.data() + rank_ * p.block * esize;
+      const std::byte* staged = writeback_of(p, *pending_interval).data() + rank_ * p.block * esize;
       pending.resize(owned_piece_elements(p) * esize);
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(pending.data(), staged, pending.size(), stream);
@@ -527,7 +527,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     p.cpu_steps = s.host_steps;
     if (pending >= 0) {
       detail::synchronize_on_unwind<Backend> guard(stream);
-      Backend::copy_async(p.by_interval[pending % 2].writeback_dev.data() + rank_ * p.block * dtype_size(p.matrix.type),
+      Backend::copy_async(writeback_of(p, pending).data() + rank_ * p.block * dtype_size(p.matrix.type),
                           s.pending.data(), s.pending.size(), stream);
       Backend::synchronize(stream);
     }

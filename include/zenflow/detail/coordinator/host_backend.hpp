@@ -8,12 +8,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "zenflow/detail/coordinator/step_flags.hpp"
+#include "zenflow/detail/host_device/columns.hpp"
 #include "zenflow/gradient_stats.hpp"
 #include "zenflow/host_stream.hpp"
 #include "zenflow/importance_selector.hpp"
@@ -112,6 +114,25 @@ struct host_backend {
   static void gather(const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* /*columns_dev*/,
                      void* dst, dtype dst_type, const step_flags* flags, stream_type stream) {
     stream->enqueue([=] { gather_columns(grad, columns, dst, dst_type, flags->scale, stream->execution()); });
+  }
+  /// The offload of one process's step on the stream, straight from the trainer's gradient (R13):
+  /// unless flags->skip, `acc` (compact fp32) += grad's `columns` * flags->scale rounded to the
+  /// gradient's dtype (stores when *accumulated == 0: the parameter's first step of the interval),
+  /// then ++*accumulated. The same bits as gather followed by the offload worker's accumulation
+  /// of the staging, with neither the staging (2 x the CPU columns' gradient) nor its two passes.
+  static constexpr bool accumulates_on_stream = true;
+  static void gather_accumulate(const_matrix_view grad, std::span<const std::int32_t> columns, float* acc,
+                                std::int64_t* accumulated, const step_flags* flags, stream_type stream) {
+    stream->enqueue([=] {
+      if (flags->skip) return;
+      namespace hd = detail::host_device;
+      const host_execution exec = stream->execution();
+      hd::gather_accumulate(
+          {grad.data, grad.type, grad.row_stride, grad.col_stride, columns.data(), hd::max_column(columns)}, grad.rows,
+          static_cast<index_t>(columns.size()), flags->scale, acc, *accumulated == 0, exec,
+          hd::checked_isa(exec, "exec.isa"));
+      ++*accumulated;
+    });
   }
   /// param's `columns` = compact src (converted to the parameter's dtype).
   static void scatter(const void* src, dtype src_type, std::span<const std::int32_t> columns,

@@ -121,7 +121,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
   // The CPU update of every parameter with CPU columns, with the hyper-parameters in effect now.
   detail::update_job<Backend> job;
   job.interval = i;
-  job.written_back = &by_interval_[b].written_back;
+  job.written_back = &written_back_of(i);
   for (auto& p : params_) {
     if (p.is_vector || p.cpu_columns.empty()) continue;
     detail::update_item item;
@@ -131,11 +131,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
     item.accumulator = accumulator_of(p, i);
     item.accumulated = &p.by_interval[b].accumulated;
     item.cpu_steps = &p.cpu_steps;
-    item.out = p.by_interval[b].out_stage;
+    item.out = p.by_interval[0].out_stage;  // one per parameter: see setup_buffers
     item.out_type = p.matrix.type;
     // Its block of the write-back's all-gather (the whole buffer in one process).
-    item.device_out =
-        p.by_interval[b].writeback_dev.data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);
+    item.device_out = writeback_of(p, i).data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);
     job.items.push_back(item);
   }
   {
@@ -232,7 +231,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
           if (!written(p)) continue;
           dispatch_dtype(p.matrix.type, [&](auto tag) {
             using T = decltype(tag);
-            T* all = reinterpret_cast<T*>(p.by_interval[i % 2].writeback_dev.data());
+            T* all = reinterpret_cast<T*>(writeback_of(p, i).data());
             comm_->all_gather(std::span<const T>(all + static_cast<std::size_t>(rank_) * p.block, p.block),
                               std::span<T>(all, static_cast<std::size_t>(ranks_) * p.block), stream);
           });
@@ -243,7 +242,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
       if (!written(p)) continue;
       const std::size_t esize = dtype_size(p.matrix.type);
       metrics_.bytes_host_to_device += owned_piece_elements(p) * esize;
-      std::byte* blocks = p.by_interval[i % 2].writeback_dev.data();
+      std::byte* blocks = writeback_of(p, i).data();
       const auto* cpu_columns_dev = reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data());
       for (int r = 0; r < ranks_; ++r) {
         const std::size_t first = p.pieces[r], count = p.pieces[r + 1] - first;
@@ -253,7 +252,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
                          p.matrix, stream);
       }
     }
-    Backend::record(by_interval_[i % 2].written_back, stream);
+    Backend::record(written_back_of(i), stream);
   }
   schedule_.written_back(i);
   metrics_.written_back = true;
@@ -321,9 +320,15 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(parameter& p, const step_flags* flags,
                                                                                stream_type stream) {
-  const int parity = static_cast<int>(step_ % 2);
-  Backend::gather(p.grad_matrix, p.cpu_columns, reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data()),
-                  (*p.by_step)[parity].grad_stage.data(), p.grad_type, flags, stream);
+  if constexpr (accumulates_on_stream) {
+    // Straight into the accumulator on the stream; the worker only waits for it (in step order).
+    const std::int64_t i = schedule_.interval();
+    Backend::gather_accumulate(p.grad_matrix, p.cpu_columns, accumulator_of(p, i).data(),
+                               &p.by_interval[i % 2].accumulated, flags, stream);
+  } else {
+    Backend::gather(p.grad_matrix, p.cpu_columns, reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data()),
+                    (*p.by_step)[step_ % 2].grad_stage.data(), p.grad_type, flags, stream);
+  }
   hand_over(p, 0, p.cpu_columns.size() * static_cast<std::size_t>(p.matrix.rows) * dtype_size(p.grad_type),
             /*scale_by_flags=*/false, stream);
 }
@@ -345,6 +350,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(paramete
   j.interval = schedule_.interval();
   j.src = (*p.by_step)[parity].grad_stage.data() + offset;
   j.bytes = bytes;
+  j.on_stream = accumulates_on_stream;
   j.type = p.grad_type;
   j.accumulator = accumulator_of(p, schedule_.interval()).data();
   j.accumulated = &p.by_interval[schedule_.interval() % 2].accumulated;

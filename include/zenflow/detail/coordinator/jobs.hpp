@@ -13,7 +13,8 @@
 
 namespace zenflow::detail {
 
-/// Work for the offload worker: one gathered gradient, or a marker (src == nullptr).
+/// Work for the offload worker: one gathered gradient, one accumulated on the stream (on_stream),
+/// or a marker (src == nullptr and !on_stream).
 template <class Backend>
 struct offload_job {
   std::int64_t step = 0;
@@ -32,6 +33,9 @@ struct offload_job {
   /// Accumulate times flags->scale (the gradient was gathered unscaled: data parallel, where it is
   /// reduced before the step's flags exist). Otherwise the gather applied it.
   bool scale_by_flags = false;
+  /// The backend accumulated it on the stream (gather_accumulate) and counted it: the worker only
+  /// waits for `gathered` (src is null; bytes says how much the gradient was).
+  bool on_stream = false;
 };
 
 /// One parameter's share of a CPU update.
@@ -54,8 +58,9 @@ template <class Backend>
 struct update_job {
   std::int64_t interval = 0;
   std::vector<update_item> items;  ///< the parameters with CPU columns
-  /// The write-back that last read this interval parity's device staging (interval - 2's): it must
-  /// have run before the staging is refilled.
+  /// The write-back that last read this interval's device staging (interval - 2's with overlap_step,
+  /// else interval - 1's: basic_coordinator::writeback_of): it must have run before the staging is
+  /// refilled.
   typename Backend::event_type* written_back = nullptr;
 };
 

@@ -213,7 +213,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
       data_parallel ? p.block * std::max(dtype_size(p.grad_type), dtype_size(p.matrix.type)) : 0, std::byte{0});
   detail::synchronize_on_unwind<Backend> guard(stream);
   for (int b = 0; b < 2; ++b) {
-    reserve((*p.by_step)[b].grad_stage, staged * dtype_size(p.grad_type));
+    reserve((*p.by_step)[b].grad_stage, accumulates_on_stream ? 0 : staged * dtype_size(p.grad_type));
     {  // see accumulator_of; memory more CPU columns needed (before the first selection) is released
       const std::size_t want = b == 0 || options_.overlap_step ? own : 0;
       if (p.by_interval[b].accumulator.capacity() > want)
@@ -222,14 +222,16 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
         p.by_interval[b].accumulator.assign(want, 0.0f);
     }
     p.by_interval[b].accumulated = 0;
-    // The host backend's CPU Adam writes the write-back staging directly: no host copy-out.
-    p.by_interval[b].out_stage.assign(Backend::device_space == memory_space::host ? 0 : own * dtype_size(p.matrix.type),
-                                      std::byte{0});
-    reserve(p.by_interval[b].writeback_dev, staged * dtype_size(p.matrix.type));
+    // The host backend's CPU Adam writes the write-back staging directly: no host copy-out. Else
+    // one: the update worker uploads an update's copy-out before it begins the next update.
+    p.by_interval[b].out_stage.assign(
+        Backend::device_space == memory_space::host || b != 0 ? 0 : own * dtype_size(p.matrix.type), std::byte{0});
+    reserve(p.by_interval[b].writeback_dev, b == staging_parity(b) ? staged * dtype_size(p.matrix.type) : 0);
     if constexpr (data_parallel) {
       for (int r = 0; r < ranks_ && !p.cpu_columns.empty(); ++r) {
         const std::size_t used = (p.pieces[r + 1] - p.pieces[r]) * rows;
         for (auto* buffer : {&(*p.by_step)[b].grad_stage, &p.by_interval[b].writeback_dev}) {
+          if (buffer->bytes() == 0) continue;  // a parity without write-back staging (staging_parity)
           const std::size_t esize =
               buffer == &(*p.by_step)[b].grad_stage ? dtype_size(p.grad_type) : dtype_size(p.matrix.type);
           const std::size_t bytes = (p.block - used) * esize;

@@ -146,6 +146,12 @@ void offload_worker<Backend>::loop() {
       j = jobs_.front();
       jobs_.pop_front();
     }
+    if (j.on_stream) {
+      // Accumulated and counted on the stream, after the step's flags: the markers after it are
+      // published once it ran.
+      Backend::synchronize(*j.gathered);
+      continue;
+    }
     if (j.src == nullptr) {
       // A marker: everything before it must be accumulated first.
       while (!flight.empty()) consume_one(flight);

@@ -202,9 +202,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(st
   // Without clipping, nothing about this gradient's CPU columns waits for the rest of backward:
   // gather them now and let the copy overlap backward (not at a selection boundary, which may
   // change the columns).
-  // Data parallel: the CPU columns are reduced across ranks first, in step().
-  if (!data_parallel && schedule_.started() && options_.max_grad_norm == 0.0f && !p.cpu_columns.empty() &&
-      !selection_boundary()) {
+  // Data parallel: the CPU columns are reduced across ranks first, in step(). A backend that
+  // accumulates on its stream needs the step's flags first: in step() too.
+  if (!data_parallel && !accumulates_on_stream && schedule_.started() && options_.max_grad_norm == 0.0f &&
+      !p.cpu_columns.empty() && !selection_boundary()) {
     begin_step();
     offload_gradient(p, unit_flags(), stream);
   }

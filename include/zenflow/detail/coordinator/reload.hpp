@@ -75,8 +75,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
         const auto c = column(p.owned_local[j] + p.owned.first);
         std::copy(c.begin(), c.end(), block.begin() + static_cast<std::ptrdiff_t>(j * column_bytes));
       }
-      std::byte* staged = p.by_interval[*pending_interval % 2].writeback_dev.data() +
-                          static_cast<std::size_t>(rank_) * p.block * dtype_size(type);
+      std::byte* staged =
+          writeback_of(p, *pending_interval).data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(type);
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(staged, block.data(), block.size(), stream);
       Backend::synchronize(stream);

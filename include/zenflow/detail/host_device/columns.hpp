@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "zenflow/detail/host_device/line_kernels.hpp"
 #include "zenflow/detail/host_device/parallel.hpp"
@@ -122,6 +123,47 @@ inline void copy_columns(const column_side& src, const column_side& dst, index_t
              {dst.columns, dst.col_stride}, n, scale);
     });
   }
+}
+
+/// The host backend's offload of a step's CPU columns in one pass: acc(r, i) = A(acc(r, i),
+/// D(src(r, i) * scale)) for r < rows, i < n, where D rounds to src's dtype and A adds in fp32
+/// (overwrite: stores), acc compact (column i at i * rows). The same bits as copy_columns into a
+/// compact buffer of src's dtype followed by the accumulation of that buffer (the coordinator's
+/// gather, then the offload worker's accumulate), without the buffer: each task gathers a block
+/// of at most light_task_elements elements into a scratch of its thread, which stays in cache,
+/// and accumulates it from there. On exec's pool, one task per block.
+inline void gather_accumulate(const column_side& src, index_t rows, index_t n, float scale, float* acc, bool overwrite,
+                              const host_execution& exec, cpu_isa isa) {
+  if (rows <= 0 || n <= 0) return;
+  const accumulate_range_fn add = select_accumulate_range(isa, src.type, overwrite);
+  const std::size_t ssz = dtype_size(src.type);
+  // Blocks of whole columns, or of one column's rows when a column alone is longer than a block.
+  const index_t block_rows = std::min(rows, light_task_elements);
+  const index_t row_blocks = (rows + block_rows - 1) / block_rows;
+  const index_t block_columns = row_blocks == 1 ? std::max<index_t>(1, light_task_elements / rows) : 1;
+  const index_t column_blocks = (n + block_columns - 1) / block_columns;
+  const host_execution serial{nullptr, isa};
+  parallel_for(exec, static_cast<std::size_t>(row_blocks * column_blocks), [&](std::size_t t) {
+    const index_t r0 = static_cast<index_t>(t) % row_blocks * block_rows, r1 = std::min(rows, r0 + block_rows);
+    const index_t i0 = static_cast<index_t>(t) / row_blocks * block_columns, i1 = std::min(n, i0 + block_columns);
+    const index_t h = r1 - r0, w = i1 - i0;
+    thread_local std::vector<std::byte> scratch;
+    if (scratch.size() < static_cast<std::size_t>(h * w) * ssz) scratch.resize(static_cast<std::size_t>(h * w) * ssz);
+    column_side from = src;  // the block's first row and position at (0, 0)
+    if (src.columns != nullptr) {
+      from.data = static_cast<const std::byte*>(src.data) + static_cast<std::size_t>(r0 * src.row_stride) * ssz;
+      from.columns = src.columns + i0;
+    } else {
+      from.data = src.at(r0, i0);
+      from.max_column = w - 1;
+    }
+    copy_columns(from, {scratch.data(), src.type, 1, h, nullptr, w - 1}, h, w, true, scale, serial, isa, false);
+    if (h == rows) {  // whole columns: one contiguous range of acc
+      (void)add(acc + static_cast<std::size_t>(i0 * rows), scratch.data(), static_cast<std::size_t>(h * w), 1.0f);
+    } else {
+      (void)add(acc + static_cast<std::size_t>(i0 * rows + r0), scratch.data(), static_cast<std::size_t>(h), 1.0f);
+    }
+  });
 }
 
 }  // namespace zenflow::detail::host_device
