@@ -18,6 +18,9 @@
 //   piece_gather/scatter        90% of the columns of a row-major f32 matrix to/from a compact
 //                               column-contiguous buffer (x scale on the way out): 8 B/element,
 //                               vs a contiguous scaled copy
+//   piece_gather_accumulate     the same columns scaled and added into a compact fp32 accumulator
+//                               (the host backend's offload at step()): 12 B/element, vs a
+//                               contiguous acc += x * scale stream
 //   piece_export/import         migration packing of a row-major [rows][k] state to/from the
 //                               packed per-column format: 24 B/element, vs a contiguous copy
 // Bar: roofline_fraction >= 0.8. Size: a 4096 x 4096 matrix (ZENFLOW_BENCH_ROWS / _COLS override).
@@ -270,10 +273,13 @@ void chunked(zenflow::thread_pool& pool, std::size_t n, Fn&& fn) {
   });
 }
 
-// The piece and its roofline alternately, each timed on its own (see bench_cpu_adam.cpp).
-template <class Piece, class Roof>
-void run_paired(benchmark::State& state, double elements, double bytes_per_element, Piece&& piece, Roof&& roof) {
-  double piece_seconds = 0, roof_seconds = 0;
+// The piece and its roofline alternately, each timed on its own (see bench_cpu_adam.cpp); with
+// `other`, a third function timed in turn with them, reported as `other_name`_ms and as
+// `other_name`_over_piece (its time / the piece's).
+template <class Piece, class Roof, class Other = std::nullptr_t>
+void run_paired(benchmark::State& state, double elements, double bytes_per_element, Piece&& piece, Roof&& roof,
+                Other&& other = nullptr, const std::string& other_name = {}) {
+  double piece_seconds = 0, roof_seconds = 0, other_seconds = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     piece();
@@ -282,8 +288,16 @@ void run_paired(benchmark::State& state, double elements, double bytes_per_eleme
     const auto t2 = std::chrono::steady_clock::now();
     piece_seconds += std::chrono::duration<double>(t1 - t0).count();
     roof_seconds += std::chrono::duration<double>(t2 - t1).count();
+    if constexpr (!std::is_same_v<std::decay_t<Other>, std::nullptr_t>) {
+      other();
+      other_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
+    }
   }
   const auto it = static_cast<double>(state.iterations());
+  if constexpr (!std::is_same_v<std::decay_t<Other>, std::nullptr_t>) {
+    state.counters[other_name + "_ms"] = other_seconds / it * 1e3;
+    state.counters[other_name + "_over_piece"] = other_seconds / piece_seconds;
+  }
   state.counters["GB_per_s"] = elements * bytes_per_element * it / piece_seconds * 1e-9;
   state.counters["roofline_GB_per_s"] = elements * bytes_per_element * it / roof_seconds * 1e-9;
   state.counters["roofline_fraction"] = roof_seconds / piece_seconds;
@@ -378,6 +392,40 @@ void gather_scatter(benchmark::State& state, bool gather) {
 void piece_gather(benchmark::State& state) {
   gather_scatter(state, true);
 }
+// The host backend's offload at step() in one process (host_backend::gather_accumulate): the same
+// 90% of the columns, scaled and added into a compact fp32 accumulator, 12 B/element (read the
+// gradient, read and write the accumulator), against a contiguous acc += x * scale stream; and,
+// timed in turn with both, the staged path it replaces (gather_columns into a compact buffer, then
+// the accumulate kernel over it: staged_ms, staged_over_piece = its time / the fused one's).
+void piece_gather_accumulate(benchmark::State& state) {
+  namespace hd = zenflow::detail::host_device;
+  const index_t rows = piece_rows, cols = piece_cols;
+  const auto columns = every_tenth(cols, false);
+  const auto n = static_cast<std::size_t>(rows) * columns.size();
+  buffer<float> matrix(static_cast<std::size_t>(rows * cols)), acc(n), staged(n), rx(n), ry(n);
+  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  const zenflow::cpu_isa isa = zenflow::detail::resolve_isa(zenflow::cpu_isa::automatic);
+  const hd::column_side grad{matrix.get(), zenflow::dtype::f32, cols, 1, columns.data(), hd::max_column(columns)};
+  const auto m = zenflow::const_matrix_view::row_major(matrix.get(), rows, cols, zenflow::dtype::f32);
+  run_paired(
+      state, static_cast<double>(n), 12,
+      [&] {
+        hd::gather_accumulate(grad, rows, static_cast<index_t>(columns.size()), 0.5f, acc.get(), false, exec, isa);
+      },
+      [&] {
+        chunked(piece_pool(), n, [&](std::size_t lo, std::size_t c) {
+          float* y = ry.get() + lo;
+          const float* x = rx.get() + lo;
+          for (std::size_t i = 0; i < c; ++i) y[i] += x[i] * 0.5f;
+        });
+      },
+      [&] {
+        zenflow::gather_columns(m, columns, staged.get(), zenflow::dtype::f32, 0.5f, exec);
+        (void)zenflow::detail::parallel_accumulate(piece_pool(), isa, std::size_t{1} << 16, acc.get(), staged.get(),
+                                                   zenflow::dtype::f32, n, 1.0f, false);
+      },
+      "staged");
+}
 void piece_scatter(benchmark::State& state) {
   gather_scatter(state, false);
 }
@@ -429,6 +477,7 @@ BENCHMARK(piece_sparse_step_topk)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_statistics)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_gather)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_gather_accumulate)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_scatter)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_export)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_import)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);

@@ -131,16 +131,20 @@ inline void copy_columns(const column_side& src, const column_side& dst, index_t
 /// compact buffer of src's dtype followed by the accumulation of that buffer (the coordinator's
 /// gather, then the offload worker's accumulate), without the buffer: each task gathers a block
 /// of at most light_task_elements elements into a scratch of its thread, which stays in cache,
-/// and accumulates it from there. On exec's pool, one task per block.
+/// and accumulates it from there. Blocks are whole columns when a column's rows are contiguous in
+/// src (or the rows of one column, when a column alone is longer than a block), else 256 rows by
+/// 256 columns (a transposition: each source row of the block is read as one run; taller blocks
+/// measured slower). On exec's pool, a task per block.
 inline void gather_accumulate(const column_side& src, index_t rows, index_t n, float scale, float* acc, bool overwrite,
                               const host_execution& exec, cpu_isa isa) {
   if (rows <= 0 || n <= 0) return;
   const accumulate_range_fn add = select_accumulate_range(isa, src.type, overwrite);
   const std::size_t ssz = dtype_size(src.type);
-  // Blocks of whole columns, or of one column's rows when a column alone is longer than a block.
-  const index_t block_rows = std::min(rows, light_task_elements);
+  constexpr index_t square = 256;
+  const index_t block_rows = std::min(rows, src.row_stride == 1 ? light_task_elements : square);
   const index_t row_blocks = (rows + block_rows - 1) / block_rows;
-  const index_t block_columns = row_blocks == 1 ? std::max<index_t>(1, light_task_elements / rows) : 1;
+  const index_t block_columns =
+      src.row_stride == 1 && row_blocks > 1 ? 1 : std::max<index_t>(1, light_task_elements / block_rows);
   const index_t column_blocks = (n + block_columns - 1) / block_columns;
   const host_execution serial{nullptr, isa};
   parallel_for(exec, static_cast<std::size_t>(row_blocks * column_blocks), [&](std::size_t t) {
@@ -160,9 +164,11 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
     copy_columns(from, {scratch.data(), src.type, 1, h, nullptr, w - 1}, h, w, true, scale, serial, isa, false);
     if (h == rows) {  // whole columns: one contiguous range of acc
       (void)add(acc + static_cast<std::size_t>(i0 * rows), scratch.data(), static_cast<std::size_t>(h * w), 1.0f);
-    } else {
-      (void)add(acc + static_cast<std::size_t>(i0 * rows + r0), scratch.data(), static_cast<std::size_t>(h), 1.0f);
+      return;
     }
+    for (index_t i = 0; i < w; ++i)
+      (void)add(acc + static_cast<std::size_t>((i0 + i) * rows + r0),
+                scratch.data() + static_cast<std::size_t>(i * h) * ssz, static_cast<std::size_t>(h), 1.0f);
   });
 }
 
