@@ -302,12 +302,12 @@ concept backend_step_operations =
 ///    R12 `select(selector, grads, stream)` — scores the step's gradients and selects; the
 ///        selection is readable on the host on return.
 ///    R13 Optional: `B::accumulates_on_stream` (a constexpr bool), true when work on the stream
-///        can accumulate into host memory itself (host_backend: its device memory is host memory).
-///        A coordinator of one process then
-///        offloads each step's CPU columns at step(), with the step's flags, through
-///        `gather_accumulate(grad, columns, acc, accumulated, flags, stream)`: unless flags->skip,
-///        the fp32 host accumulator `acc` += gather's result (as R11 writes it, in grad's dtype),
-///        stored instead when *accumulated == 0, then ++*accumulated; no staging, no copy.
+///        can accumulate into host memory itself (host_backend: its device memory is host
+///        memory). A coordinator of one process then offloads each step's CPU columns at step(),
+///        with the step's flags, through `gather_accumulate(grad, columns, acc, accumulated,
+///        flags, stream)`: unless flags->skip, the fp32 host accumulator `acc` += gather's result
+///        (as R11 writes it, in grad's dtype), stored instead when *accumulated == 0, then
+///        ++*accumulated; no staging, no copy.
 template <class B>
 concept coordinator_backend =
     detail::backend_stream<B> && detail::backend_selector<B> && detail::backend_device_optimizer<B> &&

@@ -1,7 +1,9 @@
 // The coordinator's offload worker: copies each step's gathered CPU-column gradients device to
 // host through the device_to_host transfer queue (on its own stream) and accumulates them in fp32
-// into the interval's accumulators, then reports its progress in the shared state. The host
-// backend, whose device memory is host memory, skips the copy: it accumulates from the staging.
+// into the interval's accumulators, then reports its progress in the shared state. A backend whose
+// device memory is host memory skips the copy: it accumulates from the staging (the host backend
+// with data parallel). The host backend in one process accumulates on its stream instead
+// (concepts.hpp, R13): its jobs only order the markers after them.
 //
 // The accumulation runs on a thread pool of its own (cpu_threads participants, this thread one of
 // them): it reads and writes 10 B per bf16 gradient element every step, more than one core's
