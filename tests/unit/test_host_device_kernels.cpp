@@ -498,6 +498,12 @@ TEST_CASE("gather_columns and scatter_columns on every path equal the per-elemen
           std::vector<std::vector<std::int32_t>> lists = {pick(cols, (cols + 1) / 2, rng), pick(cols, cols, rng),
                                                           pick(cols, (cols + 1) / 2, rng)};
           if (cols > 40) lists.push_back(pick(cols, cols / 20 + 1, rng));
+          // Every tenth column left out (ZenFlow's 90% on the CPU): most 8-column windows are one
+          // column short of a run (the AVX2 transposition's two-load window).
+          std::vector<std::int32_t> most;
+          for (std::int32_t c = 0; c < cols; ++c)
+            if (c % 10 != 3) most.push_back(c);
+          lists.push_back(most);
           std::shuffle(lists[2].begin(), lists[2].end(), rng);
           lists[2].push_back(lists[2].front());
           for (const auto& columns : lists) {

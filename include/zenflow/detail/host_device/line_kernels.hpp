@@ -363,6 +363,16 @@ ZENFLOW_TARGET_AVX2 ZENFLOW_LINE_INLINE void transpose(__m256 (&r)[8]) {
   }
 }
 
+/// The 8 floats at row + off[i] for offsets in [0, 16): the lanes with off < 8 from one load, the
+/// others (`from_hi`) from a second at row + 8, masked to `hi_mask` (its lanes that may be read):
+/// two loads and two permutes instead of a gather, which is slow on some x86 CPUs.
+ZENFLOW_TARGET_AVX2 ZENFLOW_LINE_INLINE __m256 window(const float* row, __m256i off, __m256i hi_mask, __m256i from_hi) {
+  const __m256 lo = _mm256_loadu_ps(row);
+  const __m256 hi = _mm256_maskload_ps(row + 8, hi_mask);
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, off), _mm256_permutevar8x32_ps(hi, off),
+                          _mm256_castsi256_ps(from_hi));
+}
+
 ZENFLOW_TARGET_AVX2 ZENFLOW_LINE_INLINE bool consecutive(const std::int32_t* index) {
   if (index == nullptr) return true;
   const __m256i i = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index));
@@ -386,9 +396,30 @@ ZENFLOW_TARGET_AVX2 void transpose_tiles(const void* src, index_t s_outer, const
       const __m256i s_off = s_run ? lanes
                                   : _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s_index + b0)),
                                                      _mm256_set1_epi32(s_index[b0]));
+      // fp32 columns listed within 16 of the first, the largest at least 7 beyond it (a run with a
+      // few columns left out): every element of row[0, largest] is in the matrix, so window()
+      // reads no further than the gather would.
+      bool s_window = false;
+      __m256i hi_mask = _mm256_setzero_si256(), from_hi = hi_mask;
+      if constexpr (std::is_same_v<S, float>) {
+        if (!s_run) {
+          std::int32_t least = 0, largest = 0;
+          for (int j = 1; j < 8; ++j) {
+            least = std::min(least, s_index[b0 + j] - s_index[b0]);
+            largest = std::max(largest, s_index[b0 + j] - s_index[b0]);
+          }
+          s_window = least >= 0 && largest >= 7 && largest < 16;
+          hi_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(largest - 7), lanes);  // lane k: 8 + k <= largest
+          from_hi = _mm256_cmpgt_epi32(s_off, _mm256_set1_epi32(7));
+        }
+      }
       for (int a = 0; a < 8; ++a) {
         const S* row = s_row + (a0 + a) * s_outer;
-        r[a] = s_run ? k::load(row) : gather(row, s_off);
+        if constexpr (std::is_same_v<S, float>) {
+          r[a] = s_run ? k::load(row) : s_window ? window(row, s_off, hi_mask, from_hi) : gather(row, s_off);
+        } else {
+          r[a] = s_run ? k::load(row) : gather(row, s_off);
+        }
         if constexpr (Scale) r[a] = _mm256_mul_ps(r[a], sc);
       }
       transpose(r);
