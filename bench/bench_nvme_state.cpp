@@ -51,6 +51,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -361,8 +362,15 @@ std::uint64_t resident_bytes() {
 // with it alive, minus VmRSS before it was built: the model's weight and gradient are not
 // counted) per parameter, that less the host backend's device buffers (GPU memory on a CUDA
 // backend: the gathered gradients and write-back staging), and its own accounting
-// (host_memory(): CPU state in RAM, accumulator, state file pool).
-void coordinator_memory(benchmark::State& state) {
+// (host_memory(): CPU state in RAM, accumulator, state file pool, copy-out). upload 1: the CPU
+// update's results go through the copy-out window and the h2d queue, a wave at a time, as on a
+// CUDA backend (concepts.hpp, R14), instead of straight into the host backend's device buffers.
+struct uploading_host_backend : zenflow::host_backend {
+  static constexpr bool copies_out_in_place = false;
+};
+
+template <class Coordinator>
+void coordinator_memory_run(benchmark::State& state) {
   const std::int64_t on_disk = state.range(1);
   const auto format = static_cast<zenflow::cpu_state_format>(state.range(2));
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
@@ -370,11 +378,11 @@ void coordinator_memory(benchmark::State& state) {
   std::vector<zenflow::bfloat16> weight(params, zenflow::to_bfloat16(0.01f)), grad(params, zenflow::to_bfloat16(1e-3f));
   zenflow::coordinator_config config = coordinator_config_for(on_disk);
   config.cpu_state = format;
-  double added = 0, accounted = 0, device = 0, seconds = 0;
+  double added = 0, accounted = 0, device = 0, copy_out = 0, seconds = 0;
   for (auto _ : state) {
     const std::uint64_t before = resident_bytes();
     zenflow::host_stream stream;
-    zenflow::host_coordinator c(zenflow::zenflow_options::zero_offload(), config);
+    Coordinator c(zenflow::zenflow_options::zero_offload(), config);
     c.register_parameter("w", zenflow::matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
                          zenflow::const_matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
                          zenflow::dtype::bf16);
@@ -391,14 +399,24 @@ void coordinator_memory(benchmark::State& state) {
     const zenflow::host_memory_bytes held = c.host_memory();
     accounted += static_cast<double>(held.host_total());
     device += static_cast<double>(held.device_buffers);
+    copy_out += static_cast<double>(held.copy_out);
   }
   const double it = static_cast<double>(state.iterations());
   state.counters["params_M"] = static_cast<double>(params) * 1e-6;
   state.counters["rss_bytes_per_param"] = added / it / static_cast<double>(params);
   state.counters["rss_less_device_bytes_per_param"] = (added - device) / it / static_cast<double>(params);
   state.counters["accounted_bytes_per_param"] = accounted / it / static_cast<double>(params);
+  state.counters["copy_out_MB"] = copy_out / it * 1e-6;
   state.counters["step_s"] = seconds / it;
-  state.SetLabel(std::string(placement_name(on_disk)) + ", " + std::string(zenflow::cpu_state_format_name(format)));
+  state.SetLabel(std::string(placement_name(on_disk)) + ", " + std::string(zenflow::cpu_state_format_name(format)) +
+                 (std::is_same_v<Coordinator, zenflow::host_coordinator> ? "" : ", copy-out uploaded"));
+}
+
+void coordinator_memory(benchmark::State& state) {
+  if (state.range(3) == 0)
+    coordinator_memory_run<zenflow::host_coordinator>(state);
+  else
+    coordinator_memory_run<zenflow::basic_coordinator<uploading_host_backend>>(state);
 }
 
 // What the trainer waits for with the moments on disk: ZeRO-Offload (every column on the CPU,
@@ -511,10 +529,11 @@ BENCHMARK_CAPTURE(cpu_adam_nvme, posix, zenflow::io_engine_kind::posix)
     ->Iterations(3);
 
 BENCHMARK(coordinator_memory)
-    ->ArgsProduct({{64, 256}, {0, 1, 2}, {0}})
-    ->Args({256, 0, 1})
-    ->Args({256, 0, 2})
-    ->ArgNames({"Mparams", "on_disk", "cpu_state"})
+    ->ArgsProduct({{64, 256}, {0, 1, 2}, {0}, {0}})
+    ->Args({256, 0, 1, 0})
+    ->Args({256, 0, 2, 0})
+    ->Args({256, 2, 0, 1})
+    ->ArgNames({"Mparams", "on_disk", "cpu_state", "upload"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);

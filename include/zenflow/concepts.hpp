@@ -308,6 +308,11 @@ concept backend_step_operations =
 ///        flags, stream)`: unless flags->skip, the fp32 host accumulator `acc` += gather's result
 ///        (as R11 writes it, in grad's dtype), stored instead when *accumulated == 0, then
 ///        ++*accumulated; no staging, no copy.
+///    R14 Optional: `B::copies_out_in_place` (a constexpr bool; default: device_space is host),
+///        true when the CPU update may write the updated columns straight into the device
+///        buffers the write-back reads. Else the CPU update writes them into a host window of
+///        coordinator_config::copy_out_window_bytes, a wave of columns at a time, and each wave is
+///        uploaded through the queue (R4) before the next one is computed.
 template <class B>
 concept coordinator_backend =
     detail::backend_stream<B> && detail::backend_selector<B> && detail::backend_device_optimizer<B> &&
@@ -320,6 +325,15 @@ template <class B>
 inline constexpr bool accumulates_on_stream = requires {
   requires B::accumulates_on_stream;
 };
+
+/// R14: whether B's CPU updates write the device buffers themselves.
+template <class B>
+inline constexpr bool copies_out_in_place = [] {
+  if constexpr (requires { B::copies_out_in_place; })
+    return static_cast<bool>(B::copies_out_in_place);
+  else
+    return B::device_space == memory_space::host;
+}();
 
 /// A score communicator for checking D1 (the selector of a data-parallel coordinator reduces its
 /// scores through one; see importance_selector.hpp).

@@ -346,9 +346,7 @@ class basic_coordinator {
       // update worker and by the trainer once the interval is accumulated, reset by the trainer
       // when the interval of that parity begins.
       std::int64_t accumulated = 0;
-      std::vector<std::byte> out_stage;  // CPU copy-out (param dtype, compact); by_interval[0]'s only;
-                                         // host backend: none
-      device_buffer writeback_dev;       // the same on the device
+      device_buffer writeback_dev;  // the CPU update's result (param dtype, compact) the write-back reads
     };
     std::array<interval_buffers, 2> by_interval;
     // CPU updates applied to this parameter's columns (its CPU bias correction, as torch's per

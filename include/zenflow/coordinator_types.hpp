@@ -38,6 +38,15 @@ struct coordinator_config {
   std::size_t d2h_slots = 4;
   std::size_t h2d_slot_bytes = std::size_t{4} << 20;  ///< parameter staging slot size
   std::size_t h2d_slots = 2;
+  /// A backend whose CPU updates cannot write device memory (a CUDA backend; concepts.hpp, R14):
+  /// the host memory a CPU update writes its updated columns into before they are uploaded
+  /// through the h2d slots. The update runs in waves of whole columns whose copy-out fits (one
+  /// column at least; the window grows to the widest column), each uploaded before the next is
+  /// computed: host RAM holds this window instead of a copy-out of every CPU column (2 B per
+  /// bf16 parameter). Larger windows mean fewer waves (one optimizer step each; with the NVMe
+  /// state tier, a state-file block a wave boundary crosses is read and written once per wave).
+  /// Unused by the host backend.
+  std::size_t copy_out_window_bytes = std::size_t{64} << 20;
   bool record_trace = false;  ///< keep an update_record per CPU update (the staleness oracle)
   /// Host backend only (its "device" memory is the trainer's host memory): reject the first
   /// gradient of a step while the previous step's parameter updates are still running on the
@@ -101,9 +110,10 @@ struct host_memory_bytes {
   std::size_t cpu_state = 0;
   /// The fp32 gradient accumulators: 4 bytes per CPU-column element, twice with overlap_step.
   std::size_t accumulators = 0;
-  /// The CPU updates' results on their way to the device (a CUDA backend: the parameter's dtype,
-  /// once, uploaded before the next update; the host backend writes them straight into the
-  /// device buffers: none).
+  /// The CPU updates' results on their way to the device: a CUDA backend's copy-out window
+  /// (coordinator_config::copy_out_window_bytes, or less when every CPU column fits in less;
+  /// allocated at the first CPU update); the host backend writes them straight into the device
+  /// buffers: none.
   std::size_t copy_out = 0;
   /// The NVMe state file's pinned pool (read_ahead + 1 + write_behind blocks); 0 in RAM.
   std::size_t state_file_pool = 0;

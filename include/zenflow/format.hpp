@@ -87,9 +87,10 @@ inline void write(fmt::memory_buffer& out, const cpu_adam_config& c) {
 inline void write(fmt::memory_buffer& out, const coordinator_config& c) {
   fmt::format_to(fmt::appender(out),
                  "{{cpu_threads: {}, pin_threads: {}, cpu_state: {}, d2h_slot_bytes: {}, d2h_slots: {}, "
-                 "h2d_slot_bytes: {}, h2d_slots: {}, record_trace: {}, check_stream_order: {}}}",
+                 "h2d_slot_bytes: {}, h2d_slots: {}, copy_out_window_bytes: {}, record_trace: {}, "
+                 "check_stream_order: {}}}",
                  c.cpu_threads, c.pin_threads, cpu_state_format_name(c.cpu_state), c.d2h_slot_bytes, c.d2h_slots,
-                 c.h2d_slot_bytes, c.h2d_slots, c.record_trace, c.check_stream_order);
+                 c.h2d_slot_bytes, c.h2d_slots, c.copy_out_window_bytes, c.record_trace, c.check_stream_order);
 }
 
 /// `text` padded and aligned by the string format specs that `f` parsed.

@@ -11,9 +11,12 @@ namespace zenflow::testing {
 // The host backend with a GPU backend's offload (R13 off): each step's CPU columns gathered into
 // the gradient staging, handed over at submit_gradient when no clip factor waits for the step,
 // and accumulated from the staging by the offload worker. The path of a CUDA backend's schedule,
-// run on the host and compared with the host backend's accumulation on its stream.
+// run on the host and compared with the host backend's accumulation on its stream. Its CPU
+// updates write their results into the copy-out window and upload them through the queue in
+// waves (R14 off), as on a GPU, instead of into the write-back staging itself.
 struct staged_host_backend : host_backend {
   static constexpr bool accumulates_on_stream = false;
+  static constexpr bool copies_out_in_place = false;
 };
 }  // namespace zenflow::testing
 

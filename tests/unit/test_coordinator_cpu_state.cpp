@@ -211,4 +211,58 @@ TEST_CASE("host_memory: one accumulator without overlap_step, two with it; state
   }
 }
 
+TEST_CASE("a CPU update uploaded in waves through a small copy-out window gives the in-place bits") {
+  // staged_host_backend's CPU updates write into the copy-out window and upload it through the
+  // queue, as a CUDA backend's do (R14 off); the host backend writes the write-back staging in
+  // place. With a window smaller than one parameter's CPU columns, an update is several optimizer
+  // steps over parts of the columns: every state format, in RAM and on disk, must still give the
+  // bits, counts and state of one step, with the window as the only copy-out memory.
+  auto zero = zenflow_options::zero_offload();
+  zero.adam = cpu_state_options().adam;
+  for (const auto& o : {zero, cpu_state_options()})
+    for (const cpu_state_format format :
+         {cpu_state_format::fp32, cpu_state_format::bf16_moments, cpu_state_format::blockwise8_moments})
+      for (const bool on_disk : {false, true})
+        // Windows of 9.8 columns of the large weight in RAM and of 78 on disk (a wave of a few
+        // columns would be thousands of state-file passes: slow, and no different); in RAM with
+        // fp32 moments, ZenFlow's update also with a window of one column.
+        for (const std::size_t window : on_disk ? std::vector<std::size_t>{40000}
+                                        : format == cpu_state_format::fp32 && o.mode == offload_mode::zenflow
+                                            ? std::vector<std::size_t>{1, 5000}
+                                            : std::vector<std::size_t>{5000}) {
+          CAPTURE(offload_mode_name(o.mode));
+          CAPTURE(cpu_state_format_name(format));
+          CAPTURE(on_disk);
+          CAPTURE(window);
+          zenflow_test::scratch_dir dir_a, dir_b;
+          auto config_a = on_disk ? harness::on_disk(dir_a.path()) : harness::small_config();
+          auto config_b = on_disk ? harness::on_disk(dir_b.path()) : harness::small_config();
+          config_a.cpu_state = config_b.cpu_state = format;
+          config_b.copy_out_window_bytes = window;
+          config_b.h2d_slot_bytes = 4096;  // the 192-byte slots' hand-offs would be most of the time
+          harness in_place(o, config_a, toy_model::with_large_weight());
+          staged_harness waves(o, config_b, toy_model::with_large_weight());
+          in_place.train(9, /*poison_step=*/4);
+          waves.train(9, /*poison_step=*/4);
+          CHECK(in_place.finish() == waves.finish());
+          CHECK(in_place.coordinator.host_optimizer().step_count() == waves.coordinator.host_optimizer().step_count());
+          for (std::size_t i = 0; i < in_place.model.weights.size(); ++i)
+            CHECK(in_place.coordinator.cpu_step_count(i) == waves.coordinator.cpu_step_count(i));
+          CHECK(in_place.coordinator.metrics().bytes_host_to_device ==
+                waves.coordinator.metrics().bytes_host_to_device);
+          // The window: what was asked for, raised to the widest column (rows x the parameter's
+          // dtype) when that is more (and capped by what every column needs together, far more).
+          std::size_t widest = 0, total = 0;
+          for (const auto& w : in_place.model.weights) {
+            widest = std::max(widest, static_cast<std::size_t>(w.rows) * dtype_size(w.type));
+            total += static_cast<std::size_t>(w.rows * w.cols) * dtype_size(w.type);
+          }
+          CHECK(in_place.coordinator.host_memory().copy_out == 0);
+          const std::size_t copy_out = waves.coordinator.host_memory().copy_out;
+          CHECK(widest < 5000);
+          CHECK(total > 40000);
+          CHECK(copy_out == (window == 1 ? widest : window));
+        }
+}
+
 }  // namespace ZENFLOW_TEST_FILE_ID

@@ -300,6 +300,9 @@ TEST_CASE("a bad coordinator_config is rejected naming its own field") {
   c.d2h_slots = std::size_t{1} << 60;  // d2h_slots x d2h_slot_bytes overflows size_t
   CHECK(rejected_field(c) == "d2h_slots");
   c = {};
+  c.copy_out_window_bytes = 0;
+  CHECK(rejected_field(c) == "copy_out_window_bytes");
+  c = {};
   c.cpu_threads = 100000;
   CHECK(rejected_field(c) == "cpu_threads");
 }

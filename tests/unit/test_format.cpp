@@ -86,7 +86,8 @@ TEST_CASE("cpu_adam_config and coordinator_config: every field") {
         "{threads: 2, pin_to_cores: true, isa: avx2, chunk_elements: 1024}");
   CHECK(fmt::format("{}", coordinator_config{}) ==
         "{cpu_threads: 0, pin_threads: false, cpu_state: fp32, d2h_slot_bytes: 4194304, d2h_slots: 4, "
-        "h2d_slot_bytes: 4194304, h2d_slots: 2, record_trace: false, check_stream_order: true}");
+        "h2d_slot_bytes: 4194304, h2d_slots: 2, copy_out_window_bytes: 67108864, record_trace: false, "
+        "check_stream_order: true}");
 }
 
 TEST_CASE("option structs take the string format specs as a whole") {

@@ -78,7 +78,7 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
       device_opt_(options.adam),
       selector_(make_selector(options, comm)),
       offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads),
-      update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots),
+      update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots, config.copy_out_window_bytes),
       schedule_(options_) {
   if constexpr (data_parallel) {
     rank_ = comm_->rank();
@@ -159,6 +159,7 @@ coordinator_config basic_coordinator<Backend, HostOptimizer, Communicator>::vali
     const coordinator_config& config) {
   detail::check_queue_config(config.d2h_slot_bytes, config.d2h_slots, "d2h_slot_bytes", "d2h_slots");
   detail::check_queue_config(config.h2d_slot_bytes, config.h2d_slots, "h2d_slot_bytes", "h2d_slots");
+  expects(config.copy_out_window_bytes > 0, "copy_out_window_bytes", "must be > 0, got 0");
   return config;
 }
 

@@ -128,10 +128,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
     item.adam = p.adam;
     item.tensor = p.cpu_tensor;
     item.columns = p.owned_local;  // this rank's CPU columns (all of them in one process)
+    item.rows = static_cast<std::size_t>(p.matrix.rows);
     item.accumulator = accumulator_of(p, i);
     item.accumulated = &p.by_interval[b].accumulated;
     item.cpu_steps = &p.cpu_steps;
-    item.out = p.by_interval[0].out_stage;  // one per parameter: see setup_buffers
     item.out_type = p.matrix.type;
     // Its block of the write-back's all-gather (the whole buffer in one process).
     item.device_out = writeback_of(p, i).data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);

@@ -43,14 +43,14 @@ struct update_item {
   adam_options adam;                      ///< its hyper-parameters as the interval ended
   std::size_t tensor = 0;                 ///< its tensor in the host optimizer
   std::span<const std::int32_t> columns;  ///< its CPU columns this rank updates, as columns of the tensor (ascending)
+  std::size_t rows = 0;                   ///< the tensor's rows (elements per column)
   std::span<float> accumulator;           ///< the interval's accumulated gradient, compact
   /// How many steps it accumulated (the mean's divisor; 0: no gradient in the interval, no update).
   /// Read once the interval is accumulated.
   const std::int64_t* accumulated = nullptr;
   std::int64_t* cpu_steps = nullptr;  ///< its CPU updates so far (bias correction); +1 when updated
-  std::span<std::byte> out;           ///< the updated columns in `out_type`, compact (host staging)
-  dtype out_type = dtype::f32;
-  std::byte* device_out = nullptr;  ///< where the write-back reads them from (device memory)
+  dtype out_type = dtype::f32;        ///< the updated columns' dtype (the parameter's)
+  std::byte* device_out = nullptr;    ///< where the write-back reads them from (device memory)
 };
 
 /// Work for the update worker: the CPU update of one interval.

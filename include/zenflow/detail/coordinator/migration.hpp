@@ -222,10 +222,6 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
         p.by_interval[b].accumulator.assign(want, 0.0f);
     }
     p.by_interval[b].accumulated = 0;
-    // The host backend's CPU Adam writes the write-back staging directly: no host copy-out. Else
-    // one: the update worker uploads an update's copy-out before it begins the next update.
-    p.by_interval[b].out_stage.assign(
-        Backend::device_space == memory_space::host || b != 0 ? 0 : own * dtype_size(p.matrix.type), std::byte{0});
     reserve(p.by_interval[b].writeback_dev, b == staging_parity(b) ? staged * dtype_size(p.matrix.type) : 0);
     if constexpr (data_parallel) {
       for (int r = 0; r < ranks_ && !p.cpu_columns.empty(); ++r) {

@@ -54,10 +54,10 @@ host_memory_bytes basic_coordinator<Backend, HostOptimizer, Communicator>::host_
   if constexpr (requires { opt.host_state_bytes(); }) m.cpu_state = opt.host_state_bytes();
   if constexpr (requires { opt.nvme_file()->pool().total_bytes(); })
     if (opt.nvme_file() != nullptr) m.state_file_pool = opt.nvme_file()->pool().total_bytes();
+  m.copy_out = update_.copy_out_window_bytes();  // read after host_optimizer()'s wait: no update runs
   for (const parameter& p : params_)
     for (int b = 0; b < 2; ++b) {
       m.accumulators += p.by_interval[b].accumulator.capacity() * sizeof(float);
-      m.copy_out += p.by_interval[b].out_stage.capacity();
       m.device_buffers += (*p.by_step)[b].grad_stage.bytes() + p.by_interval[b].writeback_dev.bytes();
     }
   return m;

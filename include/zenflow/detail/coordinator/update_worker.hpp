@@ -1,8 +1,10 @@
 // The coordinator's update worker: once an interval's gradients are accumulated, runs the CPU
 // Adam on their mean for the CPU columns (the host optimizer's thread pool), copies the updated
 // columns out in the parameters' dtype and uploads them through the host_to_device transfer queue
-// (on its own stream) into the device staging the write-back scatters from (the host backend,
-// whose device memory is host memory: the CPU Adam writes that staging itself, no upload).
+// (on its own stream) into the device staging the write-back scatters from. The copy-out goes
+// through a bounded host window, a wave of columns at a time (a CUDA backend); the host backend,
+// whose device memory is host memory, has the CPU Adam write that staging itself, no upload
+// (concepts.hpp, R14).
 #pragma once
 
 #include <algorithm>
@@ -42,8 +44,12 @@ class update_worker : public worker_thread<Backend, update_job<Backend>> {
  public:
   using typename base::job;
 
-  update_worker(shared_state& state, HostOptimizer& optimizer, std::size_t slot_bytes, std::size_t slots)
-      : base(state, transfer_direction::host_to_device, slot_bytes, slots), optimizer_(optimizer) {}
+  /// `window_bytes`: coordinator_config::copy_out_window_bytes (validated by the coordinator).
+  update_worker(shared_state& state, HostOptimizer& optimizer, std::size_t slot_bytes, std::size_t slots,
+                std::size_t window_bytes)
+      : base(state, transfer_direction::host_to_device, slot_bytes, slots),
+        optimizer_(optimizer),
+        window_bytes_(window_bytes) {}
   ~update_worker() { this->join(); }  // the thread runs this class's loop
 
   /// Starts the thread with `device` as its current device.
@@ -63,16 +69,22 @@ class update_worker : public worker_thread<Backend, update_job<Backend>> {
       }
   }
   [[nodiscard]] std::vector<update_record> trace(const state_lock&) const { return trace_; }
+  /// The copy-out window's bytes (0 until a CPU update needs it). Read only while no update runs
+  /// (after the coordinator has waited for the launched ones under the shared mutex).
+  [[nodiscard]] std::size_t copy_out_window_bytes() const noexcept { return window_.size(); }
 
  private:
   using clock = std::chrono::steady_clock;
-  static constexpr bool host_device_memory = Backend::device_space == memory_space::host;
+  static constexpr bool in_place = copies_out_in_place<Backend>;
 
   void loop();
   void run(job& j);
+  void step_in_waves(std::span<const cpu_adam_task> tasks, std::span<const update_item* const> items);
 
   HostOptimizer& optimizer_;
   std::vector<update_record> trace_;  // guarded by state_.mutex
+  const std::size_t window_bytes_;
+  std::vector<std::byte> window_;  // the copy-out window (!in_place); this thread's only
 };
 
 template <class Backend, class HostOptimizer>
@@ -123,8 +135,9 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
       t.grad_type = dtype::f32;
       t.columns = item.columns;
       t.grad_compact = true;
-      // "Device" memory is host memory: the CPU Adam writes the write-back staging itself.
-      t.copy_out = host_device_memory ? static_cast<void*>(item.device_out) : item.out.data();
+      // In place: the CPU Adam writes the write-back staging itself. Else step_in_waves points
+      // each wave's copy_out into the window.
+      t.copy_out = item.device_out;
       t.copy_out_type = item.out_type;
       t.out_compact = true;
       t.grad_scale = 1.0f / static_cast<float>(accumulated);
@@ -132,13 +145,19 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
       tasks.push_back(t);
       updated.push_back(&item);
     }
+    auto update = [&] {
+      if constexpr (in_place)
+        optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+      else
+        step_in_waves(tasks, updated);
+    };
     if (!tasks.empty()) {
       if constexpr (requires { optimizer_.nvme_file(); }) {
         // The one-block file a cpu_adam makes at construction moves no byte before the first
         // step replaces it: its counters are zero, so after - before holds across the swap.
         const auto* file = optimizer_.nvme_file();
         const state_file_counters before = file != nullptr ? file->counters() : state_file_counters{};
-        optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+        update();
         if ((file = optimizer_.nvme_file()) != nullptr) {
           const state_file_counters& after = file->counters();
           std::lock_guard lock(state_.mutex);
@@ -147,15 +166,10 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
           state_.last_update_disk_wait = after.wait_seconds - before.wait_seconds;
         }
       } else {
-        optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+        update();
       }
     }
-    for (const update_item* item : updated) {
-      ++*item->cpu_steps;
-      if constexpr (!host_device_memory)
-        pipelined_copy_to_device(queue_, item->device_out, item->out.data(), item->out.size(),
-                                 Backend::queue_stream(stream_.get()));
-    }
+    for (const update_item* item : updated) ++*item->cpu_steps;
     Backend::synchronize(stream_.get());
   }
   std::lock_guard lock(state_.mutex);
@@ -164,6 +178,66 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
     if (r.interval == j.interval) r.accumulated_steps = count;
   state_.updated_interval = j.interval;
   state_.cv.notify_all();
+}
+
+// The update in waves: whole columns, taken in order, fill the window; each full window is one
+// optimizer step (its columns' copy_out pointing into the window), then uploaded into the device
+// staging. Columns are independent, so the results are those of one step over every task (each
+// task keeps its step and scale); the optimizer's count is set to one more than before, as one
+// step leaves it.
+template <class Backend, class HostOptimizer>
+void update_worker<Backend, HostOptimizer>::step_in_waves(std::span<const cpu_adam_task> tasks,
+                                                          std::span<const update_item* const> items) {
+  std::size_t total = 0, widest = 0;
+  for (std::size_t k = 0; k < tasks.size(); ++k) {
+    const std::size_t column = items[k]->rows * dtype_size(tasks[k].copy_out_type);
+    total += tasks[k].columns.size() * column;
+    widest = std::max(widest, column);
+  }
+  const std::size_t want = std::max(widest, std::min(window_bytes_, total));
+  if (window_.size() < want) {
+    window_ = std::vector<std::byte>();  // released before the larger one is allocated
+    window_.resize(want);
+  }
+  struct upload {
+    std::byte* dst;
+    const std::byte* src;
+    std::size_t bytes;
+  };
+  std::vector<cpu_adam_task> wave;
+  std::vector<upload> uploads;
+  std::size_t used = 0;
+  auto flush = [&] {
+    optimizer_.step(std::span<const cpu_adam_task>(wave), 1.0f, /*check_finite=*/false);
+    for (const upload& u : uploads)
+      pipelined_copy_to_device(queue_, u.dst, u.src, u.bytes, Backend::queue_stream(stream_.get()));
+    wave.clear();
+    uploads.clear();
+    used = 0;
+  };
+  const std::int64_t count = optimizer_.step_count();
+  for (std::size_t k = 0; k < tasks.size(); ++k) {
+    const cpu_adam_task& t = tasks[k];
+    const std::size_t rows = items[k]->rows;
+    const std::size_t column = rows * dtype_size(t.copy_out_type);
+    for (std::size_t c = 0; c < t.columns.size();) {
+      const std::size_t fit = std::min((window_.size() - used) / column, t.columns.size() - c);
+      if (fit == 0) {
+        flush();  // not empty: the window holds at least one column
+        continue;
+      }
+      cpu_adam_task w = t;
+      w.columns = t.columns.subspan(c, fit);
+      w.grad = static_cast<const float*>(t.grad) + c * rows;
+      w.copy_out = window_.data() + used;
+      wave.push_back(w);
+      uploads.push_back({items[k]->device_out + c * column, window_.data() + used, fit * column});
+      used += fit * column;
+      c += fit;
+    }
+  }
+  if (!wave.empty()) flush();
+  optimizer_.set_step_count(count + 1);
 }
 
 }  // namespace zenflow::detail
