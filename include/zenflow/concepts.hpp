@@ -16,6 +16,7 @@
 
 #include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/options.hpp"
+#include "zenflow/state_slots.hpp"
 #include "zenflow/view.hpp"
 
 namespace zenflow {
@@ -89,12 +90,14 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
 ///       cpu_adam_config (its cpu_threads, pin_threads and cpu_state).
 ///    R2 `add_tensor(initial, rows, cols)` — registers a rows x cols tensor from its fp32 master
 ///       values, column-contiguous (column c at [c*rows, (c+1)*rows)), moments 0; returns its index.
-///    R3 `export_columns(t, columns, p, m, v)` and `import_columns(t, columns, p, m, v)` — the
-///       master and the moments of tensor t's listed columns (ascending) as fp32, packed in list
-///       order: how state leaves and enters it on reselection, in checkpoints and when the trainer
-///       edits its parameters, whatever and wherever the optimizer holds it (RAM, an SSD; an import
-///       of an export leaves the state unchanged). The coordinator never reads the state's storage
-///       itself.
+///    R3 `O::slots_type` — its state_slots (state_slots.hpp: the master, then its own state);
+///       `export_state(t, columns, out)` and `import_state(t, columns, in)` — the state of tensor
+///       t's listed columns (ascending) as fp32, slot after slot (the host exchange layout of
+///       state_slots.hpp): how state leaves and enters it on reselection, in checkpoints and when
+///       the trainer edits its parameters, whatever and wherever the optimizer holds it (RAM, an
+///       SSD; an import of an export leaves the state unchanged). An import checks every column
+///       before it changes any. The coordinator never reads the state's storage itself, and
+///       names no slot but the master.
 ///    R4 `step(tasks, grad_scale, check_finite)` — one Adam/AdamW step over a span of cpu_adam_task
 ///       (each tensor's CPU columns, its compact gradient, its hyper-parameters, a compact copy-out
 ///       in the parameter's dtype), every gradient element multiplied by grad_scale. Synchronous.
@@ -108,9 +111,10 @@ concept host_optimizer = std::constructible_from<O, const adam_options&, const c
     requires(O& o, const O& co, std::span<const float> initial, index_t rows, index_t cols, std::size_t t,
              std::span<const std::int32_t> columns, std::span<float> out, std::span<const float> in,
              std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite, std::int64_t n) {
+  requires state_slots<typename O::slots_type>;
   { o.add_tensor(initial, rows, cols) } -> std::convertible_to<std::size_t>;
-  co.export_columns(t, columns, out, out, out);
-  o.import_columns(t, columns, in, in, in);
+  co.export_state(t, columns, out);
+  o.import_state(t, columns, in);
   o.step(tasks, grad_scale, check_finite);
   { co.step_count() } -> std::convertible_to<std::int64_t>;
   o.set_step_count(n);
@@ -171,6 +175,7 @@ concept backend_selector = importance_selector<typename B::selector_type> &&
 // R3
 template <class D>
 concept migratable_device_optimizer = device_optimizer<D> && std::constructible_from<D, const adam_options&> &&
+    state_slots<typename D::slots_type> &&
     requires(D& d, const D& cd, std::size_t i, std::span<float> out, std::span<const float> in, std::int64_t n) {
   cd.export_state(i, out);
   d.import_state(i, in);
@@ -261,7 +266,9 @@ concept backend_step_operations =
 ///       `add_parameter(rows, cols)` (returns the index) and `scores(i)` (the last selection's
 ///       column scores, host memory).
 ///    R3 `B::device_optimizer_type` — a device_optimizer constructible from adam_options, with
-///       `export_state(i, out)` and `import_state(i, in)` (packed master/m/v, host spans) and
+///       `slots_type` (state_slots.hpp; the host optimizer's, which basic_coordinator checks),
+///       `export_state(i, out)` and `import_state(i, in)` (every slot of parameter i's columns in
+///       the device exchange layout of state_slots.hpp, host spans) and
 ///       `set_step_count(n)` (checkpoints), and per parameter `step_count(i)` /
 ///       `set_step_count(i, n)` (a parameter's bias-correction count, which stops while it gets
 ///       no gradient; checkpoints).

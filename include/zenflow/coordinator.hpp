@@ -151,6 +151,11 @@ class basic_coordinator {
   using selector_type = typename detail::coordinator_selector<Backend, Communicator>::type;
   using device_optimizer_type = typename Backend::device_optimizer_type;
   using queue_type = typename Backend::queue_type;
+  /// The state the two optimizers exchange (state_slots.hpp): slot 0 the master, then theirs.
+  using slots_type = typename HostOptimizer::slots_type;
+  static_assert(std::same_as<slots_type, typename device_optimizer_type::slots_type>,
+                "the host optimizer and the backend's device optimizer must hold the same state slots: a reselection "
+                "moves one's export into the other");
 
   /// Validates the options and the config (throws naming the field); starts the worker threads.
   /// Does not synchronize. The device current at construction is the coordinator's: every later

@@ -91,6 +91,7 @@
 #include "zenflow/error.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/state_file.hpp"
+#include "zenflow/state_slots.hpp"
 #include "zenflow/thread_pool.hpp"
 #include "zenflow/types.hpp"
 
@@ -159,6 +160,9 @@ struct cpu_step_result {
 /// time per object (calls are not internally serialized against each other).
 class cpu_adam {
  public:
+  /// Its state in fp32 slots (state_slots.hpp): master, exp_avg, exp_avg_sq, in every format.
+  using slots_type = adam_state_slots;
+
   /// Validates `options` and `config` (threads, chunk_elements >= 1, an isa this CPU supports)
   /// and starts the thread pool. Throws `zenflow::error`.
   explicit cpu_adam(const adam_options& options, const cpu_adam_config& config = {});
@@ -222,6 +226,14 @@ class cpu_adam {
   /// changing anything. Exporting and importing back leaves a compact state unchanged.
   void import_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> params,
                       std::span<const float> exp_avg, std::span<const float> exp_avg_sq);
+
+  /// export_columns and import_columns with the three slots in one span, slot after slot (the
+  /// host exchange layout of state_slots.hpp: the master, then exp_avg, then exp_avg_sq, each
+  /// columns.size() * rows floats): the form a coordinator moves state in without naming a slot.
+  /// A wrong size throws naming `out` / `in`; everything else is checked as export_columns and
+  /// import_columns check it (an import names the slot it rejects).
+  void export_state(std::size_t t, std::span<const std::int32_t> columns, std::span<float> out) const;
+  void import_state(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> in);
 
   /// Size in bytes of save_state(t)'s output: a 40-byte header (format, shape, block rows) and
   /// the state as held.

@@ -34,6 +34,7 @@
 #include "zenflow/error.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/sparse_adam.hpp"
+#include "zenflow/state_slots.hpp"
 #include "zenflow/types.hpp"
 #include "zenflow/view.hpp"
 
@@ -42,6 +43,10 @@ namespace zenflow {
 /// CUDA backend of the sparse-column Adam; models `zenflow::device_optimizer`.
 class cuda_sparse_adam {
  public:
+  /// Its state in fp32 slots (state_slots.hpp): master, exp_avg, exp_avg_sq; the packed format
+  /// is their device exchange layout.
+  using slots_type = adam_state_slots;
+
   /// Uses the current CUDA device. Allocates the device control block; synchronizes.
   explicit cuda_sparse_adam(const adam_options& options);
   cuda_sparse_adam(const cuda_sparse_adam&) = delete;

@@ -16,7 +16,8 @@
 // parameter with `rows` rows, for each column in list order,
 //     [fp32 master (rows floats), exp_avg (rows floats), exp_avg_sq (rows floats)]
 // i.e. 3 * rows floats per column, 3 * rows * n in all; value (column l, part p, row r) sits at
-// (l * 3 + p) * rows + r. A 1-D parameter of size n is one column of n rows.
+// (l * 3 + p) * rows + r. A 1-D parameter of size n is one column of n rows. This is the device
+// exchange layout of state_slots.hpp for adam_state_slots, the host optimizer's slots.
 //
 // Parameter indices: add_matrix and add_vector return one index space, in order of
 // registration. step() takes the gradients of the matrices in the order the matrices were
@@ -39,6 +40,7 @@
 #include "zenflow/error.hpp"
 #include "zenflow/host_stream.hpp"
 #include "zenflow/options.hpp"
+#include "zenflow/state_slots.hpp"
 #include "zenflow/types.hpp"
 #include "zenflow/view.hpp"
 
@@ -50,6 +52,10 @@ namespace zenflow {
 /// `zenflow::error` ("exec.isa") for a SIMD path this CPU lacks before changing anything.
 class host_sparse_adam {
  public:
+  /// Its state in fp32 slots (state_slots.hpp): master, exp_avg, exp_avg_sq; the packed format
+  /// is their device exchange layout.
+  using slots_type = adam_state_slots;
+
   /// Throws zenflow::error for invalid options.
   explicit host_sparse_adam(const adam_options& options);
 

@@ -7,10 +7,13 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -81,13 +84,32 @@ struct queue_without_try_acquire {
 struct model_host_optimizer {
   model_host_optimizer(const zenflow::adam_options&, const zenflow::cpu_adam_config&) {}
   std::size_t add_tensor(std::span<const float>, zenflow::index_t, zenflow::index_t) { return 0; }
-  void export_columns(std::size_t, std::span<const std::int32_t>, std::span<float>, std::span<float>,
-                      std::span<float>) const {}
-  void import_columns(std::size_t, std::span<const std::int32_t>, std::span<const float>, std::span<const float>,
-                      std::span<const float>) {}
+  using slots_type = zenflow::adam_state_slots;
+  void export_state(std::size_t, std::span<const std::int32_t>, std::span<float>) const {}
+  void import_state(std::size_t, std::span<const std::int32_t>, std::span<const float>) {}
   zenflow::cpu_step_result step(std::span<const zenflow::cpu_adam_task>, float, bool) { return {}; }
   std::int64_t step_count() const { return 0; }
   void set_step_count(std::int64_t) {}
+};
+// Moves its state as slots but does not say which: the coordinator could not size, check or hand
+// the state to the device optimizer.
+struct host_optimizer_without_slots : model_host_optimizer {
+  using model_host_optimizer::model_host_optimizer;
+  using slots_type = void;
+};
+// Names its slots without the check an import makes of them (checkpoints validate with it).
+struct slots_without_check {
+  static constexpr std::array<std::string_view, 2> names{"master", "momentum"};
+  static constexpr std::size_t count = 2;
+  static constexpr std::string_view what = "momentum", rule = "finite";
+};
+struct host_optimizer_with_unchecked_slots : model_host_optimizer {
+  using model_host_optimizer::model_host_optimizer;
+  using slots_type = slots_without_check;
+};
+// A device optimizer with slots of another optimizer (SGD with momentum: master and momentum).
+struct momentum_slots : slots_without_check {
+  static bool valid(const float* own) noexcept { return std::isfinite(own[0]); }
 };
 struct optimizer_without_step_count {
   zenflow::adam_options opts;
@@ -113,13 +135,12 @@ class wrapped_cpu_adam {
   std::size_t add_tensor(std::span<const float> initial, zenflow::index_t rows, zenflow::index_t cols) {
     return adam_.add_tensor(initial, rows, cols);
   }
-  void export_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<float> p, std::span<float> m,
-                      std::span<float> v) const {
-    adam_.export_columns(t, columns, p, m, v);
+  using slots_type = zenflow::cpu_adam::slots_type;
+  void export_state(std::size_t t, std::span<const std::int32_t> columns, std::span<float> out) const {
+    adam_.export_state(t, columns, out);
   }
-  void import_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> p,
-                      std::span<const float> m, std::span<const float> v) {
-    adam_.import_columns(t, columns, p, m, v);
+  void import_state(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> in) {
+    adam_.import_state(t, columns, in);
   }
   void step(std::span<const zenflow::cpu_adam_task> tasks, float grad_scale, bool check_finite) {
     adam_.step(tasks, grad_scale, check_finite);
@@ -173,6 +194,7 @@ struct backend_selector : model_selector {
   std::span<const float> scores(std::size_t) const { return {}; }
 };
 struct backend_device_optimizer : model_device_optimizer {
+  using slots_type = zenflow::adam_state_slots;
   explicit backend_device_optimizer(const zenflow::adam_options&) {}
   void export_state(std::size_t, std::span<float>) const {}
   void import_state(std::size_t, std::span<const float>) {}
@@ -183,10 +205,20 @@ struct backend_device_optimizer : model_device_optimizer {
 };
 // Counts its steps only as a whole: the coordinator could not skip one parameter's step.
 struct device_optimizer_without_parameter_counts : model_device_optimizer {
+  using slots_type = zenflow::adam_state_slots;
   explicit device_optimizer_without_parameter_counts(const zenflow::adam_options&) {}
   void export_state(std::size_t, std::span<float>) const {}
   void import_state(std::size_t, std::span<const float>) {}
   void set_step_count(std::int64_t) {}
+};
+struct device_optimizer_without_slots : model_device_optimizer {
+  explicit device_optimizer_without_slots(const zenflow::adam_options&) {}
+  void export_state(std::size_t, std::span<float>) const {}
+  void import_state(std::size_t, std::span<const float>) {}
+  void set_step_count(std::int64_t) {}
+  using model_device_optimizer::step_count;
+  std::int64_t step_count(std::size_t) const { return 0; }
+  void set_step_count(std::size_t, std::int64_t) {}
 };
 struct backend_queue : model_queue {
   backend_queue(zenflow::transfer_direction, std::size_t, std::size_t) {}
@@ -329,6 +361,10 @@ static_assert(!zenflow::transfer_queue<queue_without_try_acquire>);
 static_assert(zenflow::host_optimizer<model_host_optimizer>);
 static_assert(!zenflow::host_optimizer<optimizer_without_step_count>);
 static_assert(!zenflow::host_optimizer<optimizer_with_only_the_reading_side>);
+static_assert(!zenflow::host_optimizer<host_optimizer_without_slots>);
+static_assert(!zenflow::host_optimizer<host_optimizer_with_unchecked_slots>);
+static_assert(zenflow::state_slots<momentum_slots>);
+static_assert(!zenflow::state_slots<slots_without_check>);
 static_assert(zenflow::host_optimizer<wrapped_cpu_adam>);
 static_assert(zenflow::host_optimizer<zenflow::cpu_adam>);
 static_assert(zenflow::device_optimizer<model_device_optimizer>);
@@ -336,9 +372,36 @@ static_assert(!zenflow::device_optimizer<model_host_optimizer>);  // lacks param
 static_assert(!zenflow::device_optimizer<device_optimizer_without_selection>);
 static_assert(zenflow::detail::migratable_device_optimizer<backend_device_optimizer>);
 static_assert(!zenflow::detail::migratable_device_optimizer<device_optimizer_without_parameter_counts>);
+static_assert(!zenflow::detail::migratable_device_optimizer<device_optimizer_without_slots>);
 static_assert(zenflow::detail::migratable_device_optimizer<zenflow::host_sparse_adam>);
 static_assert(zenflow::offload_coordinator<model_coordinator>);
 static_assert(!zenflow::offload_coordinator<coordinator_without_submit>);
+
+// A host optimizer whose state is `Slots`: value (slot s, column c, row r) = 1000 s + 10 c + r
+// as it exports it (slot after slot); an import keeps what it was given.
+template <class Slots>
+struct slot_numbering_optimizer : model_host_optimizer {
+  using model_host_optimizer::model_host_optimizer;
+  using slots_type = Slots;
+  std::size_t rows = 3;
+  std::vector<float> imported;
+  void export_state(std::size_t, std::span<const std::int32_t> columns, std::span<float> out) const {
+    std::size_t at = 0;
+    for (std::size_t s = 0; s < Slots::count; ++s)
+      for (const auto c : columns)
+        for (std::size_t r = 0; r < rows; ++r) out[at++] = static_cast<float>(1000 * s + 10 * c + r);
+    REQUIRE(at == out.size());
+  }
+  void import_state(std::size_t, std::span<const std::int32_t>, std::span<const float> in) {
+    imported.assign(in.begin(), in.end());
+  }
+};
+struct four_slots : zenflow::adam_state_slots {
+  static constexpr std::array<std::string_view, 4> names{"master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  static constexpr std::size_t count = 4;
+};
+static_assert(zenflow::host_optimizer<slot_numbering_optimizer<momentum_slots>>);
+static_assert(zenflow::host_optimizer<slot_numbering_optimizer<four_slots>>);
 
 }  // namespace
 
@@ -351,6 +414,25 @@ TEST_CASE("a host_optimizer that is not cpu_adam runs the coordinator") {
   reference.train(14);
   CHECK(wrapped.finish() == reference.finish());
   CHECK(wrapped.coordinator.host_optimizer().step_count() == reference.coordinator.host_optimizer().step_count());
+}
+
+TEST_CASE_TEMPLATE("a reselection packs the host optimizer's slots column by column, whatever their number", Slots,
+                   momentum_slots, zenflow::adam_state_slots, four_slots) {
+  slot_numbering_optimizer<Slots> o(zenflow::adam_options{}, zenflow::cpu_adam_config{});
+  const std::vector<std::int32_t> columns{1, 4};
+  std::vector<float> packed;
+  zenflow::detail::pack_columns(o, 0, 3, columns, packed);
+  // The device exchange layout: value (column j, slot s, row r) at (j * count + s) * rows + r.
+  REQUIRE(packed.size() == Slots::count * columns.size() * 3);
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    for (std::size_t s = 0; s < Slots::count; ++s)
+      for (std::size_t r = 0; r < 3; ++r)
+        CHECK(packed[(j * Slots::count + s) * 3 + r] == static_cast<float>(1000 * s + 10 * columns[j] + r));
+  // And back, slot after slot, as the optimizer exported it.
+  zenflow::detail::unpack_columns(o, 0, 3, columns, packed);
+  std::vector<float> exported(packed.size());
+  o.export_state(0, columns, exported);
+  CHECK(o.imported == exported);
 }
 
 TEST_CASE("concept models are usable through the concept") {

@@ -88,7 +88,7 @@ struct watched_cpu_adam : cpu_adam {
   using cpu_adam::cpu_adam;
   static inline std::atomic<int> updating{0};
   static inline std::atomic<int> overlaps{0};
-  static inline std::atomic<int> state_moves{0};  // export_columns / import_columns calls
+  static inline std::atomic<int> state_moves{0};  // export_state / import_state calls
   cpu_step_result step(std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite) {
     ++updating;
     std::this_thread::sleep_for(std::chrono::milliseconds(15));
@@ -98,17 +98,15 @@ struct watched_cpu_adam : cpu_adam {
   }
   std::span<float> params(std::size_t t) { return note(cpu_adam::params(t)); }
   std::span<const float> params(std::size_t t) const { return cpu_adam::params(t); }
-  void export_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<float> p, std::span<float> m,
-                      std::span<float> v) const {
+  void export_state(std::size_t t, std::span<const std::int32_t> columns, std::span<float> out) const {
     note();
     ++state_moves;
-    cpu_adam::export_columns(t, columns, p, m, v);
+    cpu_adam::export_state(t, columns, out);
   }
-  void import_columns(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> p,
-                      std::span<const float> m, std::span<const float> v) {
+  void import_state(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> in) {
     note();
     ++state_moves;
-    cpu_adam::import_columns(t, columns, p, m, v);
+    cpu_adam::import_state(t, columns, in);
   }
 
  private:

@@ -14,8 +14,10 @@
 //                 optimizer step counts, then per parameter its name, shape, dtypes, its own step
 //                 counts (CPU and GPU: the steps that had its gradient) and accumulated-step counts
 //                 (current and pending interval), whether its fp32 master is written, the CPU
-//                 fp32 master/m/v of this rank's CPU columns (its columns not on the GPU), the
-//                 selection, the GPU compact state ([master,] m, v per selected column), the
+//                 state of this rank's CPU columns (its columns not on the GPU) in fp32, one array
+//                 per slot of the optimizers' state_slots (state_slots.hpp: the master, then for
+//                 Adam exp_avg and exp_avg_sq), the selection, the GPU compact state ([master,] the
+//                 other slots, per selected column), the
 //                 accumulator of this rank's CPU columns (empty while the interval has no counted
 //                 step: all zeros), their pending write-back, and with
 //                 checkpoint_contents::everything the model's parameter bytes.
@@ -36,6 +38,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +52,7 @@
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/checkpoint_format.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/state_slots.hpp"
 
 namespace zenflow {
 
@@ -62,16 +66,26 @@ inline std::vector<std::int32_t> owned_cpu_columns(column_range owned, std::span
       out.push_back(static_cast<std::int32_t>(c - owned.first));
   return out;
 }
-/// Packed [master, m, v] per column without the masters: [m, v] per column.
-inline std::vector<float> without_master(std::span<const float> packed, std::size_t rows) {
+/// The device exchange layout (`slots` slots per column, the master first) without the masters.
+inline std::vector<float> without_master(std::span<const float> packed, std::size_t rows, std::size_t slots) {
   std::vector<float> out;
-  for (std::size_t at = 0; at < packed.size(); at += 3 * rows)
-    out.insert(out.end(), packed.begin() + at + rows, packed.begin() + at + 3 * rows);
+  for (std::size_t at = 0; at < packed.size(); at += slots * rows)
+    out.insert(out.end(), packed.begin() + at + rows, packed.begin() + at + slots * rows);
   return out;
 }
-/// Whether Adam can hold moments m and v (the check the optimizers make when they import them).
-inline bool valid_moments(float m, float v) noexcept {
-  return std::isfinite(m) && std::isfinite(v) && v >= 0.0f;
+/// Throws unless one element's own state (slot s + 1's value is value(s), s < Slots::count - 1)
+/// is state the optimizers hold (the check their imports make): "parameter '<name>' holds
+/// <holder><what> (<slot> <value>, ...) <where()> (<rule>)".
+template <state_slots Slots, class Value, class Where>
+void expect_valid_state(Value value, const std::string& name, const char* holder, Where where) {
+  std::array<float, Slots::count - 1> own{};
+  for (std::size_t s = 0; s < own.size(); ++s) own[s] = value(s);
+  if (Slots::valid(own.data())) [[likely]]
+    return;
+  std::string values;
+  for (std::size_t s = 0; s < own.size(); ++s) values += concat(s > 0 ? ", " : "", Slots::names[s + 1], " ", own[s]);
+  throw error("checkpoint", concat("parameter '", name, "' holds ", holder, Slots::what, " (", values, ") ", where(),
+                                   " (", Slots::rule, ")"));
 }
 /// Whether `master` is exactly the values (elements of `type`, upcast), bit for bit.
 inline bool is_value_of(std::span<const std::byte> values, dtype type, std::span<const float> master) {
@@ -181,7 +195,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
       w.put(p.vector.size);
       w.put(p.vector.type);
       w.put<std::int64_t>(device_opt_.step_count(p.device_index));
-      std::vector<float> state(3 * size);  // [master, m, v]
+      std::vector<float> state(slots_type::count * size);  // one column: the master first
       device_opt_.export_state(p.device_index, state);
       std::vector<std::byte> bytes(size * dtype_size(p.vector.type));
       Backend::copy_async(bytes.data(), p.vector.data, bytes.size(), stream);
@@ -209,7 +223,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     }
     w.put(current);
     w.put(pending_count);
-    std::vector<float> compact(3 * k * rows);  // [master, m, v] per selected column
+    constexpr std::size_t slots = slots_type::count;
+    std::vector<float> compact(slots * k * rows);  // every slot per selected column, the master first
     if (p.device_index != npos) device_opt_.export_state(p.device_index, compact);
     std::vector<std::byte> pending;
     if (pending_interval) {
@@ -225,8 +240,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     // This rank's CPU columns (its owned columns not on the GPU), as columns of its CPU tensor.
     const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.gpu_columns);
     const std::size_t cpu_n = cpu_columns.size() * rows;
-    std::vector<float> cpu_master(cpu_n), cpu_m(cpu_n), cpu_v(cpu_n);
-    host_opt_.export_columns(p.cpu_tensor, cpu_columns, cpu_master, cpu_m, cpu_v);
+    std::vector<float> cpu_state(slots * cpu_n);  // slot after slot, the master first
+    host_opt_.export_state(p.cpu_tensor, cpu_columns, cpu_state);
+    const auto cpu_master = std::span<const float>(cpu_state).first(cpu_n);
     // The master is written unless it is the parameter's values (an f32 parameter's, everywhere but
     // in the columns whose pending result holds it).
     bool master = everything;
@@ -239,17 +255,17 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
         master = !detail::is_value_of(in_pending
                                           ? std::span<const std::byte>(pending).subspan(j * rows * esize, rows * esize)
                                           : column(cpu_columns[j] + static_cast<std::int32_t>(p.owned.first)),
-                                      p.matrix.type, std::span<const float>(cpu_master).subspan(j * rows, rows));
+                                      p.matrix.type, cpu_master.subspan(j * rows, rows));
       for (std::size_t l = 0; l < k && !master; ++l)
         master = !detail::is_value_of(column(p.gpu_columns[l]), p.matrix.type,
-                                      std::span<const float>(compact).subspan(3 * l * rows, rows));
+                                      std::span<const float>(compact).subspan(slots * l * rows, rows));
     }
     w.put(master);
-    w.put_array<float>(master ? std::span<const float>(cpu_master) : std::span<const float>{});
-    w.put_array<float>(std::span<const float>(cpu_m));
-    w.put_array<float>(std::span<const float>(cpu_v));
+    w.put_array<float>(master ? cpu_master : std::span<const float>{});
+    for (std::size_t slot = 1; slot < slots; ++slot)
+      w.put_array<float>(std::span<const float>(cpu_state).subspan(slot * cpu_n, cpu_n));
     w.put_array<std::int32_t>(p.gpu_columns);
-    w.put_array<float>(master ? compact : detail::without_master(compact, rows));
+    w.put_array<float>(master ? compact : detail::without_master(compact, rows, slots));
     // Nothing is accumulated without a counted step: an empty accumulator is all zeros.
     w.put_array<float>(current > 0 ? std::span<const float>(accumulator_of(p, current_interval))
                                    : std::span<const float>{});
@@ -279,8 +295,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
             " data-parallel ranks; this coordinator is rank ", rank_, " of ", ranks_,
             " (resume with the same number of ranks, each rank from its own file)");
   }
+  constexpr std::size_t slots = slots_type::count;
   struct saved_parameter {
-    std::vector<float> cpu_p, cpu_m, cpu_v, compact, accumulator, vector_state;
+    std::vector<float> cpu_p, compact, accumulator, vector_state;
+    std::array<std::vector<float>, slots - 1> cpu_own;  // the CPU state's other slots
     std::vector<std::int32_t> gpu_columns;
     std::vector<std::byte> pending, values;
     adam_options adam;
@@ -340,14 +358,14 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       s.values = r.get_array<std::byte>();
       expects(s.master || (!everything && p.vector.type == dtype::f32), "checkpoint", "parameter '", name,
               "' has no fp32 master");
-      expects(s.vector_state.size() == (s.master ? 3 : 2) * static_cast<std::size_t>(p.vector.size) &&
+      expects(s.vector_state.size() == (s.master ? slots : slots - 1) * static_cast<std::size_t>(p.vector.size) &&
                   s.values.size() == (everything ? p.vector.size * dtype_size(p.vector.type) : 0),
               "checkpoint", "parameter '", name, "' has state of the wrong size");
-      const auto moments = std::span<const float>(s.vector_state).last(2 * static_cast<std::size_t>(p.vector.size));
-      for (std::size_t i = 0, n = moments.size() / 2; i < n; ++i)
-        expects(detail::valid_moments(moments[i], moments[n + i]), "checkpoint", "parameter '", name,
-                "' holds moments ", moments[i], " and ", moments[n + i], " at element ", i,
-                " (m must be finite, v finite and >= 0)");
+      const auto size = static_cast<std::size_t>(p.vector.size);
+      const auto own = std::span<const float>(s.vector_state).last((slots - 1) * size);
+      for (std::size_t i = 0; i < size; ++i)
+        detail::expect_valid_state<slots_type>([&](std::size_t slot) { return own[slot * size + i]; }, name, "",
+                                               [&] { return detail::concat("at element ", i); });
       continue;
     }
     const auto rows = r.get<index_t>(), cols = r.get<index_t>();
@@ -362,8 +380,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     expects(s.master || (!everything && type == dtype::f32), "checkpoint", "parameter '", name, "' has no fp32 master");
     const std::size_t n = static_cast<std::size_t>(rows * cols);
     s.cpu_p = r.get_array<float>();
-    s.cpu_m = r.get_array<float>();
-    s.cpu_v = r.get_array<float>();
+    for (auto& own : s.cpu_own) own = r.get_array<float>();
     s.gpu_columns = r.get_array<std::int32_t>();
     s.compact = r.get_array<float>();
     s.accumulator = r.get_array<float>();
@@ -401,25 +418,25 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     // The CPU state of this rank's CPU columns; an accumulator while the interval has counted
     // steps (the staging buffers exist from the first step on).
     const std::size_t cpu_n = owned_cpu_cols * static_cast<std::size_t>(rows);
-    expects(s.cpu_p.size() == (s.master ? cpu_n : 0) && s.cpu_m.size() == cpu_n && s.cpu_v.size() == cpu_n &&
-                s.compact.size() == (s.master ? 3 : 2) * k * rows &&
+    expects(s.cpu_p.size() == (s.master ? cpu_n : 0) &&
+                std::ranges::all_of(s.cpu_own, [&](const auto& own) { return own.size() == cpu_n; }) &&
+                s.compact.size() == (s.master ? slots : slots - 1) * k * rows &&
                 s.accumulator.size() == (s.current_count > 0 ? cpu_n : 0) &&
                 s.pending.size() == (pending < 0 ? 0 : cpu_n * dtype_size(type)) &&
                 s.values.size() == (everything ? n * dtype_size(type) : 0),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
-    // The CPU optimizer takes moments that Adam can hold (the check it would make while loading).
+    // The CPU optimizer takes state it can hold (the check it would make while loading).
     for (std::size_t i = 0; i < cpu_n; ++i)
-      expects(detail::valid_moments(s.cpu_m[i], s.cpu_v[i]), "checkpoint", "parameter '", name, "' holds CPU moments ",
-              s.cpu_m[i], " and ", s.cpu_v[i], " at element ", i, " (m must be finite, v finite and >= 0)");
-    // So do the GPU columns' moments: a reselection hands them to the CPU optimizer.
+      detail::expect_valid_state<slots_type>([&](std::size_t slot) { return s.cpu_own[slot][i]; }, name, "CPU ",
+                                             [&] { return detail::concat("at element ", i); });
+    // So do the GPU columns': a reselection hands them to the CPU optimizer.
     const auto column = static_cast<std::size_t>(rows);
-    const std::size_t stride = (s.master ? 3 : 2) * column;  // [master,] m, v per selected column
+    const std::size_t stride = (s.master ? slots : slots - 1) * column;  // [master,] the others per selected column
     for (std::size_t l = 0; l < k; ++l)
-      for (std::size_t i = 0; i < column; ++i) {
-        const float m = s.compact[(l + 1) * stride - 2 * column + i], v = s.compact[(l + 1) * stride - column + i];
-        expects(detail::valid_moments(m, v), "checkpoint", "parameter '", name, "' holds GPU moments ", m, " and ", v,
-                " at row ", i, " of selected column ", l, " (m must be finite, v finite and >= 0)");
-      }
+      for (std::size_t i = 0; i < column; ++i)
+        detail::expect_valid_state<slots_type>(
+            [&](std::size_t slot) { return s.compact[l * stride + stride - (slots - 1 - slot) * column + i]; }, name,
+            "GPU ", [&] { return detail::concat("at row ", i, " of selected column ", l); });
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
   // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
@@ -491,19 +508,26 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
         detail::adopt_values(std::span<const std::byte>(from_pending ? s.pending : s.values).subspan(at, column_bytes),
                              dtype::f32, std::span<float>(s.cpu_p).subspan(j * rows, rows), true);
       }
-      std::vector<float> packed(s.gpu_columns.size() * 3 * rows);
+      std::vector<float> packed(s.gpu_columns.size() * slots * rows);
       for (std::size_t l = 0; l < s.gpu_columns.size(); ++l) {
         detail::adopt_values(
             std::span<const std::byte>(s.values).subspan(s.gpu_columns[l] * column_bytes, column_bytes), dtype::f32,
-            std::span<float>(packed).subspan(3 * l * rows, rows), true);
-        const auto moments = std::span<const float>(s.compact).subspan(2 * l * rows, 2 * rows);
-        std::ranges::copy(moments, std::span<float>(packed).subspan((3 * l + 1) * rows, 2 * rows).begin());
+            std::span<float>(packed).subspan(slots * l * rows, rows), true);
+        const auto own = std::span<const float>(s.compact).subspan((slots - 1) * l * rows, (slots - 1) * rows);
+        std::ranges::copy(own, std::span<float>(packed).subspan((slots * l + 1) * rows, (slots - 1) * rows).begin());
       }
       s.compact = std::move(packed);
     }
     // This rank's CPU columns; those on the GPU keep what the CPU tensor holds (never read: a
     // column leaving the GPU brings its state).
-    host_opt_.import_columns(p.cpu_tensor, cpu_columns, s.cpu_p, s.cpu_m, s.cpu_v);
+    {
+      std::vector<float> state(std::move(s.cpu_p));  // slot after slot, the master first
+      for (auto& own : s.cpu_own) {
+        state.insert(state.end(), own.begin(), own.end());
+        own = {};
+      }
+      host_opt_.import_state(p.cpu_tensor, cpu_columns, state);
+    }
     if (!s.gpu_columns.empty()) {
       device_buffer compact_dev(s.compact.size() * sizeof(float));
       Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);

@@ -1,8 +1,8 @@
 // State migration of the coordinator on reselection: the columns that become important take their
-// fp32 master and moments (as the CPU optimizer exports them, whatever it holds) from the CPU
-// optimizer to the device optimizer, the columns that stop being important hand theirs back
-// (nothing is zeroed or truncated), and the per-parameter buffers of the CPU columns follow the new
-// selection.
+// state slots (the fp32 master and the optimizer's own state, as the CPU optimizer exports them,
+// whatever it holds; state_slots.hpp) from the CPU optimizer to the device optimizer, the columns
+// that stop being important hand theirs back (nothing is zeroed or truncated), and the
+// per-parameter buffers of the CPU columns follow the new selection.
 #pragma once
 
 #include <algorithm>
@@ -15,36 +15,32 @@
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/state_slots.hpp"
 
 namespace zenflow {
 
 namespace detail {
-/// Packs [master, m, v] of tensor t's `columns` (as columns of the tensor, ascending), `rows` per
-/// column, column after column, as the host optimizer exports them in fp32 (one column per call:
-/// the export writes the packed layout directly).
+/// Tensor t's `columns` (as columns of the tensor, ascending), `rows` per column, as the host
+/// optimizer exports them in fp32 (one export), in the device exchange layout (state_slots.hpp).
 template <class HostOptimizer>
 void pack_columns(const HostOptimizer& o, std::size_t t, index_t rows, std::span<const std::int32_t> columns,
                   std::vector<float>& out) {
+  constexpr std::size_t slots = HostOptimizer::slots_type::count;
   const auto n = static_cast<std::size_t>(rows);
-  out.resize(columns.size() * 3 * n);
-  const std::span<float> all(out);
-  for (std::size_t j = 0; j < columns.size(); ++j)
-    o.export_columns(t, columns.subspan(j, 1), all.subspan(3 * j * n, n), all.subspan((3 * j + 1) * n, n),
-                     all.subspan((3 * j + 2) * n, n));
+  std::vector<float> exported(slots * columns.size() * n);
+  o.export_state(t, columns, exported);
+  out.resize(exported.size());
+  detail::slots_to_columns(exported, out, slots, columns.size(), n);
 }
 /// The inverse of pack_columns: imports `in` into tensor t's `columns` in one call, so that the
 /// host optimizer checks every column before it changes any.
 template <class HostOptimizer>
 void unpack_columns(HostOptimizer& o, std::size_t t, index_t rows, std::span<const std::int32_t> columns,
                     std::span<const float> in) {
-  const auto n = static_cast<std::size_t>(rows);
-  const std::size_t total = columns.size() * n;
-  std::vector<float> parts(3 * total);  // [master | m | v], each in column order
-  for (std::size_t j = 0; j < columns.size(); ++j)
-    for (std::size_t s = 0; s < 3; ++s)
-      std::memcpy(parts.data() + s * total + j * n, in.data() + (3 * j + s) * n, n * sizeof(float));
-  const std::span<const float> all(parts);
-  o.import_columns(t, columns, all.first(total), all.subspan(total, total), all.subspan(2 * total, total));
+  constexpr std::size_t slots = HostOptimizer::slots_type::count;
+  std::vector<float> parts(in.size());
+  detail::columns_to_slots(in, parts, slots, columns.size(), static_cast<std::size_t>(rows));
+  o.import_state(t, columns, parts);
 }
 /// The columns of `a` that are not in `b` (both ascending).
 inline std::vector<std::int32_t> set_difference(std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
@@ -66,7 +62,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
                                                                             std::vector<std::int32_t> selection,
                                                                             stream_type stream) {
   const index_t rows = p.matrix.rows;
-  const std::size_t per_column = 3 * static_cast<std::size_t>(rows);  // master, m, v
+  const std::size_t per_column = slots_type::count * static_cast<std::size_t>(rows);
   const auto entering = detail::set_difference(selection, p.gpu_columns);
   const auto leaving = detail::set_difference(p.gpu_columns, selection);
   // The part of an ascending column list in rank r's range, and this rank's part as columns of
@@ -140,7 +136,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::set_selection(para
 }
 
 // The migration scratch (device memory, float): allocated at the first selection for the largest
-// migration any parameter can make (k entering and k leaving columns of master/m/v, and data
+// migration any parameter can make (k entering and k leaving columns of every slot, and data
 // parallel the all-gather's blocks), then reused: no allocation at a reselection.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 float* basic_coordinator<Backend, HostOptimizer, Communicator>::migration_scratch() {
@@ -152,7 +148,7 @@ float* basic_coordinator<Backend, HostOptimizer, Communicator>::migration_scratc
         options_.mode == offload_mode::dense ? cols : static_cast<std::size_t>(selector_.k(p.selector_index));
     const std::size_t owned = (cols + static_cast<std::size_t>(ranks_) - 1) / static_cast<std::size_t>(ranks_);
     const std::size_t blocks = data_parallel ? static_cast<std::size_t>(ranks_) * std::min(k, owned) : 0;
-    most = std::max(most, (2 * k + blocks) * 3 * static_cast<std::size_t>(p.matrix.rows));
+    most = std::max(most, (2 * k + blocks) * slots_type::count * static_cast<std::size_t>(p.matrix.rows));
   }
   if (migration_scratch_.bytes() < most * sizeof(float)) migration_scratch_ = device_buffer(most * sizeof(float));
   return reinterpret_cast<float*>(migration_scratch_.data());

@@ -33,7 +33,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
       std::vector<std::byte> values(rows * dtype_size(p.vector.type));
       Backend::copy_async(values.data(), p.vector.data, values.size(), stream);
       Backend::synchronize(stream);
-      std::vector<float> state(3 * rows);  // [master, m, v]
+      std::vector<float> state(slots_type::count * rows);  // one column: the master first
       device_opt_.export_state(p.device_index, state);
       detail::adopt_values(values, p.vector.type, std::span<float>(state).first(rows), false);
       device_opt_.import_state(p.device_index, state);
@@ -46,11 +46,12 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
     std::vector<std::byte> values(static_cast<std::size_t>(p.matrix.cols) * column_bytes);
     copy_all_columns(p, values, transfer_direction::device_to_host, stream);
     auto column = [&](index_t c) { return std::span<const std::byte>(values).subspan(c * column_bytes, column_bytes); };
-    if (p.device_index != npos) {  // the GPU columns: packed [master, m, v] per selected column
-      std::vector<float> packed(3 * rows * p.gpu_columns.size());
+    if (p.device_index != npos) {  // the GPU columns: every slot per selected column, the master first
+      constexpr std::size_t slots = slots_type::count;
+      std::vector<float> packed(slots * rows * p.gpu_columns.size());
       device_opt_.export_state(p.device_index, packed);
       for (std::size_t l = 0; l < p.gpu_columns.size(); ++l)
-        detail::adopt_values(column(p.gpu_columns[l]), type, std::span<float>(packed).subspan(3 * l * rows, rows),
+        detail::adopt_values(column(p.gpu_columns[l]), type, std::span<float>(packed).subspan(slots * l * rows, rows),
                              false);
       device_opt_.import_state(p.device_index, packed);
     }
@@ -63,12 +64,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(s
     // Through the optimizer's export and import: wherever it keeps the master (RAM or an SSD).
     const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.gpu_columns);
     const std::size_t cpu_n = cpu_columns.size() * rows;
-    std::vector<float> master(cpu_n), m(cpu_n), v(cpu_n);
-    host_opt_.export_columns(p.cpu_tensor, cpu_columns, master, m, v);
+    std::vector<float> state(slots_type::count * cpu_n);  // slot after slot: the master first
+    host_opt_.export_state(p.cpu_tensor, cpu_columns, state);
+    const auto master = std::span<float>(state).first(cpu_n);
     for (std::size_t j = 0; j < cpu_columns.size(); ++j)
       detail::adopt_values(column(cpu_columns[j] + static_cast<std::int32_t>(p.owned.first)), type,
-                           std::span<float>(master).subspan(j * rows, rows), pending);
-    host_opt_.import_columns(p.cpu_tensor, cpu_columns, master, m, v);
+                           master.subspan(j * rows, rows), pending);
+    host_opt_.import_state(p.cpu_tensor, cpu_columns, state);
     if (pending) {
       std::vector<std::byte> block(p.owned_local.size() * column_bytes);
       for (std::size_t j = 0; j < p.owned_local.size(); ++j) {

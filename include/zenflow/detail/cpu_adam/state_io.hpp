@@ -118,6 +118,20 @@ inline void cpu_adam::export_columns(std::size_t t, std::span<const std::int32_t
   }
 }
 
+inline void cpu_adam::export_state(std::size_t t, std::span<const std::int32_t> columns, std::span<float> out) const {
+  const std::size_t n = columns.size() * static_cast<std::size_t>(tensor(t, "t").rows);
+  expects(out.size() == slots_type::count * n, "out", "has ", out.size(), " elements, ", slots_type::count,
+          " slots x columns x rows = ", slots_type::count * n);
+  export_columns(t, columns, out.first(n), out.subspan(n, n), out.subspan(2 * n, n));
+}
+
+inline void cpu_adam::import_state(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> in) {
+  const std::size_t n = columns.size() * static_cast<std::size_t>(tensor(t, "t").rows);
+  expects(in.size() == slots_type::count * n, "in", "has ", in.size(), " elements, ", slots_type::count,
+          " slots x columns x rows = ", slots_type::count * n);
+  import_columns(t, columns, in.first(n), in.subspan(n, n), in.subspan(2 * n, n));
+}
+
 inline void cpu_adam::import_columns(std::size_t t, std::span<const std::int32_t> columns,
                                      std::span<const float> params, std::span<const float> exp_avg,
                                      std::span<const float> exp_avg_sq) {
