@@ -17,10 +17,9 @@
 //                 state of this rank's CPU columns (its columns not on the GPU) in fp32, one array
 //                 per slot of the optimizers' state_slots (state_slots.hpp: the master, then for
 //                 Adam exp_avg and exp_avg_sq), the selection, the GPU compact state ([master,] the
-//                 other slots, per selected column), the
-//                 accumulator of this rank's CPU columns (empty while the interval has no counted
-//                 step: all zeros), their pending write-back, and with
-//                 checkpoint_contents::everything the model's parameter bytes.
+//                 other slots, per selected column), the accumulator of this rank's CPU columns
+//                 (empty while the interval has no counted step: all zeros), their pending
+//                 write-back, and with checkpoint_contents::everything the model's parameter bytes.
 //                 Each column's state is written once, from the optimizer that owns it. The master
 //                 is written with checkpoint_contents::everything, for a bf16/fp16 parameter, and
 //                 for an f32 parameter whose master is not exactly its values (outside the
