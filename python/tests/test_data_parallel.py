@@ -91,13 +91,14 @@ def test_two_ranks_equal_one_process_on_the_mean_gradient(tmp_path):
 
 
 def check_owned_halves(results, model, ref_d2h):
-    # Each rank holds the CPU state of its own half of every 2-D parameter's columns...
+    # Each rank holds the CPU state of its own half of every 2-D parameter's columns (zero_offload:
+    # its rows, see ZenFlowAdamW._registered_column_dim)...
     for name, p in model.named_parameters():
         owned = [res["owned"][name] for res in results]
         if p.dim() < 2:
             assert owned == [(0, 0), (0, 0)]
             continue
-        cols = p.shape[0] if name.startswith("emb.") else p.shape[1]
+        cols = p.shape[0]
         assert owned[0][0] == 0 and owned[0][1] == owned[1][0] and owned[1][1] == cols, (name, owned)
         assert abs((owned[0][1] - owned[0][0]) - cols / 2) <= 1, (name, owned)
     # ...and offloads half of one process's bytes per step.

@@ -54,6 +54,36 @@ def test_zero_offload_equals_dense_exactly():
         assert oa.metrics()["bytes_device_to_host"] == 0
 
 
+def test_zero_offload_registers_rows_as_columns():
+    # ZeRO-Offload selects no column, so every 2-D parameter is registered with column_dim 0 (its
+    # columns contiguous rows, copied to the CPU and back rather than transposed), whatever its
+    # group says: groups that differ only in column_dim give byte-identical optimizer state.
+    def run(column_dim):
+        m = make_model()
+        gs = [{"params": [p for n, p in m.named_parameters()], "column_dim": column_dim}]
+        with ZenFlowAdamW(gs, mode="zero_offload", max_grad_norm=0.05, **HYPER) as opt:
+            for step in range(5):
+                train_step(m, opt, step)
+            sd = opt.state_dict()
+        return m, sd
+
+    a, sa = run(1)
+    b, sb = run(0)
+    assert max_diff(a, b) == 0.0
+    assert sa["zenflow"]["columns"] == "column_dim_0"
+    assert bytes(sa["zenflow"]["checkpoint"].numpy()) == bytes(sb["zenflow"]["checkpoint"].numpy())
+    # A state dict from before (no "columns"): its state is laid out by input channels.
+    old = copy.deepcopy(sa)
+    old["zenflow"].pop("columns")
+    c = make_model()
+    with ZenFlowAdamW([{"params": list(c.parameters()), "column_dim": 1}], mode="zero_offload",
+                      max_grad_norm=0.05, **HYPER) as opt:
+        train_step(c, opt, 0)
+        with pytest.raises(ValueError, match="zero_offload mode saw a weight's columns as its input channels"):
+            opt.load_state_dict(old)
+        opt.load_state_dict(sa)
+
+
 def test_clipping_tracks_torch_clip_grad_norm():
     ref, ours = make_model(), make_model()
     ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)

@@ -26,6 +26,9 @@ CPU_STATES = ("fp32", "bf16_moments", "blockwise8_moments")
 # Format of state_dict()["zenflow"]: 2 holds the optimizer state alone (the parameters are the
 # model's, as with torch.optim); 1 (the library's checkpoint with the parameters' values) is not read.
 _CHECKPOINT_FORMAT = 2
+# state_dict()["zenflow"]["columns"] in zero_offload mode: every 2-D parameter registered with
+# column_dim=0 (see ZenFlowAdamW._registered_column_dim).
+_ZERO_OFFLOAD_COLUMNS = "column_dim_0"
 _FLOAT32_MAX = 3.4028234663852886e38
 
 # Optimizers still open; closed (CPU work completed and written back) at interpreter exit.
@@ -154,6 +157,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     ``column_dim=0`` (``nn.Embedding.weight`` [num, dim], see :func:`param_groups`) column j is
     the embedding ``W[j, :]``. Parameters with more dimensions are seen as
     ``[size(0), numel / size(0)]``; 1-D (and 0-D) parameters are always updated on the device.
+    ``mode="zero_offload"`` selects no column, so it registers every 2-D parameter with
+    ``column_dim=0`` whatever its group says: its columns, moved to the CPU and back every step,
+    are then contiguous rows, copied rather than transposed.
 
     Parameters must be contiguous float32/bfloat16/float16 tensors with storage of their own, all
     on the CPU or all on one CUDA device. The optimizer registers them (their values become the
@@ -373,6 +379,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     # write a bytes object as latin-1 text, half again as large).
                     checkpoint = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
         sd["zenflow"] = {"format": _CHECKPOINT_FORMAT, "checkpoint": checkpoint, "mode": self._method["mode"]}
+        if self._method["mode"] == "zero_offload":
+            sd["zenflow"]["columns"] = _ZERO_OFFLOAD_COLUMNS
         return sd
 
     def load_state_dict(self, state_dict):
@@ -393,6 +401,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if zf.get("mode") != self._method["mode"]:
             raise ValueError(f"state_dict: was written in mode {zf.get('mode')!r}, this optimizer runs "
                              f"{self._method['mode']!r}")
+        if self._method["mode"] == "zero_offload" and zf.get("columns") != _ZERO_OFFLOAD_COLUMNS:
+            raise ValueError("state_dict: was written by a zenflow.torch whose zero_offload mode saw a weight's "
+                             "columns as its input channels; this one registers every 2-D parameter with "
+                             "column_dim=0 in that mode (no transposes), so the state is laid out differently: "
+                             "resume it with the version that wrote it")
         checkpoint = zf.get("checkpoint")
         if isinstance(checkpoint, torch.Tensor) and checkpoint.dtype == torch.uint8 and checkpoint.dim() == 1:
             checkpoint = checkpoint.cpu().numpy().tobytes()  # (accelerate may have moved it to the device)
@@ -467,7 +480,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def owned_columns(self, param):
         """(first, last): the columns of 2-D ``param`` whose CPU state this rank holds (all of them
-        in one process; 1/N of them per rank with a process group). (0, 0) for a 1-D one."""
+        in one process; 1/N of them per rank with a process group). (0, 0) for a 1-D one. Columns
+        as registered: in ``zero_offload`` mode those of ``column_dim=0`` (rows of ``param``)."""
         i = self._index_of(param)
         return tuple(self._built().owned_columns(i))
 
@@ -705,7 +719,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     name = self._names[index]
                     view = self._registered[index]
                     if p.dim() >= 2:
-                        k = core.add_matrix(name, view, int(g.get("column_dim", 1)), adams[gi])
+                        k = core.add_matrix(name, view, self._registered_column_dim(g), adams[gi])
                     else:
                         k = core.add_vector(name, view, adams[gi])
                     assert k == index
@@ -719,6 +733,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._core = core
         self._record_versions()
         return core
+
+    def _registered_column_dim(self, group):
+        """The column_dim a 2-D parameter of `group` is registered with. ZeRO-Offload selects no
+        column (every column is updated on the CPU each step), so which dimension holds the columns
+        does not change a result; with column_dim=0 a column is a contiguous row of the tensor, and
+        moving every column to the CPU and back is a plain copy instead of a transposition."""
+        if self._method["mode"] == "zero_offload":
+            return 0
+        return int(group.get("column_dim", 1))
 
     def _core_config(self):
         """The coordinator's config. With the NVMe tier, each coordinator this optimizer builds gets a
