@@ -59,16 +59,8 @@ concept state_slots = requires(const float* own) {
 static_assert(state_slots<adam_state_slots>);
 
 namespace detail {
-/// The host exchange layout (slot after slot) to the device one (column after column), for
+/// The device exchange layout (column after column) to the host one (slot after slot), for
 /// `slots` slots of `columns` columns of `rows` values; `in` and `out` hold slots * columns * rows.
-inline void slots_to_columns(std::span<const float> in, std::span<float> out, std::size_t slots, std::size_t columns,
-                             std::size_t rows) noexcept {
-  const std::size_t total = columns * rows;
-  for (std::size_t j = 0; j < columns; ++j)
-    for (std::size_t s = 0; s < slots; ++s)
-      std::memcpy(out.data() + (slots * j + s) * rows, in.data() + s * total + j * rows, rows * sizeof(float));
-}
-/// The inverse of slots_to_columns.
 inline void columns_to_slots(std::span<const float> in, std::span<float> out, std::size_t slots, std::size_t columns,
                              std::size_t rows) noexcept {
   const std::size_t total = columns * rows;

@@ -21,16 +21,16 @@ namespace zenflow {
 
 namespace detail {
 /// Tensor t's `columns` (as columns of the tensor, ascending), `rows` per column, as the host
-/// optimizer exports them in fp32 (one export), in the device exchange layout (state_slots.hpp).
+/// optimizer exports them in fp32, in the device exchange layout (state_slots.hpp). One export per
+/// column: the host layout of one column is the device layout of that column, so each export
+/// writes its place in `out` directly.
 template <class HostOptimizer>
 void pack_columns(const HostOptimizer& o, std::size_t t, index_t rows, std::span<const std::int32_t> columns,
                   std::vector<float>& out) {
-  constexpr std::size_t slots = HostOptimizer::slots_type::count;
-  const auto n = static_cast<std::size_t>(rows);
-  std::vector<float> exported(slots * columns.size() * n);
-  o.export_state(t, columns, exported);
-  out.resize(exported.size());
-  detail::slots_to_columns(exported, out, slots, columns.size(), n);
+  const std::size_t per_column = HostOptimizer::slots_type::count * static_cast<std::size_t>(rows);
+  out.resize(columns.size() * per_column);
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    o.export_state(t, columns.subspan(j, 1), std::span<float>(out).subspan(j * per_column, per_column));
 }
 /// The inverse of pack_columns: imports `in` into tensor t's `columns` in one call, so that the
 /// host optimizer checks every column before it changes any.
