@@ -193,24 +193,7 @@ struct backend_selector : model_selector {
   std::size_t add_parameter(zenflow::index_t, zenflow::index_t) { return 0; }
   std::span<const float> scores(std::size_t) const { return {}; }
 };
-struct backend_device_optimizer : model_device_optimizer {
-  using slots_type = zenflow::adam_state_slots;
-  explicit backend_device_optimizer(const zenflow::adam_options&) {}
-  void export_state(std::size_t, std::span<float>) const {}
-  void import_state(std::size_t, std::span<const float>) {}
-  void set_step_count(std::int64_t) {}
-  using model_device_optimizer::step_count;
-  std::int64_t step_count(std::size_t) const { return 0; }
-  void set_step_count(std::size_t, std::int64_t) {}
-};
-// Counts its steps only as a whole: the coordinator could not skip one parameter's step.
-struct device_optimizer_without_parameter_counts : model_device_optimizer {
-  using slots_type = zenflow::adam_state_slots;
-  explicit device_optimizer_without_parameter_counts(const zenflow::adam_options&) {}
-  void export_state(std::size_t, std::span<float>) const {}
-  void import_state(std::size_t, std::span<const float>) {}
-  void set_step_count(std::int64_t) {}
-};
+// Every requirement of R3 but the state slots: a reselection could not know what it moves.
 struct device_optimizer_without_slots : model_device_optimizer {
   explicit device_optimizer_without_slots(const zenflow::adam_options&) {}
   void export_state(std::size_t, std::span<float>) const {}
@@ -219,6 +202,18 @@ struct device_optimizer_without_slots : model_device_optimizer {
   using model_device_optimizer::step_count;
   std::int64_t step_count(std::size_t) const { return 0; }
   void set_step_count(std::size_t, std::int64_t) {}
+};
+struct backend_device_optimizer : device_optimizer_without_slots {
+  using slots_type = zenflow::adam_state_slots;
+  using device_optimizer_without_slots::device_optimizer_without_slots;
+};
+// Counts its steps only as a whole: the coordinator could not skip one parameter's step.
+struct device_optimizer_without_parameter_counts : model_device_optimizer {
+  using slots_type = zenflow::adam_state_slots;
+  explicit device_optimizer_without_parameter_counts(const zenflow::adam_options&) {}
+  void export_state(std::size_t, std::span<float>) const {}
+  void import_state(std::size_t, std::span<const float>) {}
+  void set_step_count(std::int64_t) {}
 };
 struct backend_queue : model_queue {
   backend_queue(zenflow::transfer_direction, std::size_t, std::size_t) {}
