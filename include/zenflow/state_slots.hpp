@@ -21,8 +21,6 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
-#include <cstring>
-#include <span>
 #include <string_view>
 
 #include "zenflow/adam_math.hpp"
@@ -57,17 +55,5 @@ concept state_slots = requires(const float* own) {
 };
 
 static_assert(state_slots<adam_state_slots>);
-
-namespace detail {
-/// The device exchange layout (column after column) to the host one (slot after slot), for
-/// `slots` slots of `columns` columns of `rows` values; `in` and `out` hold slots * columns * rows.
-inline void columns_to_slots(std::span<const float> in, std::span<float> out, std::size_t slots, std::size_t columns,
-                             std::size_t rows) noexcept {
-  const std::size_t total = columns * rows;
-  for (std::size_t j = 0; j < columns; ++j)
-    for (std::size_t s = 0; s < slots; ++s)
-      std::memcpy(out.data() + s * total + j * rows, in.data() + (slots * j + s) * rows, rows * sizeof(float));
-}
-}  // namespace detail
 
 }  // namespace zenflow

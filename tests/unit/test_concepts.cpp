@@ -107,7 +107,7 @@ struct host_optimizer_with_unchecked_slots : model_host_optimizer {
   using model_host_optimizer::model_host_optimizer;
   using slots_type = slots_without_check;
 };
-// A device optimizer with slots of another optimizer (SGD with momentum: master and momentum).
+// The slots of another optimizer (SGD with momentum: master and momentum), check included.
 struct momentum_slots : slots_without_check {
   static bool valid(const float* own) noexcept { return std::isfinite(own[0]); }
 };

@@ -15,7 +15,6 @@
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
-#include "zenflow/state_slots.hpp"
 
 namespace zenflow {
 
@@ -38,8 +37,12 @@ template <class HostOptimizer>
 void unpack_columns(HostOptimizer& o, std::size_t t, index_t rows, std::span<const std::int32_t> columns,
                     std::span<const float> in) {
   constexpr std::size_t slots = HostOptimizer::slots_type::count;
-  std::vector<float> parts(in.size());
-  detail::columns_to_slots(in, parts, slots, columns.size(), static_cast<std::size_t>(rows));
+  const auto n = static_cast<std::size_t>(rows);
+  const std::size_t total = columns.size() * n;
+  std::vector<float> parts(in.size());  // the host layout: slot after slot, each in column order
+  for (std::size_t j = 0; j < columns.size(); ++j)
+    for (std::size_t s = 0; s < slots; ++s)
+      std::memcpy(parts.data() + s * total + j * n, in.data() + (slots * j + s) * n, n * sizeof(float));
   o.import_state(t, columns, parts);
 }
 /// The columns of `a` that are not in `b` (both ascending).
