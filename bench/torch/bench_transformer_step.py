@@ -6,6 +6,7 @@ ZenFlowAdamW in ZeRO-Offload, ZenFlow async and ZenFlow sync modes; DeepSpeed's 
     python bench/torch/bench_transformer_step.py --out bench_0.5b.json             # CUDA, Qwen2-0.5B shape
     python bench/torch/bench_transformer_step.py --preset 1.5b --out bench_1.5b.json
     python bench/torch/bench_transformer_step.py --device cpu --preset tiny        # smoke test
+    python bench/torch/bench_transformer_step.py --modes torch_adamw,zenflow_async --profile 4  # where time goes
 
 Per mode: step time (forward + backward + optimizer step; CUDA events at the step boundaries,
 perf_counter on the CPU; warm-up steps excluded) as median and mean of the timed steps and as a
@@ -76,6 +77,9 @@ def parse_args(argv=None):
                    help="ZenFlowAdamW hands each gradient over during backward (default: at step())")
     p.add_argument("--attn", default="sdpa", help="transformers attn_implementation (default sdpa)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, N more under torch.profiler: the top operations and kernels "
+                        "by self device time and by self CPU time, per step (not part of the timing)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -88,8 +92,8 @@ def parse_args(argv=None):
     for m in a.modes:
         if m not in ALL_MODES:
             p.error(f"--modes: unknown mode {m!r}; choose from {', '.join(ALL_MODES)}")
-    if a.steps < 1 or a.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if a.steps < 1 or a.warmup < 0 or a.profile < 0:
+        p.error("--steps must be >= 1, --warmup >= 0 and --profile >= 0")
     return a
 
 
@@ -186,12 +190,8 @@ def run_mode(name, args, device, dtype):
     losses = []
     timer = StepTimer(cuda)
     wall0 = None
-    for step in range(args.warmup + args.steps):
-        if step == args.warmup:
-            if cuda:
-                torch.cuda.synchronize()
-            wall0 = time.perf_counter()
-            timer.mark()
+
+    def one_step():
         if engine is not None:
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
@@ -201,6 +201,15 @@ def run_mode(name, args, device, dtype):
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
+        return loss
+
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            wall0 = time.perf_counter()
+            timer.mark()
+        loss = one_step()
         if step >= args.warmup:
             timer.mark()
             losses.append(loss.detach())
@@ -232,6 +241,8 @@ def run_mode(name, args, device, dtype):
             "interval_last": metrics[-1].get("interval"),
             "stall_reasons": sorted({str(m.get("stall_reason")) for m in metrics if m.get("stall_seconds", 0) > 0}),
         })
+    if args.profile:
+        result["profile"] = profile_steps(one_step, args.profile, cuda)
     if opt is not None and hasattr(opt, "close"):
         opt.close()
     del engine, opt, model, ids, losses
@@ -239,6 +250,43 @@ def run_mode(name, args, device, dtype):
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def profile_steps(one_step, steps, cuda, top=15):
+    """`steps` more steps under torch.profiler. Per step: the operations and kernels with the most
+    self device time (kernels and copies on every stream, so concurrent streams add up) and the most
+    self CPU time, and their totals."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            one_step()
+        if cuda:
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        device_us = getattr(e, "self_device_time_total", None)
+        if device_us is None:  # torch before 2.4
+            device_us = getattr(e, "self_cuda_time_total", 0)
+        rows.append({"name": e.key, "calls_per_step": e.count / steps,
+                     "self_device_ms": device_us / 1e3 / steps, "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps})
+    return {
+        "steps": steps,
+        "self_device_ms_total": sum(r["self_device_ms"] for r in rows),
+        "self_cpu_ms_total": sum(r["self_cpu_ms"] for r in rows),
+        "top_device": sorted((r for r in rows if r["self_device_ms"] > 0), key=lambda r: -r["self_device_ms"])[:top],
+        "top_cpu": sorted(rows, key=lambda r: -r["self_cpu_ms"])[:top],
+    }
+
+
+def say_profile(say, name, prof):
+    say(f"  {name}: profile of {prof['steps']} step(s), per step: self device {prof['self_device_ms_total']:.2f} ms "
+        f"(streams added up), self CPU {prof['self_cpu_ms_total']:.2f} ms")
+    for title, key, rows in (("device", "self_device_ms", prof["top_device"]), ("CPU", "self_cpu_ms", prof["top_cpu"])):
+        for r in rows:
+            say(f"    {title:6s} {r[key]:9.3f} ms  x{r['calls_per_step']:<7.4g} {r['name'][:90]}")
 
 
 def judge(results, cuda):
@@ -320,6 +368,8 @@ def run(argv=None):
         say(f"  {name:17s} {r['step_ms_median']:9.2f} ms median {r['step_ms_mean']:9.2f} ms mean"
             + (f"  stall {r['stall_ms_per_step']:8.2f} ms/step  PCIe {r['pcie_bytes_per_step'] / 1e6:9.1f} MB/step"
                if "stall_ms_per_step" in r else ""))
+        if "profile" in r:
+            say_profile(say, name, r["profile"])
     dense = results.get("torch_adamw", {}).get("step_ms_mean")
     for r in results.values():
         r["ratio_to_dense"] = r["step_ms_mean"] / dense if dense else None

@@ -57,3 +57,21 @@ def test_tiny_cpu_preset(tmp_path):
     for b in out["bars"].values():
         assert b["verdict"] == "not judged on CPU"
         assert finite(b["value"]) or b["value"] is None
+
+
+def test_profile_reports_where_a_step_spends_its_time():
+    bench = load_bench()
+    out = bench.run(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1",
+                     "--steps", "2", "--update-interval", "2", "--cpu-threads", "1", "--quiet",
+                     "--modes", "torch_adamw,zenflow_async", "--profile", "2"])
+    for name, r in out["results"].items():
+        prof = r["profile"]
+        assert prof["steps"] == 2
+        assert prof["top_device"] == []  # a CPU run has no device time
+        rows = prof["top_cpu"]
+        assert rows and all(finite(x["self_cpu_ms"]) and x["self_cpu_ms"] >= 0 for x in rows), (name, rows)
+        assert rows == sorted(rows, key=lambda x: -x["self_cpu_ms"])
+        assert 0 < rows[0]["self_cpu_ms"] <= prof["self_cpu_ms_total"]
+        assert any("aten::" in x["name"] for x in rows), (name, [x["name"] for x in rows])
+    with pytest.raises(SystemExit):
+        bench.run(["--device", "cpu", "--profile", "-1", "--quiet"])
