@@ -124,6 +124,10 @@ struct cpu_adam_config {
   /// master too unless nvme->master_on_disk is false. The directory, engine and pool are checked at
   /// construction (a one-block probe file).
   std::optional<nvme_state_config> nvme = std::nullopt;
+  /// The CPUs the pool's workers may run on (distinct CPUs this process may run on; Linux);
+  /// empty: every CPU this process may run on. `threads` 0 then means cpus.size(). The thread
+  /// that calls step() is its own affair (the coordinator restricts its update worker too).
+  std::vector<int> cpus = {};
 };
 
 /// One tensor's share of a multi-tensor step. Pointers are host memory (pinned is fine).

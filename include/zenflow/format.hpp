@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/cpu_adam.hpp"
@@ -80,17 +81,18 @@ inline void write(fmt::memory_buffer& out, const zenflow_options& o) {
 }
 
 inline void write(fmt::memory_buffer& out, const cpu_adam_config& c) {
-  fmt::format_to(fmt::appender(out), "{{threads: {}, pin_to_cores: {}, isa: {}, chunk_elements: {}}}", c.threads,
-                 c.pin_to_cores, name(c.isa), c.chunk_elements);
+  fmt::format_to(fmt::appender(out), "{{threads: {}, pin_to_cores: {}, isa: {}, chunk_elements: {}, cpus: [{}]}}",
+                 c.threads, c.pin_to_cores, name(c.isa), c.chunk_elements, fmt::join(c.cpus, ", "));
 }
 
 inline void write(fmt::memory_buffer& out, const coordinator_config& c) {
   fmt::format_to(fmt::appender(out),
-                 "{{cpu_threads: {}, pin_threads: {}, cpu_state: {}, d2h_slot_bytes: {}, d2h_slots: {}, "
-                 "h2d_slot_bytes: {}, h2d_slots: {}, copy_out_window_bytes: {}, record_trace: {}, "
+                 "{{cpu_threads: {}, pin_threads: {}, reserved_cpus: {}, cpu_state: {}, d2h_slot_bytes: {}, "
+                 "d2h_slots: {}, h2d_slot_bytes: {}, h2d_slots: {}, copy_out_window_bytes: {}, record_trace: {}, "
                  "check_stream_order: {}}}",
-                 c.cpu_threads, c.pin_threads, cpu_state_format_name(c.cpu_state), c.d2h_slot_bytes, c.d2h_slots,
-                 c.h2d_slot_bytes, c.h2d_slots, c.copy_out_window_bytes, c.record_trace, c.check_stream_order);
+                 c.cpu_threads, c.pin_threads, c.reserved_cpus, cpu_state_format_name(c.cpu_state), c.d2h_slot_bytes,
+                 c.d2h_slots, c.h2d_slot_bytes, c.h2d_slots, c.copy_out_window_bytes, c.record_trace,
+                 c.check_stream_order);
 }
 
 /// `text` padded and aligned by the string format specs that `f` parsed.

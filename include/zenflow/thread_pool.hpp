@@ -10,8 +10,10 @@
 // - Calls from several threads at once are serialized (one job at a time).
 // - A call from inside a task (nested) runs its tasks serially on the calling thread instead of
 //   deadlocking.
-// - `pin_to_cores`: worker i is pinned to the (i+1)-th CPU this process may run on (Linux); the
-//   caller's thread is left alone.
+// - `cpus`: the CPUs the workers may run on (Linux; empty: every CPU this process may run on, and
+//   the workers are left where the system puts them). `pin_to_cores`: worker i is pinned to the
+//   (i+1)-th of those CPUs. Either way the caller's thread is left alone (a caller that must stay
+//   off some CPUs restricts itself: detail::restrict_thread).
 #pragma once
 
 #include <algorithm>
@@ -54,6 +56,49 @@ inline std::vector<int> allowed_cpus() {
   return cpus;
 }
 
+/// Checks that `cpus` lists distinct CPUs this process may run on (throws zenflow::error naming
+/// `argument`). An empty list is valid (it means every such CPU).
+inline void check_cpus(const std::vector<int>& cpus, const char* argument) {
+  const std::vector<int> allowed = allowed_cpus();
+  for (std::size_t i = 0; i < cpus.size(); ++i) {
+    expects(std::binary_search(allowed.begin(), allowed.end(), cpus[i]), argument, "CPU ", cpus[i],
+            " is not one this process may run on (sched_getaffinity allows ", allowed.size(), " CPUs, ",
+            allowed.front(), " to ", allowed.back(), ")");
+    expects(std::find(cpus.begin(), cpus.begin() + static_cast<std::ptrdiff_t>(i), cpus[i]) ==
+                cpus.begin() + static_cast<std::ptrdiff_t>(i),
+            argument, "CPU ", cpus[i], " is listed twice");
+  }
+}
+
+/// Restricts thread `t` to `cpus` (Linux: pthread_setaffinity_np; elsewhere nothing). Empty:
+/// unchanged. Best effort: a refusal leaves the thread where it was.
+inline void restrict_thread(std::thread& t, const std::vector<int>& cpus) noexcept {
+#if defined(__linux__)
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  (void)pthread_setaffinity_np(t.native_handle(), sizeof set, &set);
+#else
+  (void)t;
+  (void)cpus;
+#endif
+}
+
+/// Names thread `t` (Linux: pthread_setname_np, what top, gdb and profilers show; at most 15
+/// characters are kept). Best effort.
+inline void name_thread(std::thread& t, const char* name) noexcept {
+#if defined(__linux__)
+  char kept[16] = {};
+  for (std::size_t i = 0; i + 1 < sizeof kept && name[i] != '\0'; ++i) kept[i] = name[i];
+  (void)pthread_setname_np(t.native_handle(), kept);
+#else
+  (void)t;
+  (void)name;
+#endif
+}
+
 inline thread_local const void* current_pool_job = nullptr;  // set while a thread runs a pool task
 }  // namespace detail
 
@@ -61,24 +106,26 @@ inline thread_local const void* current_pool_job = nullptr;  // set while a thre
 class thread_pool {
  public:
   /// `threads` participants in every `parallel_for` (the caller included); 0 means the number of
-  /// CPUs this process may run on. Throws `zenflow::error` if a thread cannot be started.
-  explicit thread_pool(std::size_t threads = 0, bool pin_to_cores = false) {
-    const std::vector<int> cpus = detail::allowed_cpus();
+  /// CPUs the workers may run on: `cpus` (distinct CPUs this process may run on), or when it is
+  /// empty every CPU this process may run on. Throws `zenflow::error` if `cpus` lists a CPU this
+  /// process may not run on or lists one twice (argument "cpus"), or if a thread cannot be started.
+  /// The workers are named `name` (Linux; at most 15 characters are kept).
+  explicit thread_pool(std::size_t threads = 0, bool pin_to_cores = false, std::vector<int> cpus = {},
+                       const char* name = "zf-pool") {
+    detail::check_cpus(cpus, "cpus");
+    const bool restricted = !cpus.empty();
+    if (!restricted) cpus = detail::allowed_cpus();
     size_ = threads == 0 ? cpus.size() : threads;
+    cpus_ = restricted ? cpus : std::vector<int>{};
     workers_.reserve(size_ - 1);
     try {
       for (std::size_t w = 0; w + 1 < size_; ++w) {
         workers_.emplace_back([this, w] { worker_loop(w); });
-#if defined(__linux__)
-        if (pin_to_cores) {
-          cpu_set_t set;
-          CPU_ZERO(&set);
-          CPU_SET(cpus[(w + 1) % cpus.size()], &set);
-          pthread_setaffinity_np(workers_.back().native_handle(), sizeof set, &set);  // best effort
-        }
-#else
-        (void)pin_to_cores;
-#endif
+        detail::name_thread(workers_.back(), name);
+        if (pin_to_cores)
+          detail::restrict_thread(workers_.back(), {cpus[(w + 1) % cpus.size()]});
+        else
+          detail::restrict_thread(workers_.back(), cpus_);
       }
     } catch (const std::exception& e) {
       shutdown();
@@ -90,14 +137,13 @@ class thread_pool {
   thread_pool& operator=(const thread_pool&) = delete;
 
   /// Joins every worker. Never leaves work running (a `parallel_for` in flight has returned).
-  ~thread_pool() {
-    shutdown();
-  }
+  ~thread_pool() { shutdown(); }
 
   /// Participants of a `parallel_for`: the worker threads plus the caller.
-  [[nodiscard]] std::size_t size() const noexcept {
-    return size_;
-  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  /// The CPUs the workers were restricted to (empty: not restricted).
+  [[nodiscard]] const std::vector<int>& cpus() const noexcept { return cpus_; }
 
   /// Runs fn(i) for every i in [0, task_count) across the workers and the calling thread.
   /// Synchronizes: returns when all tasks are done; rethrows the first exception of a task.
@@ -172,6 +218,7 @@ class thread_pool {
   }
 
   std::size_t size_ = 1;
+  std::vector<int> cpus_;
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;  // serializes parallel_for callers
   std::mutex mutex_;       // guards the fields below (next_ aside)

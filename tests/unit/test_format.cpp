@@ -81,18 +81,26 @@ TEST_CASE("zenflow_options: every field, DeepSpeed's names") {
 
 TEST_CASE("cpu_adam_config and coordinator_config: every field") {
   CHECK(fmt::format("{}", cpu_adam_config{}) ==
-        "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768}");
+        "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpus: []}");
   CHECK(fmt::format("{}", cpu_adam_config{2, true, cpu_isa::avx2, 1024}) ==
-        "{threads: 2, pin_to_cores: true, isa: avx2, chunk_elements: 1024}");
-  CHECK(fmt::format("{}", coordinator_config{}) ==
-        "{cpu_threads: 0, pin_threads: false, cpu_state: fp32, d2h_slot_bytes: 4194304, d2h_slots: 4, "
-        "h2d_slot_bytes: 4194304, h2d_slots: 2, copy_out_window_bytes: 67108864, record_trace: false, "
-        "check_stream_order: true}");
+        "{threads: 2, pin_to_cores: true, isa: avx2, chunk_elements: 1024, cpus: []}");
+  cpu_adam_config on_two;
+  on_two.cpus = {2, 3};
+  CHECK(fmt::format("{}", on_two) ==
+        "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpus: [2, 3]}");
+  coordinator_config reserving;
+  reserving.reserved_cpus = 4;
+  CHECK(fmt::format("{}", reserving).starts_with("{cpu_threads: 0, pin_threads: false, reserved_cpus: 4, "));
+  CHECK(
+      fmt::format("{}", coordinator_config{}) ==
+      "{cpu_threads: 0, pin_threads: false, reserved_cpus: 0, cpu_state: fp32, d2h_slot_bytes: 4194304, d2h_slots: 4, "
+      "h2d_slot_bytes: 4194304, h2d_slots: 2, copy_out_window_bytes: 67108864, record_trace: false, "
+      "check_stream_order: true}");
 }
 
 TEST_CASE("option structs take the string format specs as a whole") {
-  const std::string text = "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768}";
-  CHECK(fmt::format("{:>80}", cpu_adam_config{}) == std::string(80 - text.size(), ' ') + text);
+  const std::string text = "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpus: []}";
+  CHECK(fmt::format("{:>100}", cpu_adam_config{}) == std::string(100 - text.size(), ' ') + text);
   CHECK(fmt::format("{:>10}", cpu_adam_config{}) == text);  // narrower than the text: not cut
   CHECK(fmt::format("[{:<8}]", interval_option::automatic()) == "[auto    ]");
 }

@@ -4,9 +4,16 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "../support/test_file_id.hpp"
 
@@ -32,6 +39,52 @@ TEST_CASE("the default size is the CPUs this process may run on") {
   pinned.parallel_for(10, [&](std::size_t i) { sum += static_cast<int>(i); });
   CHECK(sum.load() == 45);
 }
+
+#if defined(__linux__)
+TEST_CASE("cpus: the workers run on the listed CPUs only; 0 threads means one per listed CPU") {
+  const std::vector<int> allowed = zenflow::detail::allowed_cpus();
+  const std::vector<int> last{allowed.back()};
+  for (bool pin : {false, true}) {
+    zenflow::thread_pool pool(3, pin, last);
+    CHECK(pool.cpus() == last);
+    const auto caller = std::this_thread::get_id();
+    std::mutex m;
+    std::vector<std::vector<int>> seen;  // each task's CPUs, on the workers (the caller is not restricted)
+    pool.parallel_for(64, [&](std::size_t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // every participant gets tasks
+      if (std::this_thread::get_id() == caller) return;
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+      std::vector<int> cpus;
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cpus.push_back(c);
+      std::lock_guard lock(m);
+      seen.push_back(cpus);
+    });
+    CHECK_FALSE(seen.empty());
+    for (const auto& cpus : seen) CHECK(cpus == last);
+  }
+  CHECK(zenflow::thread_pool(0, false, last).size() == 1);
+  CHECK(zenflow::thread_pool(0, false, allowed).size() == allowed.size());
+  CHECK(zenflow::thread_pool().cpus().empty());  // unrestricted
+}
+
+TEST_CASE("cpus: a CPU this process may not run on, or one listed twice, is refused") {
+  const std::vector<int> allowed = zenflow::detail::allowed_cpus();
+  CHECK_THROWS_WITH_AS(zenflow::thread_pool(2, false, {allowed.back() + 1}),
+                       doctest::Contains("is not one this process may run on"), zenflow::error);
+  CHECK_THROWS_WITH_AS(zenflow::thread_pool(2, false, {-1}), doctest::Contains("CPU -1 is not one"), zenflow::error);
+  const std::string twice = "CPU " + std::to_string(allowed[0]) + " is listed twice";
+  CHECK_THROWS_WITH_AS(zenflow::thread_pool(2, false, {allowed[0], allowed[0]}), doctest::Contains(twice.c_str()),
+                       zenflow::error);
+  try {
+    zenflow::thread_pool(2, false, {allowed.back() + 1});
+  } catch (const zenflow::error& e) {
+    CHECK(e.argument() == "cpus");
+  }
+}
+#endif
 
 TEST_CASE("the first exception of a task reaches the caller and the pool stays usable") {
   zenflow::thread_pool pool(3);

@@ -45,6 +45,19 @@ inline std::ostream& operator<<(std::ostream& os, const step_metrics& m) {
 
 // --- construction and shutdown -------------------------------------------------------------------
 
+namespace detail {
+/// The CPUs the coordinator's threads run on: every CPU this process may run on but the first
+/// `reserved` (coordinator_config::reserved_cpus), or none (empty: unrestricted) when reserved is 0.
+inline std::vector<int> worker_cpus(std::size_t reserved) {
+  if (reserved == 0) return {};
+  std::vector<int> cpus = allowed_cpus();
+  expects(reserved < cpus.size(), "reserved_cpus", "must leave at least one of the ", cpus.size(),
+          " CPUs this process may run on to the coordinator's threads, got ", reserved);
+  cpus.erase(cpus.begin(), cpus.begin() + static_cast<std::ptrdiff_t>(reserved));
+  return cpus;
+}
+}  // namespace detail
+
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(
     const zenflow_options& options,
@@ -77,7 +90,8 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
       host_opt_(make_host_optimizer(options.adam, config, comm)),
       device_opt_(options.adam),
       selector_(make_selector(options, comm)),
-      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads),
+      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads,
+               detail::worker_cpus(config.reserved_cpus)),
       update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots, config.copy_out_window_bytes),
       schedule_(options_) {
   if constexpr (data_parallel) {
@@ -98,9 +112,9 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
   by_step_[0].flags_host = typename Backend::host_buffer(sizeof(step_flags));
   by_step_[1].flags_host = typename Backend::host_buffer(sizeof(step_flags));
   // The workers use the coordinator's device (a process may drive one GPU per coordinator).
-  offload_.start(device_);
+  offload_.start(device_);  // on the CPUs of its pool
   try {
-    update_.start(device_);
+    update_.start(device_, detail::worker_cpus(config_.reserved_cpus));
   } catch (...) {
     stop_workers();  // a joinable std::thread must not be destroyed during unwinding
     throw;
@@ -157,6 +171,7 @@ inline void check_queue_config(std::size_t slot_bytes, std::size_t slots, const 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 coordinator_config basic_coordinator<Backend, HostOptimizer, Communicator>::validated(
     const coordinator_config& config) {
+  (void)detail::worker_cpus(config.reserved_cpus);  // checks reserved_cpus
   detail::check_queue_config(config.d2h_slot_bytes, config.d2h_slots, "d2h_slot_bytes", "d2h_slots");
   detail::check_queue_config(config.h2d_slot_bytes, config.h2d_slots, "h2d_slot_bytes", "h2d_slots");
   expects(config.copy_out_window_bytes > 0, "copy_out_window_bytes", "must be > 0, got 0");
@@ -168,6 +183,7 @@ HostOptimizer basic_coordinator<Backend, HostOptimizer, Communicator>::make_host
     const adam_options& adam, const coordinator_config& config, Communicator* comm) {
   try {
     cpu_adam_config c{config.cpu_threads, config.pin_threads};
+    c.cpus = detail::worker_cpus(config.reserved_cpus);
     c.cpu_state = config.cpu_state;
     c.nvme = config.nvme;
     (void)comm;

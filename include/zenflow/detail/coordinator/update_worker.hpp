@@ -52,9 +52,9 @@ class update_worker : public worker_thread<Backend, update_job<Backend>> {
         window_bytes_(window_bytes) {}
   ~update_worker() { this->join(); }  // the thread runs this class's loop
 
-  /// Starts the thread with `device` as its current device.
-  void start(int device) {
-    this->start_thread(device, [this] { loop(); });
+  /// Starts the thread with `device` as its current device, on `cpus` (empty: unrestricted).
+  void start(int device, const std::vector<int>& cpus) {
+    this->start_thread("zf-update", device, cpus, [this] { loop(); });
   }
 
   /// The staleness oracle's records (coordinator_config::record_trace), guarded by the shared

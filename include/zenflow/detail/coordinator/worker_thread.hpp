@@ -7,9 +7,11 @@
 #include <deque>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "zenflow/detail/coordinator/shared_state.hpp"
 #include "zenflow/detail/transfer_queue/basic_queue.hpp"
+#include "zenflow/thread_pool.hpp"
 
 namespace zenflow::detail {
 
@@ -43,14 +45,17 @@ class worker_thread {
   }
 
  protected:
-  /// Starts the thread: `loop()` with `device` current; an exception it throws fails the
-  /// coordinator. The worker's destructor joins before its own members go.
+  /// Starts the thread `name`: `loop()` with `device` current, on `cpus` (empty: unrestricted;
+  /// threads it starts inherit them); an exception it throws fails the coordinator. The worker's
+  /// destructor joins before its own members go.
   template <class Loop>
-  void start_thread(int device, Loop loop) {
+  void start_thread(const char* name, int device, const std::vector<int>& cpus, Loop loop) {
     thread_ = std::thread([this, device, loop] {
       Backend::bind_device(device);
       state_.run_worker(loop);
     });
+    name_thread(thread_, name);
+    restrict_thread(thread_, cpus);
   }
 
   shared_state& state_;

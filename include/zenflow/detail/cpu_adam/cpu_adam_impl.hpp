@@ -97,7 +97,8 @@ inline cpu_adam::cpu_adam(const adam_options& options, const cpu_adam_config& co
       slots_ = nvme_->file.block_bytes / (arrays * sizeof(float)) / 16 * 16;
     }
   }
-  pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores);
+  detail::check_cpus(config.cpus, "config.cpus");
+  pool_ = std::make_unique<thread_pool>(config.threads, config.pin_to_cores, config.cpus, "zf-adam");
 }
 
 inline std::size_t cpu_adam::add_tensor(std::span<const float> initial_params, index_t rows, index_t cols) {
