@@ -73,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--cpu-threads", type=int, default=0, help="ZenFlowAdamW's CPU Adam threads (0: all)")
+    p.add_argument("--reserved-cpus", type=int, default=0,
+                   help="ZenFlowAdamW's reserved_cpus: CPUs left to the training loop's own threads (default 0)")
     p.add_argument("--submit-in-backward", action="store_true",
                    help="ZenFlowAdamW hands each gradient over during backward (default: at step())")
     p.add_argument("--attn", default="sdpa", help="transformers attn_implementation (default sdpa)")
@@ -184,8 +186,10 @@ def run_mode(name, args, device, dtype):
         opt = zf.ZenFlowAdamW(zf.param_groups(model, weight_decay=args.weight_decay), lr=args.lr,
                               weight_decay=args.weight_decay, topk_ratio=args.topk_ratio,
                               update_interval=args.update_interval, cpu_threads=args.cpu_threads,
+                              reserved_cpus=args.reserved_cpus,
                               submit_in_backward=args.submit_in_backward, **ZENFLOW_MODES[name])
-        result["options"] = dict(opt.options, submit_in_backward=args.submit_in_backward)
+        result["options"] = dict(opt.options, submit_in_backward=args.submit_in_backward,
+                                 reserved_cpus=args.reserved_cpus)
     metrics = []
     losses = []
     timer = StepTimer(cuda)

@@ -160,6 +160,7 @@ zenflow::coordinator_config to_config(const py::dict& d) {
   zenflow::coordinator_config c;
   c.cpu_threads = get<std::size_t>(d, "cpu_threads");
   c.pin_threads = get<bool>(d, "pin_threads");
+  c.reserved_cpus = get<std::size_t>(d, "reserved_cpus");
   c.d2h_slot_bytes = get<std::size_t>(d, "d2h_slot_bytes");
   c.d2h_slots = get<std::size_t>(d, "d2h_slots");
   c.h2d_slot_bytes = get<std::size_t>(d, "h2d_slot_bytes");

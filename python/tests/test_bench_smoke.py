@@ -4,6 +4,7 @@ ZenFlowAdamW mode and torch.optim.AdamW for a few steps; checks the result's fie
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -61,9 +62,11 @@ def test_tiny_cpu_preset(tmp_path):
 
 def test_profile_reports_where_a_step_spends_its_time():
     bench = load_bench()
+    reserved = 1 if len(os.sched_getaffinity(0)) > 1 else 0
     out = bench.run(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1",
                      "--steps", "2", "--update-interval", "2", "--cpu-threads", "1", "--quiet",
-                     "--modes", "torch_adamw,zenflow_async", "--profile", "2"])
+                     "--modes", "torch_adamw,zenflow_async", "--profile", "2", "--reserved-cpus", str(reserved)])
+    assert out["results"]["zenflow_async"]["options"]["reserved_cpus"] == reserved
     for name, r in out["results"].items():
         prof = r["profile"]
         assert prof["steps"] == 2

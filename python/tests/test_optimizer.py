@@ -2,15 +2,18 @@
 
 import copy
 import io
+import math
+import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from zenflow.torch import ZenFlowAdamW, param_groups
+from zenflow.torch import ZenFlowAdamW, deepspeed_options, param_groups
 from conftest import batch, make_model, max_diff, train_step
 
 HYPER = dict(lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
@@ -190,6 +193,66 @@ def test_state_dict_round_trip_bit_identical(mode, overlap):
     assert max_diff(model, resumed) == 0.0
     opt.close()
     ropt.close()
+
+
+def _restricted_threads(allowed):
+    """Threads of this process whose CPUs are a proper subset of `allowed` (Linux)."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            cpus = os.sched_getaffinity(int(tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+        if cpus < allowed:
+            found.append(cpus)
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs CPU affinity and two CPUs")
+def test_reserved_cpus_keep_the_optimizer_threads_off_the_trainers_cpus():
+    allowed = os.sched_getaffinity(0)
+    first = min(allowed)
+    assert _restricted_threads(allowed) == []
+    results = []
+    for reserved in (0, len(allowed) - 1):
+        model = make_model()
+        opt = ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=3, select_interval=9, overlap_step=True,
+                           reserved_cpus=reserved, **HYPER)
+        for step in range(8):
+            train_step(model, opt, step)
+        restricted = _restricted_threads(allowed)
+        if reserved:
+            # the offload and update workers and their pools' workers, none on the first CPU
+            assert len(restricted) >= 2
+            assert all(first not in cpus for cpus in restricted), restricted
+        else:
+            assert restricted == []
+        opt.flush()
+        results.append(model)
+        opt.close()
+    assert max_diff(results[0], results[1]) == 0.0  # where the threads run changes no result
+    assert _restricted_threads(allowed) == []  # close() joined them
+
+
+def test_pt_reserved_cores_perc_reserves_that_fraction_of_the_cpus():
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    block = {"zero_optimization": {"zenflow": {"topk_ratio": 0.1, "pt_reserved_cores_perc": 0.5}}}
+    assert deepspeed_options(block)["reserved_cpus"] == min(math.ceil(0.5 * n), n - 1)
+    block["zero_optimization"]["zenflow"]["pt_reserved_cores_perc"] = 1.0
+    assert deepspeed_options(block)["reserved_cpus"] == n - 1  # the optimizer keeps one
+    block["zero_optimization"]["zenflow"]["pt_reserved_cores_perc"] = 0.0
+    assert deepspeed_options(block)["reserved_cpus"] == 0
+    del block["zero_optimization"]["zenflow"]["pt_reserved_cores_perc"]
+    assert "reserved_cpus" not in deepspeed_options(block)  # none reserved without the key
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read, no longer ignored with a warning
+        opt = ZenFlowAdamW(make_model().parameters(), zenflow_config={"pt_reserved_cores_perc": 0.0})
+    opt.close()
+    if n >= 3:
+        with pytest.raises(ValueError, match="reserved_cpus: 1 contradicts zenflow_config's pt_reserved_cores_perc"):
+            ZenFlowAdamW(make_model().parameters(), reserved_cpus=1,
+                         zenflow_config={"pt_reserved_cores_perc": 1.0})
 
 
 def _compact_run(cpu_state):

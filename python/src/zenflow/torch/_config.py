@@ -1,6 +1,7 @@
 """The method's options under DeepSpeed's names, and DeepSpeed configs turned into them."""
 
 import json
+import math
 import os
 import warnings
 
@@ -28,7 +29,9 @@ MODES = ("zenflow", "zero_offload", "dense")
 _ZENFLOW_BLOCK_KEYS = ("topk_ratio", "select_strategy", "select_interval", "update_interval",
                        "full_warm_up_rounds", "overlap_step", "steps_per_epoch", "cpu_state", "cover_cpu_update")
 # Keys DeepSpeed's block may hold that describe DeepSpeed's own process layout: accepted, no effect.
-_ZENFLOW_BLOCK_IGNORED = ("offload", "pt_reserved_cores_perc", "auto_ratio")
+_ZENFLOW_BLOCK_IGNORED = ("offload", "auto_ratio")
+# The block's share of the CPUs left to the trainer: read as reserved_cpus.
+_RESERVED_KEY = "pt_reserved_cores_perc"
 
 
 # Counts are 64-bit in the library.
@@ -228,6 +231,23 @@ def nvme_config(offload_optimizer, aio):
     return out
 
 
+def usable_cpus():
+    """How many CPUs this process may run on (its affinity where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity on this OS
+        return os.cpu_count() or 1
+
+
+def reserved_cpus_of(fraction, name):
+    """DeepSpeed's pt_reserved_cores_perc as a count of CPUs, as DeepSpeed's ZenFlow rounds it (up),
+    leaving the coordinator at least one CPU."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"{name}: must be a fraction of the CPUs in [0, 1], got {fraction!r}")
+    n = usable_cpus()
+    return min(math.ceil(fraction * n), n - 1)
+
+
 def deepspeed_options(config):
     """Keyword arguments of ZenFlowAdamW from a DeepSpeed config.
 
@@ -236,7 +256,10 @@ def deepspeed_options(config):
     own "auto" for select_strategy, select_interval and update_interval). Read:
       zero_optimization.zenflow   -> mode "zenflow" and the method's options (and zenflow's own
                                      "cpu_state": "fp32", "bf16_moments" or "blockwise8_moments",
-                                     and "cover_cpu_update");
+                                     and "cover_cpu_update"); its pt_reserved_cores_perc -> reserved_cpus
+                                     (that fraction of the CPUs this process may use, rounded up, at
+                                     most all but one; without the key none is reserved, where
+                                     DeepSpeed reserves half);
       zero_optimization.offload_optimizer.device "cpu" or "nvme" without a zenflow block -> mode
                                      "zero_offload";
       neither -> mode "dense";
@@ -257,10 +280,10 @@ def deepspeed_options(config):
     out = {}
     if block is not None:
         out["mode"] = "zenflow"
-        unknown = [k for k in block if k not in _ZENFLOW_BLOCK_KEYS and k not in _ZENFLOW_BLOCK_IGNORED]
+        known = _ZENFLOW_BLOCK_KEYS + (_RESERVED_KEY,) + _ZENFLOW_BLOCK_IGNORED
+        unknown = [k for k in block if k not in known]
         if unknown:
-            raise ValueError(f"zenflow: unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                             f"{', '.join(_ZENFLOW_BLOCK_KEYS + _ZENFLOW_BLOCK_IGNORED)}")
+            raise ValueError(f"zenflow: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
         ignored = [k for k in block if k in _ZENFLOW_BLOCK_IGNORED]
         if ignored:
             warnings.warn(f"zenflow: {', '.join(ignored)} configure DeepSpeed's worker process and have "
@@ -273,6 +296,8 @@ def deepspeed_options(config):
                 out[key] = value
             elif _auto(value) is not None:
                 out[key] = value
+        if _auto(block.get(_RESERVED_KEY)) is not None:
+            out["reserved_cpus"] = reserved_cpus_of(block[_RESERVED_KEY], f"zenflow.{_RESERVED_KEY}")
     offload = (_block("zero_optimization.offload_optimizer", zero.get("offload_optimizer")) or {}) if whole else {}
     device = offload.get("device", "none")
     if block is None and whole:

@@ -19,7 +19,7 @@ from torch import nn
 from torch.autograd.profiler import record_function
 
 from . import _C
-from ._config import INT64_MAX, METHOD_DEFAULTS, deepspeed_options, method_options, nvme_config
+from ._config import INT64_MAX, METHOD_DEFAULTS, deepspeed_options, method_options, nvme_config, usable_cpus
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # coordinator_config::cpu_state's spellings (cpu_state_format_name).
@@ -113,7 +113,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     cpu_threads, record_trace
         the size of the CPU Adam's thread pool and of the pool that accumulates the offloaded
         gradients (two pools: an interval's update overlaps the next one's accumulation; 0: every
-        core this process may use); keep a record per CPU update (:meth:`trace`).
+        core this process may use, reserved ones aside); keep a record per CPU update (:meth:`trace`).
+    reserved_cpus
+        CPUs left to the training loop: the first ``reserved_cpus`` of the CPUs this process may
+        run on (``os.sched_getaffinity``) run none of the optimizer's compute threads (its CPU Adam
+        and the accumulation of offloaded gradients), so that a trainer bound by its own threads
+        (Python launching GPU kernels) does not compete with the CPU update. 0 (default): none. A
+        DeepSpeed config's ``zenflow.pt_reserved_cores_perc`` sets it (that fraction, rounded up).
     cpu_state
         how the CPU columns' Adam moments are held: ``"fp32"`` (default; 16 bytes per parameter
         with the fp32 master), ``"bf16_moments"`` (12 bytes) or ``"blockwise8_moments"`` (about
@@ -177,7 +183,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  select_interval=None, update_interval=None, full_warm_up_rounds=None, overlap_step=None,
                  steps_per_epoch=None, auto_select_steps=None, max_update_interval=None, max_grad_norm=None,
                  cover_cpu_update=None, zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
-                 record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32",
+                 reserved_cpus=0, record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32",
                  offload_optimizer=None, aio=None):
         if amsgrad:
             raise ValueError("amsgrad: not supported by zenflow's Adam")
@@ -199,6 +205,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     if cpu_state != "fp32" and cpu_state != value:
                         raise ValueError(f"cpu_state: {cpu_state!r} contradicts zenflow_config's {value!r}")
                     cpu_state = value
+                elif key == "reserved_cpus":
+                    if reserved_cpus != 0 and reserved_cpus != value:
+                        raise ValueError(f"reserved_cpus: {reserved_cpus!r} contradicts zenflow_config's "
+                                         f"pt_reserved_cores_perc ({value} CPUs)")
+                    reserved_cpus = value
                 elif key in ("offload_optimizer", "aio"):
                     mine = offload_optimizer if key == "offload_optimizer" else aio
                     if mine is not None and mine != value:
@@ -221,6 +232,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             raise ValueError(f"gradient_accumulation_steps: must be an integer in [1, {INT64_MAX}], got {steps!r}")
         if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or not 0 <= cpu_threads <= 4096:
             raise ValueError(f"cpu_threads: must be an integer in [0, 4096] (0: every core), got {cpu_threads!r}")
+        cpus = usable_cpus()
+        if isinstance(reserved_cpus, bool) or not isinstance(reserved_cpus, int) or not 0 <= reserved_cpus < cpus:
+            raise ValueError(f"reserved_cpus: must be an integer in [0, {cpus - 1}] (this process may run on {cpus} "
+                             f"CPUs and the optimizer's threads need one), got {reserved_cpus!r}")
         if cpu_state not in CPU_STATES:
             raise ValueError(f"cpu_state: must be one of {', '.join(map(repr, CPU_STATES))}, got {cpu_state!r}")
         nvme = nvme_config(offload_optimizer, aio)
@@ -241,7 +256,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         _C.validate_options(dict(self._method, adam=_adam(defaults)))
         self.gradient_accumulation_steps = steps
         self.submit_in_backward = submit_in_backward
-        self._config = {"cpu_threads": cpu_threads, "pin_threads": False, "d2h_slot_bytes": 4 << 20,
+        self._config = {"cpu_threads": cpu_threads, "pin_threads": False, "reserved_cpus": reserved_cpus,
+                        "d2h_slot_bytes": 4 << 20,
                         "d2h_slots": 4, "h2d_slot_bytes": 4 << 20, "h2d_slots": 2,
                         "record_trace": bool(record_trace), "cpu_state": cpu_state, "nvme": nvme}
         self._timeout = float(timeout)
