@@ -1,10 +1,14 @@
 """Smoke test of bench/torch/bench_transformer_step.py: the tiny preset on the CPU, every
-ZenFlowAdamW mode and torch.optim.AdamW for a few steps; checks the result's fields."""
+ZenFlowAdamW mode and torch.optim.AdamW for a few steps; checks the result's fields. And the
+MiniLM fine-tune's refusals before it trains (a model folder without a model, a GPU run without
+a GPU)."""
 
 import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +82,18 @@ def test_profile_reports_where_a_step_spends_its_time():
         assert any("aten::" in x["name"] for x in rows), (name, [x["name"] for x in rows])
     with pytest.raises(SystemExit):
         bench.run(["--device", "cpu", "--profile", "-1", "--quiet"])
+
+
+FINETUNE = Path(__file__).resolve().parents[2] / "examples" / "torch_finetune" / "finetune_minilm.py"
+
+
+def test_finetune_minilm_names_what_it_cannot_run_on(tmp_path):
+    def fails(*args):
+        r = subprocess.run([sys.executable, str(FINETUNE), *args, "--out", str(tmp_path / "x.csv")],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert not (tmp_path / "x.csv").exists()  # refused before training
+        return r.stderr
+    assert "--model-dir: " + repr(str(tmp_path)) + " holds no config.json" in fails("--model-dir", str(tmp_path))
+    if not torch.cuda.is_available():
+        assert "--device cuda: torch sees no CUDA device" in fails("--device", "cuda")
