@@ -400,7 +400,7 @@ class basic_coordinator {
   static zenflow_options validated(const zenflow_options& options);
   static coordinator_config validated(const coordinator_config& config);
   static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config,
-                                           Communicator* comm);
+                                           const std::vector<int>& cpus, Communicator* comm);
   void stop_workers() noexcept;
 
   // Checks and failure (registration.hpp).
@@ -470,6 +470,7 @@ class basic_coordinator {
   int device_;  // the device current at construction: every public call runs under it (device_scope)
   zenflow_options options_;
   coordinator_config config_;
+  std::vector<int> worker_cpus_;  // the CPUs of the workers and their pools (reserved_cpus; empty: all)
   Communicator* comm_ = nullptr;  // data parallel: the caller's communicator
   int rank_ = 0;
   int ranks_ = 1;

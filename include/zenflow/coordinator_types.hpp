@@ -26,10 +26,10 @@ struct coordinator_config {
   /// (sched_getaffinity of the constructing thread, ascending) run none of the coordinator's
   /// threads: its offload and update workers and their pools (the accumulation's and the CPU
   /// optimizer's) run on the other CPUs, and cpu_threads 0 then means their number. (The NVMe
-  /// tier's I/O threads, which wait on the disk, are not restricted.) A trainer whose step is bound by its own threads (a
-  /// GPU trainer launching kernels from Python) keeps them free of the CPU update's load, as
-  /// DeepSpeed's ZenFlow does with pt_reserved_cores_perc. 0 (default): no CPU is reserved. At
-  /// most the number of CPUs - 1.
+  /// tier's I/O threads, which wait on the disk, are not restricted.) A trainer whose step is
+  /// bound by its own threads (a GPU trainer launching kernels from Python) keeps them free of
+  /// the CPU update's load, as DeepSpeed's ZenFlow does with pt_reserved_cores_perc. 0 (default):
+  /// no CPU is reserved. At most the number of CPUs - 1.
   std::size_t reserved_cpus = 0;
   /// How the CPU optimizer holds the CPU columns' moments (the table in cpu_adam.hpp): fp32, or
   /// bf16 / 8-bit blockwise moments for fewer bytes held and moved per update. The fp32 master

@@ -86,12 +86,12 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
     : device_(Backend::current_device()),
       options_(validated(options)),
       config_(validated(config)),
+      worker_cpus_(detail::worker_cpus(config_.reserved_cpus)),
       comm_(comm),
-      host_opt_(make_host_optimizer(options.adam, config, comm)),
+      host_opt_(make_host_optimizer(options.adam, config, worker_cpus_, comm)),
       device_opt_(options.adam),
       selector_(make_selector(options, comm)),
-      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads,
-               detail::worker_cpus(config.reserved_cpus)),
+      offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads, worker_cpus_),
       update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots, config.copy_out_window_bytes),
       schedule_(options_) {
   if constexpr (data_parallel) {
@@ -112,9 +112,9 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(priva
   by_step_[0].flags_host = typename Backend::host_buffer(sizeof(step_flags));
   by_step_[1].flags_host = typename Backend::host_buffer(sizeof(step_flags));
   // The workers use the coordinator's device (a process may drive one GPU per coordinator).
-  offload_.start(device_);  // on the CPUs of its pool
+  offload_.start(device_, worker_cpus_);
   try {
-    update_.start(device_, detail::worker_cpus(config_.reserved_cpus));
+    update_.start(device_, worker_cpus_);
   } catch (...) {
     stop_workers();  // a joinable std::thread must not be destroyed during unwinding
     throw;
@@ -171,7 +171,6 @@ inline void check_queue_config(std::size_t slot_bytes, std::size_t slots, const 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 coordinator_config basic_coordinator<Backend, HostOptimizer, Communicator>::validated(
     const coordinator_config& config) {
-  (void)detail::worker_cpus(config.reserved_cpus);  // checks reserved_cpus
   detail::check_queue_config(config.d2h_slot_bytes, config.d2h_slots, "d2h_slot_bytes", "d2h_slots");
   detail::check_queue_config(config.h2d_slot_bytes, config.h2d_slots, "h2d_slot_bytes", "h2d_slots");
   expects(config.copy_out_window_bytes > 0, "copy_out_window_bytes", "must be > 0, got 0");
@@ -180,10 +179,10 @@ coordinator_config basic_coordinator<Backend, HostOptimizer, Communicator>::vali
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 HostOptimizer basic_coordinator<Backend, HostOptimizer, Communicator>::make_host_optimizer(
-    const adam_options& adam, const coordinator_config& config, Communicator* comm) {
+    const adam_options& adam, const coordinator_config& config, const std::vector<int>& cpus, Communicator* comm) {
   try {
     cpu_adam_config c{config.cpu_threads, config.pin_threads};
-    c.cpus = detail::worker_cpus(config.reserved_cpus);
+    c.cpus = cpus;
     c.cpu_state = config.cpu_state;
     c.nvme = config.nvme;
     (void)comm;

@@ -48,16 +48,16 @@ class offload_worker : public worker_thread<Backend, offload_job<Backend>> {
   using typename base::job;
 
   /// `threads` accumulate (0: as many as `cpus`, every CPU this process may run on when it is
-  /// empty), on `cpus`, pinned when `pin_threads`.
+  /// empty), on `cpus`, pinned when `pin_threads`; start() puts the worker thread on the same.
   offload_worker(shared_state& state, std::size_t slot_bytes, std::size_t slots, std::size_t threads, bool pin_threads,
                  std::vector<int> cpus)
       : base(state, transfer_direction::device_to_host, slot_bytes, slots),
         pool_(threads, pin_threads, std::move(cpus), "zf-accumulate") {}
   ~offload_worker() { this->join(); }  // the thread runs this class's loop
 
-  /// Starts the thread with `device` as its current device, on its pool's CPUs.
-  void start(int device) {
-    this->start_thread("zf-offload", device, pool_.cpus(), [this] { loop(); });
+  /// Starts the thread with `device` as its current device, on `cpus` (empty: unrestricted).
+  void start(int device, const std::vector<int>& cpus) {
+    this->start_thread("zf-offload", device, cpus, [this] { loop(); });
   }
 
  private:

@@ -257,8 +257,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.gradient_accumulation_steps = steps
         self.submit_in_backward = submit_in_backward
         self._config = {"cpu_threads": cpu_threads, "pin_threads": False, "reserved_cpus": reserved_cpus,
-                        "d2h_slot_bytes": 4 << 20,
-                        "d2h_slots": 4, "h2d_slot_bytes": 4 << 20, "h2d_slots": 2,
+                        "d2h_slot_bytes": 4 << 20, "d2h_slots": 4, "h2d_slot_bytes": 4 << 20, "h2d_slots": 2,
                         "record_trace": bool(record_trace), "cpu_state": cpu_state, "nvme": nvme}
         self._timeout = float(timeout)
         self._core = None
@@ -830,8 +829,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return
         try:
             core = self._built()
-            with record_function("zenflow: submit in backward"):
-                core.submit(i, grad, self._stream())
+            core.submit(i, grad, self._stream())
         except ValueError:
             self._rehand = True  # step() hands everything over and reports what is wrong
             return
