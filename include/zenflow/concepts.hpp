@@ -314,7 +314,8 @@ concept backend_step_operations =
 ///        with the step's flags, through `gather_accumulate(grad, columns, acc, accumulated,
 ///        flags, stream)`: unless flags->skip, the fp32 host accumulator `acc` += gather's result
 ///        (as R11 writes it, in grad's dtype), stored instead when *accumulated == 0, then
-///        ++*accumulated; no staging, no copy.
+///        ++*accumulated; no staging, no copy. With no columns it only counts the step (unless
+///        flags->skip): a step whose CPU update reads the gradient where it is.
 ///    R14 Optional: `B::copies_out_in_place` (a constexpr bool; default: device_space is host),
 ///        true when the CPU update may write the updated columns straight into the device
 ///        buffers the write-back reads. Else the CPU update writes them into a host window of

@@ -352,6 +352,10 @@ class basic_coordinator {
       // when the interval of that parity begins.
       std::int64_t accumulated = 0;
       device_buffer writeback_dev;  // the CPU update's result (param dtype, compact) the write-back reads
+      // Not null: the interval's one step is updated in place (updates_in_place), with these flags
+      // (the step's, in host memory): no accumulator, no write-back staging, no scatter. Set by the
+      // trainer at the offload, reset when the interval of that parity begins.
+      const step_flags* in_place = nullptr;
     };
     std::array<interval_buffers, 2> by_interval;
     // CPU updates applied to this parameter's columns (its CPU bias correction, as torch's per
@@ -424,6 +428,7 @@ class basic_coordinator {
   void abandon_step(stream_type stream);
   void run_step(stream_type stream);
   [[nodiscard]] bool selection_boundary() const;
+  [[nodiscard]] bool updates_in_place(const parameter& p) const noexcept;
   void offload_gradient(parameter& p, const step_flags* flags, stream_type stream);
   void hand_over(parameter& p, std::size_t offset, std::size_t bytes, bool scale_by_flags, stream_type stream);
   void reselect(stream_type stream);
@@ -444,6 +449,10 @@ class basic_coordinator {
   // host_backend): at step(), with the step's flags; no gradient staging, no hand-over during
   // backward.
   static constexpr bool accumulates_on_stream = !data_parallel && detail::accumulates_on_stream<Backend>;
+  // ... whose device memory is host memory, read and written by the CPU update itself
+  // (updates_in_place).
+  static constexpr bool can_update_in_place =
+      accumulates_on_stream && Backend::device_space == memory_space::host && detail::copies_out_in_place<Backend>;
   [[nodiscard]] std::size_t owned_piece_elements(const parameter& p) const noexcept;
   [[nodiscard]] detail::agreement agreement_of(std::int64_t kind, const detail::agreement_position& at) const;
   [[nodiscard]] detail::agreement_position current_position() const;

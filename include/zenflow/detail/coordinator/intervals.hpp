@@ -135,6 +135,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
     item.out_type = p.matrix.type;
     // Its block of the write-back's all-gather (the whole buffer in one process).
     item.device_out = writeback_of(p, i).data() + static_cast<std::size_t>(rank_) * p.block * dtype_size(p.matrix.type);
+    if (const step_flags* flags = p.by_interval[b].in_place) {
+      item.in_place = flags;
+      item.gradient = p.grad_matrix.data;
+      item.device_out = static_cast<std::byte*>(p.matrix.data);
+    }
     job.items.push_back(item);
   }
   {
@@ -175,7 +180,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::begin_interval(std
   interval_stalled_ = 0.0;
   schedule_.begin_interval(index, first_step);
   // The interval of this parity two before is written back: its counts are read.
-  for (auto& p : params_) p.by_interval[index % 2].accumulated = 0;
+  for (auto& p : params_) {
+    p.by_interval[index % 2].accumulated = 0;
+    p.by_interval[index % 2].in_place = nullptr;
+  }
   detail::state_lock lock(shared_.mutex);
   shared_.accumulated_count(index) = 0;  // the slot of interval index - 4, long written back
 }
@@ -242,6 +250,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
       if (!written(p)) continue;
       const std::size_t esize = dtype_size(p.matrix.type);
       metrics_.bytes_host_to_device += owned_piece_elements(p) * esize;
+      if (p.by_interval[i % 2].in_place != nullptr) continue;  // the CPU update wrote the parameter
       std::byte* blocks = writeback_of(p, i).data();
       const auto* cpu_columns_dev = reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data());
       for (int r = 0; r < ranks_; ++r) {
@@ -317,14 +326,37 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::selection_boundary
   });
 }
 
+// Whether this step's CPU update of p reads its gradient and writes its columns where they are,
+// with no copy (can_update_in_place: the CPU update's memory is the trainer's): the step is its
+// interval's only one and its CPU update completes within step() (not overlapped; the trainer's
+// next forward reads the parameter only after), and p's gradient (fp32) and weights are both
+// column-contiguous, the CPU Adam's layout. One step accumulated into the fp32 accumulator is
+// g * scale, the product the CPU Adam forms from g with a grad_scale of scale: the same bits as the
+// staged path, without its 4 element passes (the accumulator's write and read, the write-back
+// staging's write and the scatter's read of it; the scatter's write is the CPU Adam's copy-out).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::updates_in_place(const parameter& p) const noexcept {
+  if constexpr (can_update_in_place)
+    return schedule_.interval_steps() == 0 && schedule_.ends_with(step_) && !overlapped() &&
+           p.grad_type == dtype::f32 && p.grad_matrix.is_column_contiguous() && p.matrix.is_column_contiguous();
+  else
+    return false;
+}
+
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(parameter& p, const step_flags* flags,
                                                                                stream_type stream) {
   if constexpr (accumulates_on_stream) {
-    // Straight into the accumulator on the stream; the worker only waits for it (in step order).
     const std::int64_t i = schedule_.interval();
-    Backend::gather_accumulate(p.grad_matrix, p.cpu_columns, accumulator_of(p, i).data(),
-                               &p.by_interval[i % 2].accumulated, flags, stream);
+    if (updates_in_place(p)) {
+      // No columns: the step is only counted (unless skipped), in stream order after its flags.
+      Backend::gather_accumulate(p.grad_matrix, {}, nullptr, &p.by_interval[i % 2].accumulated, flags, stream);
+      p.by_interval[i % 2].in_place = reinterpret_cast<const step_flags*>(by_step_[step_ % 2].flags_host.data());
+    } else {
+      // Straight into the accumulator on the stream; the worker only waits for it (in step order).
+      Backend::gather_accumulate(p.grad_matrix, p.cpu_columns, accumulator_of(p, i).data(),
+                                 &p.by_interval[i % 2].accumulated, flags, stream);
+    }
   } else {
     Backend::gather(p.grad_matrix, p.cpu_columns, reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data()),
                     (*p.by_step)[step_ % 2].grad_stage.data(), p.grad_type, flags, stream);

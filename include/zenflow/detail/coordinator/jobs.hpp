@@ -51,6 +51,12 @@ struct update_item {
   std::int64_t* cpu_steps = nullptr;  ///< its CPU updates so far (bias correction); +1 when updated
   dtype out_type = dtype::f32;        ///< the updated columns' dtype (the parameter's)
   std::byte* device_out = nullptr;    ///< where the write-back reads them from (device memory)
+  /// Not null: updated in place (basic_coordinator::updates_in_place). The CPU Adam reads the
+  /// gradient at `gradient` (fp32, the whole parameter's column-contiguous layout) times
+  /// in_place->scale and writes the updated columns into the parameter at `device_out` (same
+  /// layout); `accumulator` is not used.
+  const step_flags* in_place = nullptr;
+  const void* gradient = nullptr;
 };
 
 /// Work for the update worker: the CPU update of one interval.

@@ -149,10 +149,15 @@ class schedule {
                                     bound);
   }
 
+  /// Whether the current interval ends with step `step` once that step is counted.
+  [[nodiscard]] bool ends_with(std::int64_t step) const noexcept {
+    return in_warm_up(step) || at_.interval_steps + 1 >= at_.target;
+  }
   /// Step `step` handed its gradients over: true when the interval ends with it.
   [[nodiscard]] bool count_step(std::int64_t step) noexcept {
+    const bool ends = ends_with(step);
     ++at_.interval_steps;
-    return in_warm_up(step) || at_.interval_steps >= at_.target;
+    return ends;
   }
   /// Interval `index` begins with step `first_step`.
   void begin_interval(std::int64_t index, std::int64_t first_step) noexcept {

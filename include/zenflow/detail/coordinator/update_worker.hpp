@@ -141,6 +141,14 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
       t.copy_out_type = item.out_type;
       t.out_compact = true;
       t.grad_scale = 1.0f / static_cast<float>(accumulated);
+      if (item.in_place != nullptr) {
+        // One step's fp32 gradient where the trainer left it, scaled as its accumulation would
+        // have been (g * scale, the product the CPU Adam forms with a grad_scale of scale / 1).
+        t.grad = item.gradient;
+        t.grad_compact = false;
+        t.out_compact = false;
+        t.grad_scale = item.in_place->scale;
+      }
       t.step = *item.cpu_steps + 1;
       tasks.push_back(t);
       updated.push_back(&item);
