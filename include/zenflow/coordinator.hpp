@@ -429,6 +429,7 @@ class basic_coordinator {
   void run_step(stream_type stream);
   [[nodiscard]] bool selection_boundary() const;
   [[nodiscard]] bool updates_in_place(const parameter& p) const noexcept;
+  [[nodiscard]] bool expects_in_place(const parameter& p) const noexcept;
   void offload_gradient(parameter& p, const step_flags* flags, stream_type stream);
   void hand_over(parameter& p, std::size_t offset, std::size_t bytes, bool scale_by_flags, stream_type stream);
   void reselect(stream_type stream);
@@ -441,6 +442,7 @@ class basic_coordinator {
   // State migration (migration.hpp).
   void set_selection(parameter& p, std::vector<std::int32_t> selection, stream_type stream);
   void setup_buffers(parameter& p, stream_type stream);
+  void stage_late(parameter& p, std::int64_t interval);
   float* migration_scratch();
 
   // Data parallel (data_parallel.hpp).

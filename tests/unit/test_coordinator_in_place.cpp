@@ -3,7 +3,8 @@
 // and writes the updated columns straight into the parameter, with no accumulator, write-back
 // staging or scatter. Its results must be the staged path's, bit for bit, in every mode that
 // reaches it (ZeRO-Offload, warm-up, ZenFlow without overlap) and with clipping, a skipped step,
-// a bf16 parameter and compact CPU state.
+// a bf16 parameter and compact CPU state. Such a parameter in ZeRO-Offload needs neither
+// accumulator nor write-back staging: it gets them only when a step cannot run in place.
 #include <zenflow/coordinator.hpp>
 
 #include <doctest/doctest.h>
@@ -94,9 +95,13 @@ struct run_result {
   std::vector<std::vector<std::uint32_t>> after_step;  // the values after each step
   bool padding_intact = true;
   bool gradients_intact = true;
+  host_memory_bytes memory_at_first_step, memory_at_end;
 };
 
-run_result train(const zenflow_options& options, const coordinator_config& config, index_t ld, dtype type) {
+// Trains `steps` steps; at step `padded_grad_step` the weight's gradient is handed over in a padded
+// copy (a layout the in-place update cannot read).
+run_result train(const zenflow_options& options, const coordinator_config& config, index_t ld, dtype type,
+                 std::int64_t padded_grad_step = -1) {
   model m(ld, type);
   std::vector<float> initial(static_cast<std::size_t>(rows * cols));
   for (index_t c = 0; c < cols; ++c)
@@ -119,15 +124,25 @@ run_result train(const zenflow_options& options, const coordinator_config& confi
     for (std::int64_t s = 0; s < steps; ++s) {
       m.make_gradients(s);
       const std::vector<float> grad_before = m.grad;
-      coordinator.submit_gradient(0, m.grad_view(), &stream);
+      std::vector<float> padded(static_cast<std::size_t>((rows + 5) * cols), 0.0f);
+      if (s == padded_grad_step) {
+        for (index_t c = 0; c < cols; ++c)
+          for (index_t r = 0; r < rows; ++r) padded[r + c * (rows + 5)] = m.grad[r + c * ld];
+        coordinator.submit_gradient(0, {padded.data(), rows, cols, 1, rows + 5, dtype::f32, memory_space::host},
+                                    &stream);
+      } else {
+        coordinator.submit_gradient(0, m.grad_view(), &stream);
+      }
       coordinator.submit_gradient(1, const_vector_view{m.bias_grad.data(), 8, dtype::f32}, &stream);
       coordinator.step(&stream);
       stream.synchronize();
+      if (s == 0) out.memory_at_first_step = coordinator.host_memory();
       out.after_step.push_back(m.values());
       out.gradients_intact = out.gradients_intact &&
                              std::memcmp(grad_before.data(), m.grad.data(), grad_before.size() * sizeof(float)) == 0;
     }
     coordinator.finish(&stream);
+    out.memory_at_end = coordinator.host_memory();
     out.after_step.push_back(m.values());
     out.padding_intact = m.padding_intact();
     return out;
@@ -188,6 +203,33 @@ TEST_CASE("in-place CPU updates give the staged path's results bit for bit") {
     CHECK(staged.padding_intact);
     CHECK(in_place.gradients_intact);
     CHECK(staged.gradients_intact);
+  }
+}
+
+TEST_CASE("ZeRO-Offload in place holds no accumulator or write-back staging until a step needs them") {
+  const zenflow_options zero = clipped(zenflow_options::zero_offload());
+  coordinator_config config;
+  config.cpu_threads = 2;
+  const std::size_t elements = static_cast<std::size_t>(rows * cols);
+  for (const dtype type : {dtype::f32, dtype::bf16}) {
+    CAPTURE(std::string(dtype_name(type)));
+    const run_result in_place = train(zero, config, rows, type);
+    CHECK(in_place.memory_at_end.accumulators == 0);
+    CHECK(in_place.memory_at_end.device_buffers == 0);
+    const run_result staged = train(zero, config, rows + 3, type);
+    CHECK(staged.memory_at_first_step.accumulators == elements * sizeof(float));
+    CHECK(staged.memory_at_first_step.device_buffers == elements * dtype_size(type));
+    // One step's gradient in a padded copy: that step goes the staged way, with its buffers
+    // allocated then, and the results stay the staged path's.
+    const run_result mixed = train(zero, config, rows, type, /*padded_grad_step=*/2);
+    CHECK(mixed.memory_at_first_step.accumulators == 0);
+    CHECK(mixed.memory_at_end.accumulators == elements * sizeof(float));
+    CHECK(mixed.memory_at_end.device_buffers == elements * dtype_size(type));
+    REQUIRE(mixed.after_step.size() == staged.after_step.size());
+    for (std::size_t s = 0; s < mixed.after_step.size(); ++s) {
+      CAPTURE(s);
+      CHECK(mixed.after_step[s] == staged.after_step[s]);
+    }
   }
 }
 

@@ -343,6 +343,16 @@ bool basic_coordinator<Backend, HostOptimizer, Communicator>::updates_in_place(c
     return false;
 }
 
+// Whether every CPU update of p is expected to run in place (updates_in_place): ZeRO-Offload, whose
+// intervals are all one synchronous step, of a column-contiguous parameter with fp32 gradients.
+// Such a parameter gets no accumulator and no write-back staging (8 bytes per element or more)
+// unless a step hands over its gradient in another layout (stage_late).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+bool basic_coordinator<Backend, HostOptimizer, Communicator>::expects_in_place(const parameter& p) const noexcept {
+  return can_update_in_place && options_.mode == offload_mode::zero_offload && p.grad_type == dtype::f32 &&
+         p.matrix.is_column_contiguous();
+}
+
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(parameter& p, const step_flags* flags,
                                                                                stream_type stream) {
@@ -353,6 +363,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(p
       Backend::gather_accumulate(p.grad_matrix, {}, nullptr, &p.by_interval[i % 2].accumulated, flags, stream);
       p.by_interval[i % 2].in_place = reinterpret_cast<const step_flags*>(by_step_[step_ % 2].flags_host.data());
     } else {
+      stage_late(p, i);
       // Straight into the accumulator on the stream; the worker only waits for it (in step order).
       Backend::gather_accumulate(p.grad_matrix, p.cpu_columns, accumulator_of(p, i).data(),
                                  &p.by_interval[i % 2].accumulated, flags, stream);

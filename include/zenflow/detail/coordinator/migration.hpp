@@ -211,17 +211,19 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
   const std::vector<std::byte> zeros(
       data_parallel ? p.block * std::max(dtype_size(p.grad_type), dtype_size(p.matrix.type)) : 0, std::byte{0});
   detail::synchronize_on_unwind<Backend> guard(stream);
+  const bool in_place = expects_in_place(p);  // no accumulator, no write-back staging (stage_late)
   for (int b = 0; b < 2; ++b) {
     reserve((*p.by_step)[b].grad_stage, accumulates_on_stream ? 0 : staged * dtype_size(p.grad_type));
     {  // see accumulator_of; memory more CPU columns needed (before the first selection) is released
-      const std::size_t want = b == 0 || options_.overlap_step ? own : 0;
+      const std::size_t want = !in_place && (b == 0 || options_.overlap_step) ? own : 0;
       if (p.by_interval[b].accumulator.capacity() > want)
         p.by_interval[b].accumulator = std::vector<float>(want, 0.0f);
       else
         p.by_interval[b].accumulator.assign(want, 0.0f);
     }
     p.by_interval[b].accumulated = 0;
-    reserve(p.by_interval[b].writeback_dev, b == staging_parity(b) ? staged * dtype_size(p.matrix.type) : 0);
+    reserve(p.by_interval[b].writeback_dev,
+            !in_place && b == staging_parity(b) ? staged * dtype_size(p.matrix.type) : 0);
     if constexpr (data_parallel) {
       for (int r = 0; r < ranks_ && !p.cpu_columns.empty(); ++r) {
         const std::size_t used = (p.pieces[r + 1] - p.pieces[r]) * rows;
@@ -237,6 +239,22 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
     }
   }
   Backend::synchronize(stream);
+}
+
+// A parameter set up without an accumulator and write-back staging (expects_in_place) whose step
+// is not updated in place (a gradient handed over in another layout): allocates both for interval
+// `interval` as setup_buffers would have (one process: accumulates_on_stream).
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::stage_late(parameter& p, std::int64_t interval) {
+  if constexpr (accumulates_on_stream) {
+    const std::size_t elements = p.cpu_columns.size() * static_cast<std::size_t>(p.matrix.rows);
+    if (accumulator_of(p, interval).size() < elements) accumulator_of(p, interval).assign(elements, 0.0f);
+    auto& writeback = writeback_of(p, interval);
+    if (writeback.bytes() < elements * dtype_size(p.matrix.type))
+      writeback = device_buffer(elements * dtype_size(p.matrix.type));
+  } else {
+    (void)p, (void)interval;
+  }
 }
 
 }  // namespace zenflow
