@@ -117,7 +117,9 @@ enum class missing_gradients {
 struct host_memory_bytes {
   /// The CPU optimizer's state in RAM (cpu_adam::host_state_bytes: what is not on an SSD).
   std::size_t cpu_state = 0;
-  /// The fp32 gradient accumulators: 4 bytes per CPU-column element, twice with overlap_step.
+  /// The fp32 gradient accumulators: 4 bytes per CPU-column element, twice with overlap_step;
+  /// none for a parameter the host backend updates in place (ZeRO-Offload, a column-contiguous
+  /// parameter with fp32 gradients), unless a step's gradient came in another layout.
   std::size_t accumulators = 0;
   /// The CPU updates' results on their way to the device: a CUDA backend's copy-out window
   /// (coordinator_config::copy_out_window_bytes, or less when every CPU column fits in less;
@@ -129,7 +131,8 @@ struct host_memory_bytes {
   /// The backend's device buffers for the CPU columns: the write-back staging (the parameter's
   /// dtype, twice with overlap_step) and, unless the backend accumulates on its stream (the host
   /// backend in one process), the gathered gradients (the gradient's dtype, twice). GPU memory on
-  /// a CUDA backend, host RAM on the host backend, where they stand in for it.
+  /// a CUDA backend, host RAM on the host backend, where they stand in for it (no write-back
+  /// staging for a parameter updated in place, as for the accumulators).
   std::size_t device_buffers = 0;
   /// Host RAM on a GPU backend: every field but device_buffers.
   [[nodiscard]] std::size_t host_total() const noexcept {
