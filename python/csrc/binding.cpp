@@ -422,6 +422,21 @@ class coordinator {
   int rank() const { return h().rank(); }
   int ranks() const { return h().ranks(); }
   std::string nvme_status() const { return h().nvme_status(); }
+  py::dict host_memory() const {
+    zenflow::host_memory_bytes m;
+    {
+      py::gil_scoped_release release;  // waits for the CPU updates launched so far
+      m = h().host_memory();
+    }
+    py::dict d;
+    d["cpu_state"] = m.cpu_state;
+    d["accumulators"] = m.accumulators;
+    d["copy_out"] = m.copy_out;
+    d["state_file_pool"] = m.state_file_pool;
+    d["device_buffers"] = m.device_buffers;
+    d["host_total"] = m.host_total();
+    return d;
+  }
   std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
     return h().owned_columns(i);
@@ -505,6 +520,7 @@ PYBIND11_MODULE(_C, m) {
       .def("ranks", &coordinator::ranks)
       .def("owned_columns", &coordinator::owned_columns, py::arg("index"))
       .def("nvme_status", &coordinator::nvme_status)
+      .def("host_memory", &coordinator::host_memory)
       .def("close", &coordinator::close)
       .def("abort", &coordinator::abort, py::arg("reason"))
       .def("closed", &coordinator::closed);

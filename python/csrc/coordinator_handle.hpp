@@ -53,6 +53,9 @@ class handle {
   [[nodiscard]] virtual std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const = 0;
   /// The CPU optimizer's state file (cpu_adam::nvme_status): "" with the state in RAM.
   [[nodiscard]] virtual std::string nvme_status() const = 0;
+  /// What the coordinator holds for its CPU columns (basic_coordinator::host_memory; waits for the
+  /// CPU updates launched so far).
+  [[nodiscard]] virtual zenflow::host_memory_bytes host_memory() const = 0;
   /// Data parallel: fails this rank's group on purpose (its communicator is aborted with `reason`,
   /// which reaches the peers), so that closing the handle waits for no peer and issues no
   /// collective: what a rank that exits after an error does instead of finish(). One process:
@@ -134,6 +137,7 @@ class coordinator_handle final : public handle {
     return {r.first, r.last};
   }
   [[nodiscard]] std::string nvme_status() const override { return coordinator_.host_optimizer().nvme_status(); }
+  [[nodiscard]] zenflow::host_memory_bytes host_memory() const override { return coordinator_.host_memory(); }
   void abort(const std::string& reason) noexcept override {
     if constexpr (data_parallel) communicator_->abort(reason);
     (void)reason;

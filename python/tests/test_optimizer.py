@@ -309,6 +309,38 @@ def test_metrics_dict():
     assert m["step"] == 0 and m["reselected"]
 
 
+def test_host_memory_reports_what_each_mode_holds():
+    # On CPU tensors with fp32 gradients, ZeRO-Offload updates every weight in place: its CPU
+    # state and nothing else. ZenFlow with overlap holds two fp32 accumulators of its CPU columns
+    # and the write-back staging.
+    model = make_model()
+    weights = {"emb.weight": 0, "fc1.weight": 1, "fc2.weight": 1}  # name -> the dim of a column's index
+    n_2d = sum(p.numel() for n, p in model.named_parameters() if n in weights)
+    with ZenFlowAdamW(groups(model), mode="zero_offload", **HYPER) as opt:
+        assert opt.host_memory() is None  # nothing registered before the first step
+        train_step(model, opt, 0)
+        m = opt.host_memory()
+    assert set(m) == {"cpu_state", "accumulators", "copy_out", "state_file_pool", "device_buffers", "host_total"}
+    assert m["accumulators"] == 0 and m["device_buffers"] == 0 and m["copy_out"] == 0
+    assert m["cpu_state"] == 12 * n_2d  # fp32 master, exp_avg and exp_avg_sq of every weight
+    assert m["host_total"] == m["cpu_state"]
+
+    model = make_model()
+    with ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=2, **HYPER) as opt:
+        for step in range(3):
+            train_step(model, opt, step)
+        m = opt.host_memory()
+        cpu_elements = 0
+        for name, p in model.named_parameters():
+            if name in weights:
+                cols = p.shape[0] if weights[name] == 0 else p.shape[1]
+                cpu_elements += (cols - len(opt.gpu_columns(p))) * (p.numel() // cols)
+    assert 0 < cpu_elements < n_2d
+    assert m["accumulators"] == 2 * 4 * cpu_elements  # overlap_step: one per interval parity
+    assert m["device_buffers"] > 0 and m["copy_out"] == 0 and m["state_file_pool"] == 0
+    assert m["host_total"] == m["cpu_state"] + m["accumulators"]
+
+
 def test_cover_cpu_update_holds_the_auto_interval_to_the_measured_update():
     # The rule's effect on stalls is tested in C++ (a CPU update made slow on purpose); here: the
     # option reaches the coordinator, the floor is reported, and the interval respects it.

@@ -529,6 +529,17 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         first step() builds the optimizer's state."""
         return None if self._core is None else self._core.nvme_status()
 
+    def host_memory(self):
+        """The bytes this optimizer holds for its CPU columns, by what they are for (a dict):
+        cpu_state (the CPU optimizer's state in RAM), accumulators (the fp32 gradient
+        accumulators), copy_out (the CUDA backend's copy-out window), state_file_pool (the NVMe
+        tier's pool), device_buffers (the write-back staging and gathered gradients: GPU memory
+        with CUDA tensors, RAM with CPU tensors) and host_total (RAM with CUDA tensors: every entry
+        but device_buffers). Waits for the CPU updates already launched. None before the first
+        step() builds the optimizer's state. The parameters, their gradients and the device's
+        optimizer state are not counted."""
+        return None if self._core is None else self._core.host_memory()
+
     def flush(self):
         """Completes all CPU work and writes it into the parameters (before evaluating or saving
         the model's weights); training may go on. Adopts edited parameters first. Synchronizes."""
