@@ -194,6 +194,16 @@ zenflow::coordinator_config to_config(const py::dict& d) {
   return c;
 }
 
+py::dict to_dict(const zenflow::host_memory_bytes& m) {
+  py::dict d;
+  for (const auto& [key, bytes] :
+       {std::pair{"cpu_state", m.cpu_state}, std::pair{"accumulators", m.accumulators},
+        std::pair{"copy_out", m.copy_out}, std::pair{"state_file_pool", m.state_file_pool},
+        std::pair{"device_buffers", m.device_buffers}, std::pair{"host_total", m.host_total()}})
+    d[key] = bytes;
+  return d;
+}
+
 py::dict to_dict(const zenflow::step_metrics& m) {
   py::dict d;
   d["step"] = m.step;
@@ -428,14 +438,7 @@ class coordinator {
       py::gil_scoped_release release;  // waits for the CPU updates launched so far
       m = h().host_memory();
     }
-    py::dict d;
-    d["cpu_state"] = m.cpu_state;
-    d["accumulators"] = m.accumulators;
-    d["copy_out"] = m.copy_out;
-    d["state_file_pool"] = m.state_file_pool;
-    d["device_buffers"] = m.device_buffers;
-    d["host_total"] = m.host_total();
-    return d;
+    return to_dict(m);
   }
   std::pair<std::int64_t, std::int64_t> owned_columns(std::size_t i) const {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
