@@ -43,6 +43,11 @@ struct toy_model {
       return row_major ? matrix_view::row_major(d, rows, cols, type)
                        : matrix_view::column_contiguous(d, rows, cols, type);
     }
+    /// Whether the host backend updates this weight in place in `mode` (ZeRO-Offload of a
+    /// column-contiguous weight with fp32 gradients): it holds no accumulator.
+    bool updated_in_place(offload_mode mode) const {
+      return mode == offload_mode::zero_offload && !row_major && type == dtype::f32;
+    }
     const_matrix_view grad_view() const {
       auto* d = grad.data();
       return row_major ? const_matrix_view::row_major(d, rows, cols, type)

@@ -106,8 +106,7 @@ TEST_CASE("the host backend's accumulation on its stream gives the staged offloa
     CHECK(fm.device_buffers < sm.device_buffers);
     std::size_t in_place_bytes = 0;
     for (const auto& w : fused.model.weights)
-      if (o.mode == offload_mode::zero_offload && !w.row_major && w.type == dtype::f32)
-        in_place_bytes += static_cast<std::size_t>(w.rows * w.cols) * sizeof(float);
+      if (w.updated_in_place(o.mode)) in_place_bytes += static_cast<std::size_t>(w.rows * w.cols) * sizeof(float);
     CHECK(in_place_bytes == (o.mode == offload_mode::zero_offload ? 9 * 14 * sizeof(float) : 0));
     CHECK(fm.accumulators == sm.accumulators - in_place_bytes);
   }

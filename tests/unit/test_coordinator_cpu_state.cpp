@@ -200,7 +200,7 @@ TEST_CASE("host_memory: one accumulator without overlap_step, two with it; state
     std::size_t cpu_elements = 0;
     for (std::size_t i = 0; i < h.model.weights.size(); ++i) {
       const auto& w = h.model.weights[i];
-      if (options.mode == offload_mode::zero_offload && !w.row_major && w.type == dtype::f32) continue;
+      if (w.updated_in_place(options.mode)) continue;
       cpu_elements +=
           (static_cast<std::size_t>(w.cols) - h.coordinator.gpu_columns(i).size()) * static_cast<std::size_t>(w.rows);
     }

@@ -246,15 +246,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::setup_buffers(para
 // `interval` as setup_buffers would have (one process: accumulates_on_stream).
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::stage_late(parameter& p, std::int64_t interval) {
-  if constexpr (accumulates_on_stream) {
-    const std::size_t elements = p.cpu_columns.size() * static_cast<std::size_t>(p.matrix.rows);
-    if (accumulator_of(p, interval).size() < elements) accumulator_of(p, interval).assign(elements, 0.0f);
-    auto& writeback = writeback_of(p, interval);
-    if (writeback.bytes() < elements * dtype_size(p.matrix.type))
-      writeback = device_buffer(elements * dtype_size(p.matrix.type));
-  } else {
-    (void)p, (void)interval;
-  }
+  const std::size_t elements = p.cpu_columns.size() * static_cast<std::size_t>(p.matrix.rows);
+  if (accumulator_of(p, interval).size() < elements) accumulator_of(p, interval).assign(elements, 0.0f);
+  auto& writeback = writeback_of(p, interval);
+  if (writeback.bytes() < elements * dtype_size(p.matrix.type))
+    writeback = device_buffer(elements * dtype_size(p.matrix.type));
 }
 
 }  // namespace zenflow
