@@ -8,11 +8,13 @@
 // Then each piece of the host backend's "device" work (what the host_stream runs in place of GPU
 // kernels, on the stream's pool: every CPU this process may use) as a fraction of a memory
 // roofline over the same bytes, measured alternately with it in the same run on the same pool:
-//   piece_sparse_step/dense     every column, row-major f32 parameter and gradient: 32 B/element
-//                               (read gradient, master, m, v; write master, m, v, parameter)
-//                               vs an Adam-shaped stream (4 contiguous arrays read, 4 written)
-//   piece_sparse_step/topk      10% of the columns, bf16 parameter and gradient: 28 B/element,
-//                               vs the same stream with 2-byte gradient and parameter
+//   piece_sparse_step/dense     every column, row-major f32 parameter and gradient: 28 B/element
+//                               (read gradient, parameter, m, v; write parameter, m, v: an f32
+//                               parameter is its own master) vs an Adam-shaped stream (4
+//                               contiguous arrays read, 3 written)
+//   piece_sparse_step/topk      10% of the columns, bf16 parameter and gradient: 28 B/element
+//                               (read gradient, master, m, v; write master, m, v, parameter), vs
+//                               the stream with a 2-byte gradient and a 2-byte parameter copy
 //   piece_statistics            sum of squares and non-finite count of f32 gradients: 4 B/element,
 //                               vs a read-only stream
 //   piece_gather/scatter        90% of the columns of a row-major f32 matrix to/from a compact
@@ -200,7 +202,7 @@ ZENFLOW_TARGET_AVX512 void adam_stream_512(float* p, const G* g, float* m, float
     _mm512_storeu_ps(p + i, pv);
     _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gv));
     _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), gv));
-    k512::store<false, true>(out + i, pv, 0xffff);  // streamed, as the step's parameter copy
+    if (out != nullptr) k512::store<false, true>(out + i, pv, 0xffff);  // streamed, as the step's parameter copy
   }
   _mm_sfence();
 }
@@ -244,7 +246,7 @@ void adam_stream(float* p, const G* g, float* m, float* v, O* out, std::size_t n
   for (std::size_t i = 0; i < n; ++i) {
     const float x = zenflow::to_float(g[i]);
     p[i] += x, m[i] += x, v[i] += x;
-    out[i] = zenflow::from_float<O>(p[i]);
+    if (out != nullptr) out[i] = zenflow::from_float<O>(p[i]);
   }
 }
 double read_stream(const float* x, std::size_t n) {
@@ -333,14 +335,17 @@ void sparse_step(benchmark::State& state, bool dense) {
   const auto g = zenflow::const_matrix_view::row_major(grad.get(), rows, cols, t);
   buffer<float> rp(n), rm(n), rv(n);
   buffer<T> rg(n), rout(n);
+  // An f32 parameter is its own master: no copy-out (rout unused).
+  constexpr bool own_master = std::is_same_v<T, float>;
+  T* const out = own_master ? nullptr : rout.get();
   run_paired(
-      state, static_cast<double>(n), 12 + 12 + 2 * sizeof(T),
+      state, static_cast<double>(n), own_master ? 28 : 12 + 12 + 2 * sizeof(T),
       [&] {
         opt.step({&g, 1}, {}, 1.0f, nullptr, nullptr, false, exec);
       },
       [&] {
         chunked(piece_pool(), n, [&](std::size_t lo, std::size_t c) {
-          adam_stream(rp.get() + lo, rg.get() + lo, rm.get() + lo, rv.get() + lo, rout.get() + lo, c);
+          adam_stream(rp.get() + lo, rg.get() + lo, rm.get() + lo, rv.get() + lo, out ? out + lo : nullptr, c);
         });
       });
 }

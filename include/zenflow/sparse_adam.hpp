@@ -23,6 +23,13 @@
 // registration. step() takes the gradients of the matrices in the order the matrices were
 // added and those of the vectors in the order the vectors were added.
 //
+// An f32 parameter is its own fp32 master (this backend; the CUDA one keeps a copy): no separate
+// master is held for it, 12 bytes per selected element instead of 16. Its master part in the packed
+// format is read from the parameter's selected columns and written to them (import_state,
+// reselect's entering columns, add_matrix's initial state, add_vector's initial master), and an
+// edit of those columns between steps is the master the next step starts from. Results are the same
+// bits either way.
+//
 // Math: every element is adam_math.hpp's adam_update on the fp32 master, then the parameter is
 // the master rounded to nearest even to its dtype. Step counts are 1-based as in
 // make_adam_step_constants and count applied steps only. As torch keeps a `step` per parameter,
@@ -125,8 +132,9 @@ class host_sparse_adam {
 
   /// Packed state of the current selection of parameter i (at least 3 * rows * k floats).
   void export_state(std::size_t i, std::span<float> packed_out, const host_execution& exec = {}) const;
-  /// Replaces the state of the current selection of parameter i from packed form. Does not
-  /// write the parameter (the next step does).
+  /// Replaces the state of the current selection of parameter i from packed form. Writes the
+  /// parameter only where it is its own master (f32: the master part goes to its selected columns);
+  /// otherwise the next step does.
   void import_state(std::size_t i, std::span<const float> packed_in, const host_execution& exec = {});
 
  private:
@@ -136,6 +144,7 @@ class host_sparse_adam {
     std::vector<std::int32_t> selection;
     index_t rows = 0;
     bool state_row_major = false;
+    bool master_in_param = false;  // f32: the parameter's selected columns are the master (`master` empty)
     std::vector<float> master, exp_avg, exp_avg_sq;
     std::size_t group_index = 0;  // position among matrices or among vectors
     adam_options options;         // this parameter's hyper-parameters

@@ -209,44 +209,48 @@ TEST_CASE("sparse update equals dense Adam on the selected columns; the rest is 
 
 TEST_CASE("reselection migrates state losslessly and keeps kept columns") {
   std::mt19937 rng(11);
-  for (bool row_major : {true, false}) {
-    const index_t rows = 9, cols = 40, k = 8;
-    dense_state cpu(rows, cols, rng);
-    tensor param(dtype::bf16, rows, cols, row_major);
-    zenflow::host_sparse_adam opt(zenflow::adam_options{});
-    const std::vector<std::int32_t> a = {1, 3, 4, 10, 20, 21, 30, 39};
-    const std::vector<std::int32_t> b = {0, 3, 4, 11, 20, 22, 30, 38};  // kept: 3 4 20 30
-    const auto i = opt.add_matrix(param.view(), a, cpu.packed(a));
-    std::vector<float> before(3 * k * rows);
-    opt.export_state(i, before);
-    CHECK(opt.migration_count(i, b) == 4);
+  // bf16 keeps its master apart; f32 is its own master (its selected columns).
+  for (dtype pt : {dtype::bf16, dtype::f32})
+    for (bool row_major : {true, false}) {
+      CAPTURE(static_cast<int>(pt));
+      CAPTURE(row_major);
+      const index_t rows = 9, cols = 40, k = 8;
+      dense_state cpu(rows, cols, rng);
+      tensor param(pt, rows, cols, row_major);
+      zenflow::host_sparse_adam opt(zenflow::adam_options{});
+      const std::vector<std::int32_t> a = {1, 3, 4, 10, 20, 21, 30, 39};
+      const std::vector<std::int32_t> b = {0, 3, 4, 11, 20, 22, 30, 38};  // kept: 3 4 20 30
+      const auto i = opt.add_matrix(param.view(), a, cpu.packed(a));
+      std::vector<float> before(3 * k * rows);
+      opt.export_state(i, before);
+      CHECK(opt.migration_count(i, b) == 4);
 
-    const std::vector<std::int32_t> enter_ab = {0, 11, 22, 38}, leave_ab = {1, 10, 21, 39};
-    const auto entering = cpu.packed(enter_ab);
-    std::vector<float> leaving(3 * 4 * rows, -1.0f);
-    opt.reselect(i, b, entering, leaving);
-    CHECK(std::vector<std::int32_t>(opt.selection(i).begin(), opt.selection(i).end()) == b);
-    // Leaving columns carry exactly their state; the state of b is exactly the CPU's.
-    CHECK(leaving == cpu.packed(leave_ab));
-    std::vector<float> mid(3 * k * rows);
-    opt.export_state(i, mid);
-    CHECK(mid == cpu.packed(b));
+      const std::vector<std::int32_t> enter_ab = {0, 11, 22, 38}, leave_ab = {1, 10, 21, 39};
+      const auto entering = cpu.packed(enter_ab);
+      std::vector<float> leaving(3 * 4 * rows, -1.0f);
+      opt.reselect(i, b, entering, leaving);
+      CHECK(std::vector<std::int32_t>(opt.selection(i).begin(), opt.selection(i).end()) == b);
+      // Leaving columns carry exactly their state; the state of b is exactly the CPU's.
+      CHECK(leaving == cpu.packed(leave_ab));
+      std::vector<float> mid(3 * k * rows);
+      opt.export_state(i, mid);
+      CHECK(mid == cpu.packed(b));
 
-    // And back: the leaving buffer of A->B is the entering buffer of B->A.
-    std::vector<float> leaving_back(3 * 4 * rows);
-    opt.reselect(i, a, leaving, leaving_back);
-    CHECK(leaving_back == entering);
-    std::vector<float> after(3 * k * rows);
-    opt.export_state(i, after);
-    CHECK(std::memcmp(after.data(), before.data(), after.size() * 4) == 0);
+      // And back: the leaving buffer of A->B is the entering buffer of B->A.
+      std::vector<float> leaving_back(3 * 4 * rows);
+      opt.reselect(i, a, leaving, leaving_back);
+      CHECK(leaving_back == entering);
+      std::vector<float> after(3 * k * rows);
+      opt.export_state(i, after);
+      CHECK(std::memcmp(after.data(), before.data(), after.size() * 4) == 0);
 
-    // The same buffer may serve as entering_in and leaving_out.
-    std::vector<float> inout = entering;
-    opt.reselect(i, b, inout, inout);
-    CHECK(inout == cpu.packed(leave_ab));
-    opt.export_state(i, mid);
-    CHECK(mid == cpu.packed(b));
-  }
+      // The same buffer may serve as entering_in and leaving_out.
+      std::vector<float> inout = entering;
+      opt.reselect(i, b, inout, inout);
+      CHECK(inout == cpu.packed(leave_ab));
+      opt.export_state(i, mid);
+      CHECK(mid == cpu.packed(b));
+    }
 }
 
 TEST_CASE("updates after a reselection continue from the migrated state") {
@@ -288,6 +292,65 @@ TEST_CASE("updates after a reselection continue from the migrated state") {
   CHECK(state == cpu.packed(sel));
   for (index_t r = 0; r < rows; ++r)
     for (auto col : sel) CHECK(param.get(r, col) == cpu.p[col * rows + r]);
+}
+
+TEST_CASE("an f32 parameter is its own master: imports write it, an edit is where the next step starts") {
+  std::mt19937 rng(17);
+  for (bool row_major : {true, false}) {
+    CAPTURE(row_major);
+    const index_t rows = 7, cols = 24;
+    zenflow::adam_options o;
+    o.lr = 0.01f;
+    dense_state cpu(rows, cols, rng);
+    tensor f32(dtype::f32, rows, cols, row_major), bf16(dtype::bf16, rows, cols, row_major);
+    tensor grad(dtype::f32, rows, cols, !row_major);
+    fill_random(grad, rng, 0.1f);
+    // A run of consecutive columns (the direct path) and scattered ones (the gathered path).
+    const std::vector<std::int32_t> sel = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 23};
+    zenflow::host_sparse_adam opt(o);
+    const auto i32 = opt.add_matrix(f32.view(), sel, cpu.packed(sel));
+    const auto i16 = opt.add_matrix(bf16.view(), sel, cpu.packed(sel));
+    // add_matrix wrote the f32 parameter's selected columns (its master), and nothing else.
+    for (index_t c = 0; c < cols; ++c) {
+      const bool selected = std::binary_search(sel.begin(), sel.end(), static_cast<std::int32_t>(c));
+      for (index_t r = 0; r < rows; ++r) {
+        CHECK(f32.bits(r, c) == (selected ? bits_of(cpu.p[c * rows + r]) : 0u));
+        CHECK(bf16.bits(r, c) == 0u);  // its master is its own copy: the next step writes it
+      }
+    }
+    // The trainer edits both parameters' selected columns between steps.
+    for (index_t r = 0; r < rows; ++r)
+      for (const auto c : sel) {
+        f32.set(r, c, 0.25f);
+        bf16.set(r, c, 0.25f);
+      }
+    const zenflow::const_matrix_view mg[] = {grad.cview(), grad.cview()};
+    REQUIRE(opt.step(mg, {}));
+    const auto step = zenflow::make_adam_step_constants(o, 1);
+    std::vector<float> s32(3 * sel.size() * rows), s16(s32.size());
+    opt.export_state(i32, s32);
+    opt.export_state(i16, s16);
+    for (std::size_t l = 0; l < sel.size(); ++l)
+      for (index_t r = 0; r < rows; ++r) {
+        const auto x = static_cast<std::size_t>(sel[l] * rows + r);
+        float edited = 0.25f, m = cpu.m[x], v = cpu.v[x];
+        zenflow::adam_update(edited, grad.get(r, sel[l]), m, v, step);
+        float kept = cpu.p[x];
+        m = cpu.m[x], v = cpu.v[x];
+        zenflow::adam_update(kept, grad.get(r, sel[l]), m, v, step);
+        // f32: the step started from the edit, and the exported master is the parameter.
+        CHECK(bits_of(s32[sa::packed_index(rows, l, 0, r)]) == bits_of(edited));
+        CHECK(f32.bits(r, sel[l]) == bits_of(edited));
+        // bf16: from its own master, which the edit did not reach (the coordinator adopts edits).
+        CHECK(bits_of(s16[sa::packed_index(rows, l, 0, r)]) == bits_of(kept));
+        CHECK(bf16.bits(r, sel[l]) == rounded_bits(kept, dtype::bf16));
+      }
+    // import_state writes the f32 parameter's selected columns.
+    std::vector<float> imported = cpu.packed(sel);
+    opt.import_state(i32, imported);
+    for (std::size_t l = 0; l < sel.size(); ++l)
+      for (index_t r = 0; r < rows; ++r) CHECK(f32.get(r, sel[l]) == cpu.p[sel[l] * rows + r]);
+  }
 }
 
 TEST_CASE("skip flag, unusable scale and non-finite gradients leave everything unchanged") {

@@ -10,6 +10,10 @@
 // writes the parameter in place, streaming (`direct`); elsewhere the gradient is gathered into a
 // small buffer, the kernel updates the state, and the parameter values are scattered from it.
 // Both are adam_update then from_float per element: the same bits.
+//
+// An f32 parameter is its own master (`master == nullptr`): the kernel reads the master from the
+// parameter and writes it back there, with no copy-out (the same bits: from_float of an f32 value is
+// the value). That is one stream less in and one less out per element.
 #pragma once
 
 #include <algorithm>
@@ -31,7 +35,7 @@ namespace hd = zenflow::detail::host_device;
 
 /// One parameter of a host step (see the file comment).
 struct host_step_item {
-  float* master = nullptr;
+  float* master = nullptr;  // nullptr: the parameter (f32) is the master
   float* m = nullptr;
   float* v = nullptr;
   index_t lines = 0, line_len = 0;
@@ -45,9 +49,12 @@ struct host_step_item {
   bool direct = false;
   std::vector<index_t> runs;
   adam_step_constants c;
-  adam_range_fn adam_direct = nullptr;  // (master, g, m, v, p): the gradient's and parameter's dtypes
+  /// (master, g, m, v, p): the gradient's and parameter's dtypes; with the parameter as the master,
+  /// (p, g, m, v, nullptr), no copy-out.
+  adam_range_fn adam_direct = nullptr;
   nonfinite_range_fn scan_direct = nullptr;
   hd::copy_line_fn gather_g = nullptr;   // gradient -> f32 buffer
+  hd::copy_line_fn gather_p = nullptr;   // f32 parameter -> f32 buffer (the parameter as the master)
   hd::copy_line_fn scatter_p = nullptr;  // f32 master -> parameter
   std::size_t begin = 0;                 // first element in the step's index space
   [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(lines * line_len); }
@@ -83,14 +90,18 @@ inline bool run_line(const host_step_item& it, const host_step_kernels& k, index
       if (scan) {
         if (it.scan_direct(g, n, scale)) return true;
       } else {
-        it.adam_direct(it.master + s + x0, g, it.m + s + x0, it.v + s + x0,
-                       p_line + static_cast<std::size_t>(it.p_pos.offset(x0)) * it.p_size, n, it.c);
+        std::byte* p = p_line + static_cast<std::size_t>(it.p_pos.offset(x0)) * it.p_size;
+        if (it.master == nullptr)
+          it.adam_direct(reinterpret_cast<float*>(p), g, it.m + s + x0, it.v + s + x0, nullptr, n, it.c);
+        else
+          it.adam_direct(it.master + s + x0, g, it.m + s + x0, it.v + s + x0, p, n, it.c);
       }
       x0 = x1;
     }
     return false;
   }
   alignas(64) float buffer[gather_block];
+  alignas(64) float own_master[gather_block];  // the parameter's values, when it is the master
   for (index_t x0 = b0; x0 < b1; x0 += gather_block) {
     const index_t n = std::min(gather_block, b1 - x0);
     const auto [g_off, g_rest] = from_position(it.g_pos, x0);
@@ -99,10 +110,12 @@ inline bool run_line(const host_step_item& it, const host_step_kernels& k, index
       if (k.scan_f32(buffer, static_cast<std::size_t>(n), scale)) return true;
       continue;
     }
-    float* master = it.master + s + x0;
-    k.adam_f32(master, buffer, it.m + s + x0, it.v + s + x0, nullptr, static_cast<std::size_t>(n), it.c);
     const auto [p_off, p_rest] = from_position(it.p_pos, x0);
-    it.scatter_p(master, {}, p_line + static_cast<std::size_t>(p_off) * it.p_size, p_rest, n, 1.0f);
+    std::byte* p = p_line + static_cast<std::size_t>(p_off) * it.p_size;
+    float* master = it.master != nullptr ? it.master + s + x0 : own_master;
+    if (it.master == nullptr) it.gather_p(p, p_rest, master, {}, n, 1.0f);
+    k.adam_f32(master, buffer, it.m + s + x0, it.v + s + x0, nullptr, static_cast<std::size_t>(n), it.c);
+    it.scatter_p(master, {}, p, p_rest, n, 1.0f);
   }
   return false;
 }
