@@ -24,11 +24,11 @@
 // added and those of the vectors in the order the vectors were added.
 //
 // An f32 parameter is its own fp32 master (this backend; the CUDA one keeps a copy): no separate
-// master is held for it, 12 bytes per selected element instead of 16. Its master part in the packed
-// format is read from the parameter's selected columns and written to them (import_state,
-// reselect's entering columns, add_matrix's initial state, add_vector's initial master), and an
-// edit of those columns between steps is the master the next step starts from. Results are the same
-// bits either way.
+// master is held for it, only m and v (8 bytes per selected element instead of 12). Its master part
+// in the packed format is read from the parameter's selected columns and written to them
+// (import_state, reselect's entering columns, add_matrix's initial state, add_vector's initial
+// master), and an edit of those columns between steps is the master the next step starts from.
+// Results are the same bits either way.
 //
 // Math: every element is adam_math.hpp's adam_update on the fp32 master, then the parameter is
 // the master rounded to nearest even to its dtype. Step counts are 1-based as in
