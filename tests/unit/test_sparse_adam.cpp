@@ -303,9 +303,11 @@ TEST_CASE("an f32 parameter is its own master: imports write it, an edit is wher
     o.lr = 0.01f;
     dense_state cpu(rows, cols, rng);
     tensor f32(dtype::f32, rows, cols, row_major), bf16(dtype::bf16, rows, cols, row_major);
-    tensor grad(dtype::f32, rows, cols, !row_major);
+    tensor grad(dtype::f32, rows, cols, row_major);
     fill_random(grad, rng, 0.1f);
-    // A run of consecutive columns (the direct path) and scattered ones (the gathered path).
+    // Column layout: every selected column is a contiguous line of the parameter and the gradient
+    // (the direct path, the kernel in place on the parameter). Row-major: each row's selected
+    // columns are short runs (the gathered path: the parameter read into the buffer first).
     const std::vector<std::int32_t> sel = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 23};
     zenflow::host_sparse_adam opt(o);
     const auto i32 = opt.add_matrix(f32.view(), sel, cpu.packed(sel));
