@@ -144,11 +144,12 @@ class host_sparse_adam {
     std::vector<std::int32_t> selection;
     index_t rows = 0;
     bool state_row_major = false;
-    bool master_in_param = false;  // f32: the parameter's selected columns are the master (`master` empty)
     std::vector<float> master, exp_avg, exp_avg_sq;
     std::size_t group_index = 0;  // position among matrices or among vectors
     adam_options options;         // this parameter's hyper-parameters
     std::int64_t steps = 0;       // applied steps that had a gradient for it
+    /// f32: the parameter's selected columns are the master (`master` stays empty).
+    [[nodiscard]] bool master_in_param() const noexcept { return param.type == dtype::f32; }
   };
   const entry& at(std::size_t i, const char* argument = "i") const;
   entry& at(std::size_t i, const char* argument = "i");

@@ -15,14 +15,6 @@
 
 namespace zenflow {
 
-namespace detail::sparse_adam {
-/// Columns `columns` of a parameter as one side of a column copy (the master of an f32 parameter,
-/// which is its own).
-inline host_device::column_side param_side(const matrix_view& param, std::span<const std::int32_t> columns) {
-  return {param.data, param.type, param.row_stride, param.col_stride, columns.data(), host_device::max_column(columns)};
-}
-}  // namespace detail::sparse_adam
-
 inline host_sparse_adam::host_sparse_adam(const adam_options& options) : options_(options) {
   options_.validate();
 }
@@ -37,8 +29,7 @@ inline host_sparse_adam::entry& host_sparse_adam::at(std::size_t i, const char* 
 
 inline std::size_t host_sparse_adam::add_entry(entry e, std::span<const float> packed, const host_execution& exec) {
   const std::size_t n = static_cast<std::size_t>(e.rows) * e.selection.size();
-  e.master_in_param = e.param.type == dtype::f32;  // its own master: no copy of it
-  if (!e.master_in_param) e.master.assign(n, 0.0f);
+  if (!e.master_in_param()) e.master.assign(n, 0.0f);
   e.exp_avg.assign(n, 0.0f);
   e.exp_avg_sq.assign(n, 0.0f);
   e.group_index = e.is_vector ? vectors_.size() : matrices_.size();
@@ -80,14 +71,10 @@ inline std::size_t host_sparse_adam::add_vector(vector_view param, std::span<con
   e.rows = param.size;
   const std::size_t index = add_entry(std::move(e), {}, {});
   entry& added = entries_[index];
-  if (added.master_in_param) {
-    const host_execution exec;  // the calling thread
-    detail::host_device::copy_columns({initial_master.data(), dtype::f32, 1, param.size, nullptr, 0},
-                                      detail::sparse_adam::param_side(added.param, added.selection), param.size, 1,
-                                      false, 1.0f, exec, detail::host_device::checked_isa(exec, "exec.isa"), false);
-  } else {
+  if (added.master_in_param())
+    scatter_columns(initial_master.data(), dtype::f32, added.selection, added.param);
+  else
     std::copy_n(initial_master.begin(), param.size, added.master.begin());
-  }
   return index;
 }
 
@@ -186,6 +173,11 @@ inline host_device::column_side state_side(const float* data, index_t rows, inde
                                            const std::int32_t* slots = nullptr, index_t max_slot = -1) {
   return {data, dtype::f32, row_major ? k : 1, row_major ? 1 : rows, slots, slots != nullptr ? max_slot : k - 1};
 }
+/// Columns `columns` of a parameter as one side of a column copy (the master of an f32 parameter,
+/// which is its own).
+inline host_device::column_side param_side(const matrix_view& param, std::span<const std::int32_t> columns) {
+  return {param.data, param.type, param.row_stride, param.col_stride, columns.data(), host_device::max_column(columns)};
+}
 /// Part `part` of a packed buffer of n columns as one side of a column copy.
 inline host_device::column_side packed_side(const float* packed, index_t rows, int part, index_t n) {
   return {packed + static_cast<std::size_t>(part) * static_cast<std::size_t>(rows),
@@ -235,7 +227,7 @@ inline bool host_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     entry& e = entries_[i];
     if (grads[i].data == nullptr) continue;  // no gradient: untouched, its count stays
-    items.push_back(sa::make_host_step_item(e.master_in_param ? nullptr : e.master.data(), e.exp_avg.data(),
+    items.push_back(sa::make_host_step_item(e.master_in_param() ? nullptr : e.master.data(), e.exp_avg.data(),
                                             e.exp_avg_sq.data(), e.selection, e.rows, e.state_row_major, e.param,
                                             grads[i], isa, make_adam_step_constants(e.options, e.steps + 1, scale)));
     items.back().begin = total;
@@ -291,18 +283,16 @@ inline void host_sparse_adam::reselect(std::size_t i, std::span<const std::int32
   std::array<std::vector<float>*, 3> old_parts{&e.master, &e.exp_avg, &e.exp_avg_sq};
   std::array<std::vector<float>, 3> new_parts;
   // The parameter as its own master: kept columns keep their values where they are; the entering
-  // columns' masters are written into the parameter after the leaving ones were read from it.
-  const int first_part = e.master_in_param ? 1 : 0;
-  std::vector<float> entering_master;
+  // columns' masters go straight from entering_in into the parameter (before leaving_out, which may
+  // alias it, is written), and the leaving ones are read from it (other columns: no overlap).
+  const int first_part = e.master_in_param() ? 1 : 0;
   std::vector<std::int32_t> leaving_columns, entering_columns;
-  if (e.master_in_param) {
-    entering_master.resize(static_cast<std::size_t>(e.rows * moved));
-    hd::copy_columns(sa::packed_side(entering_in.data(), e.rows, 0, moved),
-                     sa::state_side(entering_master.data(), e.rows, moved, false), e.rows, moved, false, 1.0f, exec,
-                     isa, false);
+  if (e.master_in_param()) {
     for (const std::int32_t slot : leaving) leaving_columns.push_back(e.selection[static_cast<std::size_t>(slot)]);
     for (const std::int32_t slot : entering_slots)
       entering_columns.push_back(new_selection[static_cast<std::size_t>(slot)]);
+    hd::copy_columns(sa::packed_side(entering_in.data(), e.rows, 0, moved), sa::param_side(e.param, entering_columns),
+                     e.rows, moved, false, 1.0f, exec, isa, false);
   }
   // The new state: kept slots from the old state, entering ones from entering_in (read whole
   // before leaving_out, which may alias it, is written).
@@ -325,9 +315,6 @@ inline void host_sparse_adam::reselect(std::size_t i, std::span<const std::int32
                                                      hd::max_column(leaving)),
                      sa::packed_side(leaving_out.data(), e.rows, p, moved), e.rows, moved, false, 1.0f, exec, isa,
                      false);
-  if (e.master_in_param)
-    hd::copy_columns(sa::state_side(entering_master.data(), e.rows, moved, false),
-                     sa::param_side(e.param, entering_columns), e.rows, moved, false, 1.0f, exec, isa, false);
   for (int p = first_part; p < 3; ++p) old_parts[p]->swap(new_parts[p]);
   e.selection.assign(new_selection.begin(), new_selection.end());
 }
@@ -342,8 +329,8 @@ inline void host_sparse_adam::export_state(std::size_t i, std::span<float> packe
   const std::array<const std::vector<float>*, 3> parts{&e.master, &e.exp_avg, &e.exp_avg_sq};
   for (int p = 0; p < 3; ++p)
     detail::host_device::copy_columns(
-        p == 0 && e.master_in_param ? sa::param_side(e.param, e.selection)
-                                    : sa::state_side(parts[p]->data(), e.rows, k, e.state_row_major),
+        p == 0 && e.master_in_param() ? sa::param_side(e.param, e.selection)
+                                      : sa::state_side(parts[p]->data(), e.rows, k, e.state_row_major),
         sa::packed_side(packed_out.data(), e.rows, p, k), e.rows, k, false, 1.0f, exec, isa, false);
 }
 
@@ -357,7 +344,7 @@ inline void host_sparse_adam::import_state(std::size_t i, std::span<const float>
   const std::array<std::vector<float>*, 3> parts{&e.master, &e.exp_avg, &e.exp_avg_sq};
   for (int p = 0; p < 3; ++p)
     detail::host_device::copy_columns(sa::packed_side(packed_in.data(), e.rows, p, k),
-                                      p == 0 && e.master_in_param
+                                      p == 0 && e.master_in_param()
                                           ? sa::param_side(e.param, e.selection)
                                           : sa::state_side(parts[p]->data(), e.rows, k, e.state_row_major),
                                       e.rows, k, false, 1.0f, exec, isa, false);
