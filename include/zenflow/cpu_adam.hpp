@@ -299,13 +299,12 @@ class cpu_adam {
     index_t rows = 0, cols = 0;
     std::size_t size = 0;                            // rows * cols
     std::unique_ptr<float[], aligned_free> data;     // params | m | v [| m scales | v scales], each 64-byte aligned
-    std::size_t stride = 0;                          // floats from params to m (fp32: and from m to v)
-    std::size_t m_off = 0, v_off = 0;                // byte offsets of m and v
+    std::size_t m_off = 0, v_off = 0;                // byte offsets of m and v (staggered: add_tensor)
     std::size_t dm_off = 0, dv_off = 0, blocks = 0;  // 8-bit: byte offsets of the scales, blocks per moment
     std::size_t alloc_bytes = 0;
     std::uint64_t first_block = 0;                                   // NVMe: the state file block its element 0 is in
     [[nodiscard]] std::span<float> span(int which) const noexcept {  // fp32 format (params: any)
-      return {data.get() + static_cast<std::size_t>(which) * stride, size};
+      return {which == 0 ? data.get() : reinterpret_cast<float*>(at(which == 1 ? m_off : v_off)), size};
     }
     [[nodiscard]] unsigned char* at(std::size_t byte_offset) const noexcept {
       return reinterpret_cast<unsigned char*>(data.get()) + byte_offset;

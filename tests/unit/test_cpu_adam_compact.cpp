@@ -593,6 +593,58 @@ TEST_CASE("save_state / load_state restore every bit, and training resumes bit-i
   }
 }
 
+TEST_CASE("a large tensor's staggered arrays hold the state a small tensor's columns hold") {
+  // From 4M elements each array after the master starts 256 KiB later than packed (add_tensor):
+  // columns 0..3 of a 2048 x 2048 tensor must step, export, save and load exactly as the same
+  // columns of a 2048 x 4 tensor, whose arrays are packed (the per-element math and the rounding
+  // keys depend on the element's index only).
+  constexpr index_t rows = 2048, big_cols = 2048, small_cols = 4;
+  const std::size_t big_n = std::size_t{rows} * big_cols, small_n = std::size_t{rows} * small_cols;
+  for (cpu_state_format f : {cpu_state_format::fp32, bf16m, q8m}) {
+    INFO(zenflow::cpu_state_format_name(f));
+    std::mt19937 rng(5);
+    std::normal_distribution<float> noise(0.0f, 1.0f);
+    std::vector<float> big_init(big_n), big_g(big_n);
+    for (auto& x : big_init) x = noise(rng);
+    const std::vector<float> small_init(big_init.begin(), big_init.begin() + static_cast<std::ptrdiff_t>(small_n));
+    cpu_adam big({}, config(f)), small({}, config(f));
+    big.add_tensor(big_init, rows, big_cols);
+    small.add_tensor(small_init, rows, small_cols);
+    for (int s = 0; s < 3; ++s) {
+      for (auto& x : big_g) x = noise(rng);
+      const cpu_adam_task tb{0, big_g.data(), dtype::f32, {}}, ts{0, big_g.data(), dtype::f32, {}};
+      big.step({&tb, 1});
+      small.step({&ts, 1});  // the first small_n elements of the same gradient
+    }
+    const std::vector<std::int32_t> cols{0, 1, 2, 3};
+    const auto columns_of = [&](const cpu_adam& opt) {
+      exported e{std::vector<float>(small_n), std::vector<float>(small_n), std::vector<float>(small_n)};
+      opt.export_columns(0, cols, e.p, e.m, e.v);
+      return e;
+    };
+    const exported want = columns_of(small), got = columns_of(big);
+    CHECK(got.p == want.p);
+    CHECK(got.m == want.m);
+    CHECK(got.v == want.v);
+    if (f == cpu_state_format::fp32) {
+      const auto head = [&](std::span<const float> x) {  // the spans of the moments, columns 0..3
+        return std::vector<float>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(small_n));
+      };
+      CHECK(head(big.exp_avg(0)) == want.m);
+      CHECK(head(big.exp_avg_sq(0)) == want.v);
+      CHECK(head(big.params(0)) == want.p);
+    }
+    cpu_adam loaded({}, config(f));
+    loaded.add_tensor(std::vector<float>(big_n, 0.0f), rows, big_cols);
+    loaded.load_state(0, saved(big));
+    loaded.set_step_count(big.step_count());
+    CHECK(saved(loaded) == saved(big));
+    const exported back = columns_of(loaded);
+    CHECK(back.m == want.m);
+    CHECK(back.v == want.v);
+  }
+}
+
 TEST_CASE("bytes held per parameter: 12 (fp32), 8 (bf16 moments), 6 + 8 per 256-row block (8-bit)") {
   for (cpu_state_format f : {cpu_state_format::fp32, bf16m, q8m}) {
     cpu_adam opt({}, config(f));
