@@ -207,6 +207,43 @@ TEST_CASE("an f32 master that is not the parameter's values is written with the 
     for (index_t r = 0; r < 4; ++r) CHECK(loaded[col * 4 + r] == 0.001f * static_cast<float>(r * 6 + col) + 1e-7f);
 }
 
+TEST_CASE("a bf16 master equal to its values (an adopted edit) is written and loads") {
+  // A bf16 parameter whose fp32 master holds exactly its values, as after reload_parameter: the
+  // optimizer state still carries the master (the load takes one from f32 values only).
+  std::vector<bfloat16> w(4 * 6), b(5);
+  std::vector<float> master(w.size()), b_master(b.size());
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    w[i] = to_bfloat16(0.01f * static_cast<float>(i) - 0.1f);
+    master[i] = to_float(w[i]);
+  }
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    b[i] = to_bfloat16(0.5f - 0.125f * static_cast<float>(i));
+    b_master[i] = to_float(b[i]);
+  }
+  auto make = [&](host_coordinator& c) {
+    c.register_parameter("w", matrix_view::row_major(w.data(), 4, 6, dtype::bf16),
+                         const_matrix_view::row_major(master.data(), 4, 6, dtype::f32), dtype::bf16);
+    c.register_parameter("b", vector_view{b.data(), 5, dtype::bf16}, b_master);
+  };
+  const auto path = temp_path("bf16_master.bin");
+  host_stream stream;
+  {
+    host_coordinator c(checkpoint_base_options());
+    make(c);
+    c.save_checkpoint(path, &stream, checkpoint_contents::optimizer_state);
+  }
+  checkpoint_document d(read_file_bytes(path));
+  CHECK(d.get<std::uint8_t>("w.master") == 1);
+  CHECK(d.get<std::uint8_t>("b.master") == 1);
+  host_coordinator c(checkpoint_base_options());
+  make(c);
+  REQUIRE_NOTHROW(c.load_checkpoint(path, &stream));
+  std::filesystem::remove(path);
+  const auto loaded = c.host_optimizer().params(0);
+  for (index_t col = 0; col < 6; ++col)
+    for (index_t r = 0; r < 4; ++r) CHECK(loaded[col * 4 + r] == master[static_cast<std::size_t>(r * 6 + col)]);
+}
+
 TEST_CASE("save_checkpoint with no parameters frees no buffer a copy still writes") {
   // The identity flags were copied into a buffer freed at the end of save_checkpoint, with
   // nothing waiting for the copy when no parameter follows (ThreadSanitizer: the delete races

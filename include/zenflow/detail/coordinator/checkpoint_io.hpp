@@ -199,8 +199,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
       std::vector<std::byte> bytes(size * dtype_size(p.vector.type));
       Backend::copy_async(bytes.data(), p.vector.data, bytes.size(), stream);
       Backend::synchronize(stream);
-      const bool master =
-          everything || !detail::is_value_of(bytes, p.vector.type, std::span<const float>(state).first(size));
+      const bool master = everything || p.vector.type != dtype::f32 ||
+                          !detail::is_value_of(bytes, p.vector.type, std::span<const float>(state).first(size));
       w.put(master);
       w.put_array<float>(std::span<const float>(state).subspan(master ? 0 : size));
       w.put_array<std::byte>(everything ? std::span<const std::byte>(bytes) : std::span<const std::byte>{});
@@ -242,9 +242,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     std::vector<float> cpu_state(slots * cpu_n);  // slot after slot, the master first
     host_opt_.export_state(p.cpu_tensor, cpu_columns, cpu_state);
     const auto cpu_master = std::span<const float>(cpu_state).first(cpu_n);
-    // The master is written unless it is the parameter's values (an f32 parameter's, everywhere but
-    // in the columns whose pending result holds it).
-    bool master = everything;
+    // The master is written unless it is an f32 parameter's values (everywhere but in the columns
+    // whose pending result holds it). A bf16 or fp16 parameter's master is always written, even
+    // when it equals the values (after an edit was adopted): the load takes a master from f32
+    // values only.
+    bool master = everything || p.matrix.type != dtype::f32;
     if (!master) {
       auto column = [&](std::int32_t c) {
         return std::span<const std::byte>(values).subspan(c * rows * esize, rows * esize);
