@@ -1,6 +1,7 @@
 """ZenFlowAdamW against torch.optim.AdamW and against itself, on CPU tensors (the host backend)."""
 
 import copy
+import gc
 import io
 import math
 import os
@@ -193,6 +194,113 @@ def test_state_dict_round_trip_bit_identical(mode, overlap):
     assert max_diff(model, resumed) == 0.0
     opt.close()
     ropt.close()
+
+
+@pytest.mark.parametrize("mode", ["dense", "zero_offload", "zenflow"])
+def test_a_resume_in_the_middle_of_an_lr_schedule_is_bit_identical(mode):
+    # A scheduler steps after opt.step(), so the saved param_groups hold the next step's lr while
+    # the checkpoint's coordinator state holds the last step's: the loaded groups must win.
+    def run():
+        model = make_model()
+        opt = ZenFlowAdamW(groups(model), mode=mode, topk_ratio=0.25, update_interval=3, select_interval=9,
+                           **HYPER)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        return model, opt, sched
+
+    model, opt, sched = run()
+    for step in range(20):
+        train_step(model, opt, step)
+        sched.step()
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "sched": sched.state_dict()}, buf)
+    for step in range(20, 30):
+        train_step(model, opt, step)
+        sched.step()
+    opt.flush()
+    resumed, ropt, rsched = run()
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    resumed.load_state_dict(saved["model"])
+    ropt.load_state_dict(saved["optimizer"])
+    rsched.load_state_dict(saved["sched"])
+    for step in range(20, 30):
+        train_step(resumed, ropt, step)
+        rsched.step()
+    ropt.flush()
+    assert max_diff(model, resumed) == 0.0
+    opt.close()
+    ropt.close()
+
+
+@pytest.mark.parametrize("mode", ["dense", "zero_offload"])
+def test_lr_and_weight_decay_edited_in_a_state_dict_apply_after_loading(mode):
+    model = make_model()
+    opt = ZenFlowAdamW(groups(model), mode=mode, **HYPER)
+    for step in range(3):
+        train_step(model, opt, step)
+    sd = opt.state_dict()
+    for g in sd["param_groups"]:
+        g["lr"], g["weight_decay"] = 0.0, 0.0
+    opt.load_state_dict(sd)
+    before = copy.deepcopy(model)
+    train_step(model, opt, 3)
+    assert max_diff(before, model) == 0.0  # lr 0: nothing moves
+    opt.close()
+
+
+@pytest.mark.parametrize("mode", ["dense", "zero_offload", "zenflow"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_model_edited_before_state_dict_resumes(mode, dtype):
+    # After an adopted edit a bf16/fp16 parameter's fp32 master is exactly its values; the
+    # checkpoint must still carry it (the load takes a master from f32 values only).
+    def run():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to(dtype)
+        return m, ZenFlowAdamW(m.parameters(), lr=1e-2, mode=mode, topk_ratio=0.5, update_interval=2)
+
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
+
+    def step(m, opt):
+        opt.zero_grad()
+        m(x).float().pow(2).mean().backward()
+        opt.step()
+
+    m, opt = run()
+    for _ in range(3):
+        step(m, opt)
+    with torch.no_grad():
+        m[2].weight.mul_(0.9)
+    saved = {"model": copy.deepcopy(m.state_dict()), "optimizer": opt.state_dict()}
+    for _ in range(3):
+        step(m, opt)
+    opt.flush()
+    resumed, ropt = run()
+    resumed.load_state_dict(saved["model"])
+    ropt.load_state_dict(saved["optimizer"])
+    for _ in range(3):
+        step(resumed, ropt)
+    ropt.flush()
+    assert max_diff(m, resumed) == 0.0
+    opt.close()
+    ropt.close()
+
+
+def test_an_optimizer_dropped_without_close_writes_its_pending_update():
+    # ZenFlow async leaves the last interval's CPU update pending: garbage collection completes it,
+    # as close() does.
+    def train(close):
+        model = make_model()
+        opt = ZenFlowAdamW(groups(model), topk_ratio=0.25, update_interval=4, **HYPER)
+        for step in range(7):
+            train_step(model, opt, step)
+        if close:
+            opt.close()
+        return model  # opt goes out of scope here
+
+    closed = train(True)
+    dropped = train(False)
+    gc.collect()  # (in CPython the optimizer is freed at the return already)
+    assert max_diff(closed, dropped) == 0.0
 
 
 def _restricted_threads(allowed):

@@ -8,6 +8,7 @@ weight the optimizer continues from (tensor version counters tell which were edi
 import atexit
 import itertools
 import math
+import numbers
 import os
 import struct
 import tempfile
@@ -299,6 +300,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         g = self.param_groups[gi]
         try:
             _check_hyper(g, f"param_groups[{gi}].")
+            if gi > 0:
+                _check_shared_hyper(g, self.param_groups[0], f"param_groups[{gi}].")
             names = g.get("param_names")
             new_names = [names[k] if names else f"param_groups[{gi}].params[{k}]" for k in range(len(g["params"]))]
             self._check_params(list(g["params"]), new_names)
@@ -440,7 +443,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         for gi, (g, s) in enumerate(zip(self.param_groups, saved)):
             if not isinstance(s, dict):
                 raise ValueError(f"state_dict: param_groups[{gi}] is a {type(s).__name__}, not a dict")
-            _check_hyper(dict(g, **{k: v for k, v in s.items() if k != "params"}), f"param_groups[{gi}].")
+            merged = dict(g, **{k: v for k, v in s.items() if k != "params"})
+            _check_hyper(merged, f"param_groups[{gi}].")
+            if gi == 0:
+                first = merged
+            else:
+                _check_shared_hyper(merged, first, f"state_dict: param_groups[{gi}].")
             if s.get("column_dim", 1) != g.get("column_dim", 1):
                 raise ValueError(f"state_dict: param_groups[{gi}].column_dim is {s.get('column_dim', 1)!r}, this "
                                  f"optimizer's {g.get('column_dim', 1)!r}")
@@ -456,6 +464,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     with open(path, "wb") as f:
                         f.write(checkpoint)
                     core.load(path, self._stream())
+                # The checkpoint brings back each parameter's lr and weight_decay as they were
+                # when it was saved; the loaded param_groups are what the next step uses (torch's
+                # rule: a scheduler saved one step ahead, or a group edited in the state dict).
+                for gi, g in enumerate(self.param_groups):
+                    adam = _adam(g)
+                    for i in self._group_index[gi]:
+                        core.set_adam_options(i, adam)
+                    self._pushed[gi] = adam
         except Exception:
             if self._core is not None:
                 self._core.close()
@@ -577,9 +593,20 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return False
 
     def __del__(self):
-        core = getattr(self, "_core", None)
-        if core is not None:
-            core.close()
+        # As close(): pending CPU work reaches the parameters (an optimizer dropped without close()
+        # would otherwise lose its last CPU update). A failure there cannot be raised from here:
+        # it is reported as a warning and the state freed.
+        if getattr(self, "_core", None) is None or getattr(self, "_closed", True):
+            return
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001 -- __del__ must not raise
+            warnings.warn(f"ZenFlowAdamW: garbage-collected without close(), and its flush failed ({e}); the "
+                          f"parameters may miss the last CPU update", RuntimeWarning, stacklevel=2)
+            core = getattr(self, "_core", None)
+            if core is not None:
+                core.close()
+                self._core = None
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -861,7 +888,7 @@ def _float32(where, name, value, low, low_open, high=None, high_open=False, as_n
         if value.numel() != 1 or value.is_complex():
             raise ValueError(f"{where}{name}: must be a real number or a one-element tensor, got {value!r}")
         x = float(value.item())
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # int, float, numpy scalars
         x = float(value)
     else:
         raise ValueError(f"{where}{name}: must be a number (a float or a one-element tensor), got "
@@ -891,6 +918,17 @@ def _check_hyper(g, where):
     cd = g.get("column_dim", 1)
     if isinstance(cd, bool) or cd not in (0, 1):
         raise ValueError(f"{where}column_dim: must be 0 or 1, got {cd!r}")
+
+
+def _check_shared_hyper(g, first, where):
+    """betas and eps are one for every group (the device kernel shares them): a group that differs
+    from the first is named with both values."""
+    a, b = _adam(g), _adam(first)
+    for key, field in (("beta1", "betas[0]"), ("beta2", "betas[1]"), ("eps", "eps")):
+        if a[key] != b[key]:
+            raise ValueError(f"{where}{field}: is {a[key]!r}, param_groups[0]'s {b[key]!r}; betas and eps must be "
+                             f"the same in every group (the device kernel shares them): only lr and weight_decay "
+                             f"may differ")
 
 
 def _adam(g):
