@@ -117,6 +117,15 @@ void check_rejected(const checkpoint_configuration& c, const std::vector<char>& 
   CHECK(resumed == uninterrupted(c, 3));
 }
 
+// The optimizer state of a coordinator on which `make` registered the parameters (before the first
+// step), saved to `path` and read back.
+checkpoint_document saved_optimizer_state(const std::string& path, const std::function<void(host_coordinator&)>& make) {
+  host_stream stream;
+  host_coordinator c(checkpoint_base_options());
+  make(c);
+  c.save_checkpoint(path, &stream, checkpoint_contents::optimizer_state);
+  return checkpoint_document(read_file_bytes(path));
+}
 }  // namespace
 
 TEST_CASE("every checkpointable state loads, saves back identically and resumes bit-identically") {
@@ -189,15 +198,10 @@ TEST_CASE("an f32 master that is not the parameter's values is written with the 
                          const_matrix_view::row_major(master.data(), 4, 6, dtype::f32), dtype::f32);
   };
   const auto path = temp_path("own_master.bin");
-  host_stream stream;
-  {
-    host_coordinator c(checkpoint_base_options());
-    make(c);
-    c.save_checkpoint(path, &stream, checkpoint_contents::optimizer_state);
-  }
-  checkpoint_document d(read_file_bytes(path));
+  checkpoint_document d = saved_optimizer_state(path, make);
   CHECK(d.get<std::uint8_t>("w.master") == 1);
   master.assign(master.size(), 0.0f);  // another master: the file's must win
+  host_stream stream;
   host_coordinator c(checkpoint_base_options());
   make(c);
   c.load_checkpoint(path, &stream);
@@ -226,15 +230,10 @@ TEST_CASE("a bf16 master equal to its values (an adopted edit) is written and lo
     c.register_parameter("b", vector_view{b.data(), 5, dtype::bf16}, b_master);
   };
   const auto path = temp_path("bf16_master.bin");
-  host_stream stream;
-  {
-    host_coordinator c(checkpoint_base_options());
-    make(c);
-    c.save_checkpoint(path, &stream, checkpoint_contents::optimizer_state);
-  }
-  checkpoint_document d(read_file_bytes(path));
+  checkpoint_document d = saved_optimizer_state(path, make);
   CHECK(d.get<std::uint8_t>("w.master") == 1);
   CHECK(d.get<std::uint8_t>("b.master") == 1);
+  host_stream stream;
   host_coordinator c(checkpoint_base_options());
   make(c);
   REQUIRE_NOTHROW(c.load_checkpoint(path, &stream));
