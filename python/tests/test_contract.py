@@ -355,6 +355,21 @@ def test_a_group_with_other_betas_or_eps_is_rejected_when_added(group, match):
     opt.close()
 
 
+@pytest.mark.parametrize("convert,match", [
+    (lambda m: m.double(), r"^params: param_groups\[0\]\.params\[0\] has dtype torch\.float64"),
+    (lambda m: m.to(memory_format=torch.channels_last), r"^params: param_groups\[0\]\.params\[0\] is not contiguous"),
+])
+def test_a_parameter_converted_after_construction_is_named_at_the_first_step(convert, match):
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2))
+    opt = ZenFlowAdamW(m.parameters(), **HYPER)
+    convert(m)
+    x = torch.randn(2, 3, 6, 6, dtype=next(m.parameters()).dtype)
+    m(x).pow(2).mean().backward()
+    with pytest.raises(ValueError, match=match + r".*first step\(\) registers the parameters"):
+        opt.step()
+    opt.close()
+
+
 def test_numpy_scalars_are_numbers():
     np = pytest.importorskip("numpy")
     m = model()

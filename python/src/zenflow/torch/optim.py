@@ -616,9 +616,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 return i
         raise ValueError("param: not a parameter of this optimizer")
 
-    def _check_params(self, new, names):
-        """Checks parameters about to join the optimizer, against each other and the others."""
-        devices = {p.device for p in self._params}
+    def _check_params(self, new, names, others=None):
+        """Checks parameters about to join the optimizer, against each other and `others` (the
+        optimizer's parameters and names, by default)."""
+        others_params, others_names = (self._params, self._names) if others is None else others
+        devices = {p.device for p in others_params}
         for p, name in zip(new, names):
             if not isinstance(p, torch.Tensor):
                 raise ValueError(f"params: {name} is a {type(p).__name__}, not a tensor")
@@ -641,7 +643,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                              f"{', '.join(sorted(map(str, devices)))}")
         # The coordinator updates each parameter's memory in place: no two may overlap.
         spans = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), p, name)
-                 for p, name in zip(self._params + list(new), self._names + list(names))]
+                 for p, name in zip(list(others_params) + list(new), list(others_names) + list(names))]
         spans.sort(key=lambda s: s[0])
         for (a0, a1, a, an), (b0, b1, b, bn) in zip(spans, spans[1:]):
             if b0 < a1:
@@ -754,6 +756,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return self._core
         if not self._params:
             raise ValueError("params: the optimizer has no parameters")
+        try:  # again: they are registered now, and a conversion since construction changes them
+            self._check_params(self._params, self._names, others=([], []))
+        except ValueError as e:
+            raise ValueError(f"{e} (checked when the first step() registers the parameters: a conversion after "
+                             f"the optimizer was built, such as model.double() or channels_last, changes "
+                             f"them)") from None
         for gi, g in enumerate(self.param_groups):
             _check_hyper(g, f"param_groups[{gi}].")
         adams = [_adam(g) for g in self.param_groups]
