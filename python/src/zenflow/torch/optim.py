@@ -932,8 +932,9 @@ def _check_shared_hyper(g, first, where):
     """betas and eps are one for every group (the device kernel shares them): a group that differs
     from the first is named with both values."""
     a, b = _adam(g), _adam(first)
+    as_float32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]  # noqa: E731 -- as the library compares
     for key, field in (("beta1", "betas[0]"), ("beta2", "betas[1]"), ("eps", "eps")):
-        if a[key] != b[key]:
+        if as_float32(a[key]) != as_float32(b[key]):
             raise ValueError(f"{where}{field}: is {a[key]!r}, param_groups[0]'s {b[key]!r}; betas and eps must be "
                              f"the same in every group (the device kernel shares them): only lr and weight_decay "
                              f"may differ")
