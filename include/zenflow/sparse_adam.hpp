@@ -23,12 +23,16 @@
 // registration. step() takes the gradients of the matrices in the order the matrices were
 // added and those of the vectors in the order the vectors were added.
 //
-// An f32 parameter is its own fp32 master (this backend; the CUDA one keeps a copy): no separate
-// master is held for it, only m and v (8 bytes per selected element instead of 12). Its master part
-// in the packed format is read from the parameter's selected columns and written to them
-// (import_state, reselect's entering columns, add_matrix's initial state, add_vector's initial
-// master), and an edit of those columns between steps is the master the next step starts from.
-// Results are the same bits either way.
+// An f32 parameter registered with its own values as its master (add_matrix's initial state,
+// add_vector's initial master: bit for bit the parameter's selected columns, as a trainer whose
+// parameters are their masters registers them) is its own fp32 master (this backend; the CUDA one
+// keeps a copy): no separate master is held for it, only m and v (8 bytes per selected element
+// instead of 12). Its master part in the packed format is read from the parameter's selected
+// columns and written to them (import_state, reselect's entering columns), and an edit of those
+// columns between steps is the master the next step starts from. Registered with another master
+// (the trainer keeps one of its own), it keeps a copy, as a bf16/f16 parameter does. Registration
+// never writes the parameter: its values stay the trainer's until the first step, as on the CUDA
+// backend. Results are the same bits either way.
 //
 // Math: every element is adam_math.hpp's adam_update on the fp32 master, then the parameter is
 // the master rounded to nearest even to its dtype. Step counts are 1-based as in
@@ -148,8 +152,10 @@ class host_sparse_adam {
     std::size_t group_index = 0;  // position among matrices or among vectors
     adam_options options;         // this parameter's hyper-parameters
     std::int64_t steps = 0;       // applied steps that had a gradient for it
-    /// f32: the parameter's selected columns are the master (`master` stays empty).
-    [[nodiscard]] bool master_in_param() const noexcept { return param.type == dtype::f32; }
+    /// An f32 parameter registered with its own values as master: its selected columns are the
+    /// master (`master` stays empty).
+    bool own_master = false;
+    [[nodiscard]] bool master_in_param() const noexcept { return own_master; }
   };
   const entry& at(std::size_t i, const char* argument = "i") const;
   entry& at(std::size_t i, const char* argument = "i");

@@ -243,6 +243,57 @@ TEST_CASE("a bf16 master equal to its values (an adopted edit) is written and lo
     for (index_t r = 0; r < 4; ++r) CHECK(loaded[col * 4 + r] == master[static_cast<std::size_t>(r * 6 + col)]);
 }
 
+TEST_CASE("the optimizer state loads onto parameters the trainer restored before registering them") {
+  // The trainer restores its f32 weights, registers them with the initial masters of its first
+  // run, then loads: registration must not write the parameters (the load reads their masters
+  // from them), the 1-D parameter included.
+  zenflow_options o = zenflow_options::dense();
+  o.adam.lr = 0.1f;
+  const std::vector<float> w_init(2 * 3, 1.0f), b_init(3, 1.0f);
+  std::vector<float> w = w_init, b = b_init, g(6), gb(3);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.1f * static_cast<float>(i + 1);
+  for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = -0.2f * static_cast<float>(i + 1);
+  const auto path = temp_path("restored_first.bin");
+  auto run = [&](host_coordinator& c, host_stream& s, int steps) {
+    for (int step = 0; step < steps; ++step) {
+      c.submit_gradient(0, const_matrix_view::row_major(g.data(), 2, 3, dtype::f32), &s);
+      c.submit_gradient(1, const_vector_view(gb.data(), 3, dtype::f32), &s);
+      c.step(&s);
+      s.synchronize();
+    }
+  };
+  auto make = [&](host_coordinator& c) {
+    c.register_parameter("w", matrix_view::row_major(w.data(), 2, 3, dtype::f32),
+                         const_matrix_view::row_major(w_init.data(), 2, 3, dtype::f32), dtype::f32);
+    c.register_parameter("b", vector_view(b.data(), 3, dtype::f32), std::span<const float>(b_init));
+  };
+  std::vector<float> w_saved, b_saved, w_next, b_next;
+  {
+    host_stream s;
+    host_coordinator c(o);
+    make(c);
+    run(c, s, 3);
+    c.save_checkpoint(path, &s, checkpoint_contents::optimizer_state);
+    w_saved = w, b_saved = b;
+    run(c, s, 2);
+    w_next = w, b_next = b;
+  }
+  w = w_saved, b = b_saved;  // the trainer's restore
+  host_stream s;
+  host_coordinator c(o);
+  make(c);
+  CHECK(w == w_saved);
+  CHECK(b == b_saved);
+  c.load_checkpoint(path, &s);
+  std::filesystem::remove(path);
+  s.synchronize();
+  CHECK(w == w_saved);
+  CHECK(b == b_saved);
+  run(c, s, 2);
+  CHECK(w == w_next);
+  CHECK(b == b_next);
+}
+
 TEST_CASE("save_checkpoint with no parameters frees no buffer a copy still writes") {
   // The identity flags were copied into a buffer freed at the end of save_checkpoint, with
   // nothing waiting for the copy when no parameter follows (ThreadSanitizer: the delete races

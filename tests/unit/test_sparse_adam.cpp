@@ -217,6 +217,9 @@ TEST_CASE("reselection migrates state losslessly and keeps kept columns") {
       const index_t rows = 9, cols = 40, k = 8;
       dense_state cpu(rows, cols, rng);
       tensor param(pt, rows, cols, row_major);
+      if (pt == dtype::f32)  // registered with its own values: the parameter is the master
+        for (index_t r = 0; r < rows; ++r)
+          for (index_t c = 0; c < cols; ++c) param.set(r, c, cpu.p[c * rows + r]);
       zenflow::host_sparse_adam opt(zenflow::adam_options{});
       const std::vector<std::int32_t> a = {1, 3, 4, 10, 20, 21, 30, 39};
       const std::vector<std::int32_t> b = {0, 3, 4, 11, 20, 22, 30, 38};  // kept: 3 4 20 30
@@ -309,10 +312,12 @@ TEST_CASE("an f32 parameter is its own master: imports write it, an edit is wher
     // (the direct path, the kernel in place on the parameter). Row-major: each row's selected
     // columns are short runs (the gathered path: the parameter read into the buffer first).
     const std::vector<std::int32_t> sel = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 23};
+    for (index_t r = 0; r < rows; ++r)  // the f32 parameter's values are the master it is registered with
+      for (const auto c : sel) f32.set(r, c, cpu.p[c * rows + r]);
     zenflow::host_sparse_adam opt(o);
     const auto i32 = opt.add_matrix(f32.view(), sel, cpu.packed(sel));
     const auto i16 = opt.add_matrix(bf16.view(), sel, cpu.packed(sel));
-    // add_matrix wrote the f32 parameter's selected columns (its master), and nothing else.
+    // Registration wrote neither parameter.
     for (index_t c = 0; c < cols; ++c) {
       const bool selected = std::binary_search(sel.begin(), sel.end(), static_cast<std::int32_t>(c));
       for (index_t r = 0; r < rows; ++r) {
@@ -352,6 +357,52 @@ TEST_CASE("an f32 parameter is its own master: imports write it, an edit is wher
     opt.import_state(i32, imported);
     for (std::size_t l = 0; l < sel.size(); ++l)
       for (index_t r = 0; r < rows; ++r) CHECK(f32.get(r, sel[l]) == cpu.p[sel[l] * rows + r]);
+  }
+}
+
+TEST_CASE("an f32 parameter registered with another master keeps a copy and is not written until a step") {
+  // A trainer that keeps its own fp32 masters (or restored its parameters for a checkpoint load
+  // after registering the masters it started from): registration leaves the parameter's values
+  // alone, as on the CUDA backend; the first step writes the updated master.
+  std::mt19937 rng(23);
+  for (bool row_major : {true, false}) {
+    CAPTURE(row_major);
+    const index_t rows = 5, cols = 9;
+    zenflow::adam_options o;
+    o.lr = 0.01f;
+    dense_state cpu(rows, cols, rng);
+    tensor param(dtype::f32, rows, cols, row_major), grad(dtype::f32, rows, cols, row_major);
+    fill_random(param, rng);  // not the master
+    fill_random(grad, rng, 0.1f);
+    std::vector<float> bias(3, 0.75f), bias_master = {0.5f, -0.25f, 2.0f}, bias_grad = {0.1f, -0.2f, 0.3f};
+    const auto param_before = param.bytes;
+    const std::vector<std::int32_t> sel = {1, 4, 8};
+    zenflow::host_sparse_adam opt(o);
+    const auto i = opt.add_matrix(param.view(), sel, cpu.packed(sel));
+    const auto b = opt.add_vector(zenflow::vector_view(bias.data(), 3, dtype::f32), bias_master);
+    CHECK(param.bytes == param_before);
+    CHECK(bias == std::vector<float>(3, 0.75f));
+    std::vector<float> state(3 * sel.size() * rows), bias_state(3 * 3);
+    opt.export_state(i, state);
+    CHECK(state == cpu.packed(sel));  // the master as registered, not the parameter's values
+    opt.export_state(b, bias_state);
+    CHECK(std::vector<float>(bias_state.begin(), bias_state.begin() + 3) == bias_master);
+    const zenflow::const_matrix_view mg[] = {grad.cview()};
+    const zenflow::const_vector_view vg[] = {zenflow::const_vector_view(bias_grad.data(), 3, dtype::f32)};
+    REQUIRE(opt.step(mg, vg));
+    const auto c = zenflow::make_adam_step_constants(o, 1);
+    for (const auto col : sel)
+      for (index_t r = 0; r < rows; ++r) {
+        const auto x = static_cast<std::size_t>(col * rows + r);
+        float p = cpu.p[x], m = cpu.m[x], v = cpu.v[x];
+        zenflow::adam_update(p, grad.get(r, col), m, v, c);
+        CHECK(param.bits(r, col) == bits_of(p));
+      }
+    for (std::size_t k = 0; k < 3; ++k) {
+      float p = bias_master[k], m = 0.0f, v = 0.0f;
+      zenflow::adam_update(p, bias_grad[k], m, v, c);
+      CHECK(bits_of(bias[k]) == bits_of(p));
+    }
   }
 }
 

@@ -27,6 +27,23 @@ inline host_sparse_adam::entry& host_sparse_adam::at(std::size_t i, const char* 
   return const_cast<entry&>(std::as_const(*this).at(i, argument));
 }
 
+namespace detail::sparse_adam {
+/// Whether an f32 parameter's `selection` columns hold, bit for bit, the master part of `packed`
+/// (3 * rows floats per column, the master first).
+inline bool holds_master(const matrix_view& param, std::span<const std::int32_t> selection,
+                         std::span<const float> packed) {
+  const auto* data = static_cast<const float*>(param.data);
+  for (std::size_t j = 0; j < selection.size(); ++j)
+    for (index_t r = 0; r < param.rows; ++r) {
+      const float x = data[r * param.row_stride + selection[j] * param.col_stride];
+      if (float_to_bits(x) !=
+          float_to_bits(packed[j * part_count * static_cast<std::size_t>(param.rows) + static_cast<std::size_t>(r)]))
+        return false;
+    }
+  return true;
+}
+}  // namespace detail::sparse_adam
+
 inline std::size_t host_sparse_adam::add_entry(entry e, std::span<const float> packed, const host_execution& exec) {
   const std::size_t n = static_cast<std::size_t>(e.rows) * e.selection.size();
   if (!e.master_in_param()) e.master.assign(n, 0.0f);
@@ -56,6 +73,8 @@ inline std::size_t host_sparse_adam::add_matrix(matrix_view param, std::span<con
   e.selection.assign(initial_selection.begin(), initial_selection.end());
   e.rows = param.rows;
   e.state_row_major = detail::sparse_adam::state_row_major_for(param.row_stride, param.col_stride);
+  e.own_master =
+      param.type == dtype::f32 && detail::sparse_adam::holds_master(param, e.selection, initial_state_packed);
   (void)detail::host_device::checked_isa(exec, "exec.isa");
   return add_entry(std::move(e), initial_state_packed, exec);
 }
@@ -69,12 +88,17 @@ inline std::size_t host_sparse_adam::add_vector(vector_view param, std::span<con
   e.param = matrix_view(param.data, param.size, 1, param.stride, 1, param.type, param.space);
   e.selection = {0};
   e.rows = param.size;
+  e.own_master = param.type == dtype::f32 && [&] {
+    const auto* data = static_cast<const float*>(param.data);
+    for (index_t r = 0; r < param.size; ++r)
+      if (detail::float_to_bits(data[r * param.stride]) !=
+          detail::float_to_bits(initial_master[static_cast<std::size_t>(r)]))
+        return false;
+    return true;
+  }();
   const std::size_t index = add_entry(std::move(e), {}, {});
   entry& added = entries_[index];
-  if (added.master_in_param())
-    scatter_columns(initial_master.data(), dtype::f32, added.selection, added.param);
-  else
-    std::copy_n(initial_master.begin(), param.size, added.master.begin());
+  if (!added.master_in_param()) std::copy_n(initial_master.begin(), param.size, added.master.begin());
   return index;
 }
 
