@@ -35,6 +35,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "zenflow/communicator.hpp"
@@ -58,6 +59,7 @@ template <class Backend>
 class offload_worker;
 template <class Backend, class HostOptimizer>
 class update_worker;
+struct parameter_memory;
 }  // namespace detail
 
 namespace detail {
@@ -412,6 +414,11 @@ class basic_coordinator {
   const parameter& at(std::size_t i) const;
   void check_adam(const adam_options& adam) const;
   void check_submission(const parameter& p, std::size_t i);
+  /// A host backend's stream is a host_stream*: null is rejected by name (a CUDA stream's null is
+  /// the legacy default stream, valid).
+  static void check_stream(stream_type stream);
+  /// A parameter about to be registered shares no memory with a registered one (names both).
+  void check_own_memory(const detail::parameter_memory& memory) const;
   void rethrow_worker_error() const;
   template <class F>
   decltype(auto) or_fail(F&& f);

@@ -11,14 +11,33 @@
 //   - column-contiguous (transposed):   row_stride = 1,    col_stride = rows
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "zenflow/config.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/types.hpp"
 
 namespace zenflow {
+
+namespace detail {
+/// Whether a view's byte span fits in index_t: the last element's offset, sum of (extent - 1) *
+/// stride over its dimensions, plus one, times the element size (extents >= 1, strides >= 1).
+inline bool view_span_fits(std::initializer_list<std::pair<index_t, index_t>> extents_strides,
+                           std::size_t element_size) noexcept {
+  index_t last = 0;
+  for (const auto& [extent, stride] : extents_strides) {
+    index_t step = 0;
+    if (__builtin_mul_overflow(extent - 1, stride, &step) || __builtin_add_overflow(last, step, &last)) return false;
+  }
+  index_t bytes = 0;
+  return !__builtin_add_overflow(last, index_t{1}, &last) &&
+         !__builtin_mul_overflow(last, static_cast<index_t>(element_size), &bytes);
+}
+}  // namespace detail
 
 /// A strided 1-D view. `Void` is `void` (mutable) or `const void` (read-only).
 template <class Void>
@@ -36,8 +55,8 @@ struct basic_vector_view {
       : data(data_), size(size_), stride(stride_), type(type_), space(space_) {}
   /// A mutable view converts to a read-only one.
   template <class Other>
-    requires(std::is_const_v<Void> && !std::is_const_v<Other>)
-  constexpr basic_vector_view(const basic_vector_view<Other>& o)  // NOLINT(google-explicit-constructor)
+  requires(std::is_const_v<Void> && !std::is_const_v<Other>) constexpr basic_vector_view(
+      const basic_vector_view<Other>& o)  // NOLINT(google-explicit-constructor)
       : data(o.data), size(o.size), stride(o.stride), type(o.type), space(o.space) {}
 
   [[nodiscard]] constexpr bool empty() const noexcept { return size == 0; }
@@ -60,14 +79,16 @@ struct basic_vector_view {
     if (size == 0) return;
     expects(data != nullptr, argument, "data is null but size is ", size);
     expects(stride >= 1, argument, "stride must be >= 1, got ", stride);
+    expects(detail::view_span_fits({{size, stride}}, element_size()), argument, "size ", size, " with stride ", stride,
+            " spans more bytes than a 64-bit offset holds");
     expects(reinterpret_cast<std::uintptr_t>(data) % element_size() == 0, argument, "data is not aligned to its ",
             element_size(), "-byte element type");
   }
   /// validate(), and the memory space must be `expected`.
   void validate(const char* argument, memory_space expected) const {
     validate(argument);
-    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)),
-            " memory, got ", std::string(memory_space_name(space)));
+    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)), " memory, got ",
+            std::string(memory_space_name(space)));
   }
 };
 
@@ -86,12 +107,22 @@ struct basic_matrix_view {
   constexpr basic_matrix_view() = default;
   constexpr basic_matrix_view(Void* data_, index_t rows_, index_t cols_, index_t row_stride_, index_t col_stride_,
                               dtype type_, memory_space space_)
-      : data(data_), rows(rows_), cols(cols_), row_stride(row_stride_), col_stride(col_stride_), type(type_),
+      : data(data_),
+        rows(rows_),
+        cols(cols_),
+        row_stride(row_stride_),
+        col_stride(col_stride_),
+        type(type_),
         space(space_) {}
   template <class Other>
-    requires(std::is_const_v<Void> && !std::is_const_v<Other>)
-  constexpr basic_matrix_view(const basic_matrix_view<Other>& o)  // NOLINT(google-explicit-constructor)
-      : data(o.data), rows(o.rows), cols(o.cols), row_stride(o.row_stride), col_stride(o.col_stride), type(o.type),
+  requires(std::is_const_v<Void> && !std::is_const_v<Other>) constexpr basic_matrix_view(
+      const basic_matrix_view<Other>& o)  // NOLINT(google-explicit-constructor)
+      : data(o.data),
+        rows(o.rows),
+        cols(o.cols),
+        row_stride(o.row_stride),
+        col_stride(o.col_stride),
+        type(o.type),
         space(o.space) {}
 
   /// Row-major `W[rows, cols]` (PyTorch's nn.Linear weight layout): a column is strided.
@@ -111,7 +142,9 @@ struct basic_matrix_view {
   [[nodiscard]] constexpr bool is_row_major() const noexcept { return col_stride == 1 && row_stride == cols; }
   [[nodiscard]] constexpr bool is_column_contiguous() const noexcept { return row_stride == 1 && col_stride == rows; }
   /// Offset in elements of (r, c).
-  [[nodiscard]] constexpr index_t offset(index_t r, index_t c) const noexcept { return r * row_stride + c * col_stride; }
+  [[nodiscard]] constexpr index_t offset(index_t r, index_t c) const noexcept {
+    return r * row_stride + c * col_stride;
+  }
   /// Span in elements from the first to one past the last element.
   [[nodiscard]] constexpr index_t extent() const noexcept {
     return empty() ? 0 : (rows - 1) * row_stride + (cols - 1) * col_stride + 1;
@@ -134,6 +167,9 @@ struct basic_matrix_view {
     expects(data != nullptr, argument, "data is null but extents are ", rows, " x ", cols);
     expects(row_stride >= 1 && col_stride >= 1, argument, "strides must be >= 1, got row_stride ", row_stride,
             ", col_stride ", col_stride);
+    expects(detail::view_span_fits({{rows, row_stride}, {cols, col_stride}}, element_size()), argument, "extents ",
+            rows, " x ", cols, " with strides (", row_stride, ", ", col_stride,
+            ") span more bytes than a 64-bit offset holds");
     // Non-overlapping: the larger stride must step over the whole extent of the smaller one.
     const bool rows_inner = row_stride <= col_stride;
     const index_t inner_stride = rows_inner ? row_stride : col_stride;
@@ -147,8 +183,8 @@ struct basic_matrix_view {
   }
   void validate(const char* argument, memory_space expected) const {
     validate(argument);
-    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)),
-            " memory, got ", std::string(memory_space_name(space)));
+    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)), " memory, got ",
+            std::string(memory_space_name(space)));
   }
 };
 

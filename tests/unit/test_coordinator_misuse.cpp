@@ -103,6 +103,57 @@ TEST_CASE_TEMPLATE("a rejected step() leaves the coordinator as if the step had 
   }
 }
 
+TEST_CASE("a parameter sharing memory with a registered one is rejected naming both") {
+  // Tied weights registered twice would be updated by two masters and two sets of moments.
+  std::vector<float> w(4 * 6, 0.5f), m0(4 * 6, 0.5f);
+  host_coordinator c(base_options());
+  const auto initial = const_matrix_view::row_major(m0.data(), 4, 6, dtype::f32);
+  c.register_parameter("emb", matrix_view::row_major(w.data(), 4, 6, dtype::f32), initial, dtype::f32);
+  CHECK_THROWS_WITH_AS(
+      c.register_parameter("head", matrix_view::column_contiguous(w.data(), 6, 4, dtype::f32),
+                           const_matrix_view::column_contiguous(m0.data(), 6, 4, dtype::f32), dtype::f32),
+      doctest::Contains("shares memory with parameter 0 (emb)"), zenflow::error);
+  const std::vector<float> b0(3, 0.5f);
+  CHECK_THROWS_WITH_AS(c.register_parameter("bias", vector_view{w.data() + 7, 3, dtype::f32}, b0),
+                       doctest::Contains("shares memory with parameter 0 (emb)"), zenflow::error);
+  // Interleaved strided views that share no element are separate parameters: the even and odd
+  // columns of one row-major buffer.
+  std::vector<float> fused(4 * 8, 0.5f), f0(4 * 4, 0.5f);
+  const auto f_initial = const_matrix_view::row_major(f0.data(), 4, 4, dtype::f32);
+  CHECK_NOTHROW(c.register_parameter("even", matrix_view{fused.data(), 4, 4, 8, 2, dtype::f32, memory_space::host},
+                                     f_initial, dtype::f32));
+  CHECK_NOTHROW(c.register_parameter("odd", matrix_view{fused.data() + 1, 4, 4, 8, 2, dtype::f32, memory_space::host},
+                                     f_initial, dtype::f32));
+  CHECK(c.parameter_count() == 3);
+}
+
+TEST_CASE("a null host stream is rejected by name before anything changes") {
+  const auto o = base_options();
+  const auto reference = reference_run(o, 8);
+  harness h(o);
+  h.train(3);
+  h.backward();
+  const auto bias =
+      const_vector_view{h.model.bias_grad.data(), static_cast<index_t>(h.model.bias_grad.size()), dtype::f32};
+  CHECK_THROWS_WITH_AS(h.coordinator.submit_gradient(0, h.model.weights[0].grad_view(), nullptr),
+                       doctest::Contains("stream: is null"), zenflow::error);
+  CHECK_THROWS_WITH_AS(h.coordinator.submit_gradient(2, bias, nullptr), doctest::Contains("stream: is null"),
+                       zenflow::error);
+  for (std::size_t i = 0; i <= 2; ++i) h.submit(i);
+  CHECK_THROWS_WITH_AS(h.coordinator.step(nullptr), doctest::Contains("stream: is null"), zenflow::error);
+  CHECK_THROWS_WITH_AS(h.coordinator.finish(nullptr), doctest::Contains("stream: is null"), zenflow::error);
+  CHECK_THROWS_WITH_AS(h.coordinator.discard_gradients(nullptr), doctest::Contains("stream: is null"), zenflow::error);
+  CHECK_THROWS_WITH_AS(h.coordinator.reload_parameter(0, nullptr), doctest::Contains("stream: is null"),
+                       zenflow::error);
+  CHECK_THROWS_WITH_AS(h.coordinator.save_checkpoint("unused.bin", nullptr), doctest::Contains("stream: is null"),
+                       zenflow::error);
+  CHECK_THROWS_WITH_AS(h.coordinator.load_checkpoint("unused.bin", nullptr), doctest::Contains("stream: is null"),
+                       zenflow::error);
+  h.coordinator.step(&h.stream);  // the gradients submitted with the real stream
+  h.train(4);
+  CHECK(h.finish() == reference);
+}
+
 TEST_CASE("after a worker error the coordinator is failed: every call rethrows, nothing is written back") {
   for (bool overlap : {true, false}) {
     CAPTURE(overlap);

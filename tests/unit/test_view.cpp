@@ -50,6 +50,12 @@ TEST_CASE("malformed views are rejected naming the argument") {
   expect_reject({data.data(), 4, 4, 0, 1, dtype::f32, memory_space::host}, "strides");
   expect_reject({reinterpret_cast<char*>(data.data()) + 1, 2, 2, 2, 1, dtype::f32, memory_space::host}, "aligned");
   expect_reject({data.data(), 2, 2, 2, 1, static_cast<dtype>(9), memory_space::host}, "dtype");
+  // Extents whose element count or byte span overflows a 64-bit offset (rows = cols = 2^40).
+  const zenflow::index_t huge = zenflow::index_t{1} << 40;
+  expect_reject({data.data(), huge, huge, huge, 1, dtype::f32, memory_space::host}, "64-bit offset");
+  expect_reject(
+      {data.data(), zenflow::index_t{1} << 31, 2, 1, zenflow::index_t{1} << 61, dtype::f32, memory_space::host},
+      "64-bit offset");  // the offsets fit, the bytes do not
   const auto ok = matrix_view::row_major(data.data(), 4, 4, dtype::f32, memory_space::device);
   CHECK_THROWS_AS(ok.validate("grad", memory_space::host), zenflow::error);
   CHECK_THROWS_AS((void)ok.as<zenflow::bfloat16>("grad"), zenflow::error);
@@ -70,6 +76,10 @@ TEST_CASE("vector views") {
   CHECK_THROWS_AS((zenflow::vector_view{nullptr, 3, dtype::f32}.validate("bias")), zenflow::error);
   CHECK_THROWS_AS((zenflow::vector_view{bias.data(), 3, dtype::bf16, memory_space::host, 0}.validate("bias")),
                   zenflow::error);
+  CHECK_THROWS_WITH_AS((zenflow::vector_view{bias.data(), zenflow::index_t{1} << 40, dtype::bf16, memory_space::host,
+                                             zenflow::index_t{1} << 30}
+                            .validate("bias")),
+                       doctest::Contains("64-bit offset"), zenflow::error);
 }
 
 }  // namespace ZENFLOW_TEST_FILE_ID

@@ -146,6 +146,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
                                                                               checkpoint_contents contents) {
   const device_scope scope(device_);
   rethrow_worker_error();
+  check_stream(stream);
   for (const auto& p : params_)
     expects(!p.has_grad, "save_checkpoint", "called between submit_gradient and step for parameter ", p.name);
   // Drain: every offloaded gradient accumulated and every launched CPU update done. A pending

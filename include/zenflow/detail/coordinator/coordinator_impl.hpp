@@ -209,6 +209,7 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::ste
                                                                                   missing_gradients missing) {
   const device_scope scope(device_);
   try {
+    check_stream(stream);
     rethrow_worker_error();
   } catch (...) {
     fail_peers(std::current_exception());
@@ -357,6 +358,7 @@ template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator
 void basic_coordinator<Backend, HostOptimizer, Communicator>::finish(stream_type stream) {
   const device_scope scope(device_);
   rethrow_worker_error();
+  check_stream(stream);
   abandon_step(stream);
   or_fail([&] {
     if (const auto pending = schedule_.pending()) write_back(*pending, stream, "finish", step_ - 1);

@@ -187,6 +187,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(co
                                                                               stream_type stream) {
   const device_scope scope(device_);
   try {
+    check_stream(stream);
     rethrow_worker_error();
   } catch (...) {
     fail_peers(std::current_exception());  // a failed rank never compares: its peers must not wait for it

@@ -16,6 +16,36 @@
 
 namespace zenflow {
 
+namespace detail {
+/// A parameter's memory: the byte span from its first to its last element, the byte addresses of
+/// those two elements, and whether it is dense (every element of the span is the parameter's).
+struct parameter_memory {
+  std::uintptr_t lo = 0, hi = 0, first = 0, last = 0;
+  bool dense = false;
+  /// Whether two parameters share memory: the same data, or a dense one holding an element of the
+  /// other (strided views that interleave without sharing an element are allowed).
+  [[nodiscard]] bool shares(const parameter_memory& o) const noexcept {
+    if (first == o.first) return true;
+    if (lo >= o.hi || o.lo >= hi) return false;
+    const auto inside = [](std::uintptr_t a, const parameter_memory& m) { return a >= m.lo && a < m.hi; };
+    return (dense && (inside(o.first, *this) || inside(o.last, *this) || o.dense)) ||
+           (o.dense && (inside(first, o) || inside(last, o)));
+  }
+};
+inline parameter_memory memory_of(const void* data, index_t last_offset, index_t elements, std::size_t esize) {
+  const auto first = reinterpret_cast<std::uintptr_t>(data);
+  const auto last = first + static_cast<std::uintptr_t>(last_offset) * esize;
+  return {first, last + esize, first, last, last_offset + 1 == elements};
+}
+inline parameter_memory memory_of(const const_matrix_view& m) {
+  return memory_of(m.data, (m.rows - 1) * m.row_stride + (m.cols - 1) * m.col_stride, m.rows * m.cols,
+                   m.element_size());
+}
+inline parameter_memory memory_of(const const_vector_view& v) {
+  return memory_of(v.data, (v.size - 1) * v.stride, v.size, v.element_size());
+}
+}  // namespace detail
+
 // --- accessors -----------------------------------------------------------------------------------
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
@@ -131,6 +161,7 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
   param.validate("param", Backend::device_space);
   initial.validate("initial", memory_space::host);
   expects(!param.empty(), "param", "must not be empty");
+  check_own_memory(detail::memory_of(const_matrix_view(param)));
   expects(initial.rows == param.rows && initial.cols == param.cols, "initial", "shape ", initial.rows, " x ",
           initial.cols, " does not match param ", param.rows, " x ", param.cols);
   expects(initial.type == dtype::f32 || initial.type == param.type, "initial", "must be f32 or the param's dtype (",
@@ -168,6 +199,7 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
   const device_scope scope(device_);
   param.validate("param", Backend::device_space);
   expects(!param.empty() && param.contiguous(), "param", "must be a non-empty contiguous vector");
+  check_own_memory(detail::memory_of(const_vector_view(param)));
   expects(static_cast<index_t>(initial.size()) == param.size, "initial", "has ", initial.size(), " values, param has ",
           param.size);
   expects(step_ == 0 && !schedule_.started(), "register_parameter",
@@ -189,6 +221,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(st
                                                                               stream_type stream) {
   const device_scope scope(device_);
   rethrow_worker_error();
+  check_stream(stream);
   auto& p = at(i);
   expects(!p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 1-D: pass a vector view");
   check_submission(p, i);
@@ -216,6 +249,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(st
                                                                               stream_type stream) {
   const device_scope scope(device_);
   rethrow_worker_error();
+  check_stream(stream);
   auto& p = at(i);
   expects(p.is_vector, "grad", "parameter ", i, " (", p.name, ") is 2-D: pass a matrix view");
   check_submission(p, i);
@@ -247,6 +281,27 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::check_adam(const a
   const char* field = adam.differs_beyond_lr_and_weight_decay(options_.adam);
   expects(field == nullptr, field ? field : "adam", "must stay as in options().adam: parameter groups and schedules ",
           "change lr and weight_decay only");
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::check_own_memory(
+    const detail::parameter_memory& memory) const {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& q = params_[i];
+    const auto other =
+        q.is_vector ? detail::memory_of(const_vector_view(q.vector)) : detail::memory_of(const_matrix_view(q.matrix));
+    expects(!memory.shares(other), "param", "shares memory with parameter ", i, " (", q.name,
+            "): each parameter must own its memory, or two optimizers' states would update it (tied weights: "
+            "register the shared tensor once)");
+  }
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+void basic_coordinator<Backend, HostOptimizer, Communicator>::check_stream(stream_type stream) {
+  if constexpr (Backend::device_space == memory_space::host && std::is_pointer_v<stream_type>)
+    expects(stream != nullptr, "stream", "is null: pass the host_stream the coordinator's device work runs on");
+  else
+    (void)stream;
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>

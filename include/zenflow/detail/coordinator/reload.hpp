@@ -18,12 +18,14 @@ namespace zenflow {
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::discard_gradients(stream_type stream) {
   rethrow_worker_error();
+  check_stream(stream);
   abandon_step(stream);
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::reload_parameter(std::size_t i, stream_type stream) {
   rethrow_worker_error();
+  check_stream(stream);
   parameter& p = at(i);
   // The CPU update in flight writes the CPU master (and its result's staging): it completes first.
   (void)host_optimizer();
