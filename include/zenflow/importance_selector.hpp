@@ -12,7 +12,8 @@
 //     CUDA backend sums in its own fixed order, warp by warp, and may fuse an L2 square into its
 //     addition: its scores are deterministic and within 1e-5 relative of this reference, never
 //     bit-equal to it; its top-k is exactly this top-k applied to its own scores.)
-//   - k = max(1, floor(topk_ratio * cols)).
+//   - k = max(1, floor(topk_ratio * cols)), a float ratio read as the decimal it prints as
+//     (topk_count).
 //   - the selection = the k columns with the largest scores; among equal scores (-0 == +0) the
 //     lower column index wins; reported as ascending int32 column indices.
 //   - overlap = |previous ∩ current| / |current| (0 when there is no previous selection).
@@ -42,8 +43,11 @@ namespace zenflow {
 /// device view or a size mismatch. Synchronous (host only).
 inline void column_scores(const_matrix_view grad, score_norm norm, std::span<float> scores);
 
-/// k = max(1, floor(topk_ratio * cols)). Throws ("topk_ratio") unless topk_ratio is finite and in
-/// (0, 1], and ("cols") unless 1 <= cols <= INT32_MAX.
+/// k = max(1, floor(topk_ratio * cols)), in double. A ratio that is exactly a float (the options
+/// hold it as one) counts as the shortest decimal that rounds to that float: 0.7f, which is
+/// 0.69999998..., is 0.7, so 0.7 of 10 columns is 7 (as Python's int(0.7 * 10)), not 6. Throws
+/// ("topk_ratio") unless topk_ratio is finite and in (0, 1], and ("cols") unless 1 <= cols <=
+/// INT32_MAX.
 inline index_t topk_count(double topk_ratio, index_t cols);
 
 /// The k largest scores' indices, ascending, ties to the lower index (the ranking uses

@@ -108,7 +108,8 @@ struct adam_options {
 /// Every option of the method. Field names follow DeepSpeed's `zenflow` block.
 struct zenflow_options {
   offload_mode mode = offload_mode::zenflow;
-  /// Fraction of each 2-D parameter's columns updated on the GPU: k = max(1, floor(topk_ratio * cols)).
+  /// Fraction of each 2-D parameter's columns updated on the GPU: k = max(1, floor(topk_ratio * cols)),
+  /// the ratio read as the decimal it prints as (topk_count: 0.7 of 10 columns is 7).
   float topk_ratio = 0.1f;
   selection_strategy select_strategy = selection_strategy::automatic;
   /// How often to re-select (steps, or epochs with the epoch strategy). "auto": every epoch with

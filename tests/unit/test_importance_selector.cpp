@@ -107,6 +107,14 @@ TEST_CASE("topk_count follows max(1, floor(ratio * cols)) and validates") {
   CHECK(zenflow::topk_count(1.0, 7) == 7);
   CHECK(zenflow::topk_count(1e-9, 3) == 1);
   CHECK(zenflow::topk_count(static_cast<double>(0.1f), 100) == 10);
+  // A float ratio is the decimal it prints as: 0.7f (0.69999998...) of 10 columns is 7, as
+  // DeepSpeed's int(0.7 * 10); and 0.1 of 1048579 columns stays 104857 (no tolerance bumps it).
+  CHECK(zenflow::topk_count(static_cast<double>(0.7f), 10) == 7);
+  CHECK(zenflow::topk_count(static_cast<double>(0.9f), 10) == 9);
+  CHECK(zenflow::topk_count(static_cast<double>(0.35f), 20) == 7);
+  CHECK(zenflow::topk_count(static_cast<double>(0.35f), 100) == 35);
+  CHECK(zenflow::topk_count(static_cast<double>(0.1f), 1048579) == 104857);
+  CHECK(zenflow::topk_count(0.7, 10) == 7);
   check_throws_arg([] { (void)zenflow::topk_count(0.0, 10); }, "topk_ratio");
   check_throws_arg([] { (void)zenflow::topk_count(1.5, 10); }, "topk_ratio");
   check_throws_arg([] { (void)zenflow::topk_count(std::nan(""), 10); }, "topk_ratio");

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <numeric>
 #include <span>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -24,7 +26,13 @@ inline index_t topk_count(double topk_ratio, index_t cols) {
           topk_ratio);
   expects(cols >= 1 && cols <= std::numeric_limits<std::int32_t>::max(), "cols", "must be in [1, INT32_MAX], got ",
           cols);
-  const auto k = static_cast<index_t>(std::floor(topk_ratio * static_cast<double>(cols)));
+  double ratio = topk_ratio;
+  if (const auto f = static_cast<float>(topk_ratio); static_cast<double>(f) == topk_ratio) {
+    char text[32];  // the shortest decimal that reads back as f, read as a double
+    const auto written = std::to_chars(text, text + sizeof(text), f);
+    if (written.ec == std::errc{}) (void)std::from_chars(text, written.ptr, ratio);
+  }
+  const auto k = static_cast<index_t>(std::floor(ratio * static_cast<double>(cols)));
   return std::clamp<index_t>(k, 1, cols);
 }
 
