@@ -55,8 +55,8 @@ struct basic_vector_view {
       : data(data_), size(size_), stride(stride_), type(type_), space(space_) {}
   /// A mutable view converts to a read-only one.
   template <class Other>
-  requires(std::is_const_v<Void> && !std::is_const_v<Other>) constexpr basic_vector_view(
-      const basic_vector_view<Other>& o)  // NOLINT(google-explicit-constructor)
+    requires(std::is_const_v<Void> && !std::is_const_v<Other>)
+  constexpr basic_vector_view(const basic_vector_view<Other>& o)  // NOLINT(google-explicit-constructor)
       : data(o.data), size(o.size), stride(o.stride), type(o.type), space(o.space) {}
 
   [[nodiscard]] constexpr bool empty() const noexcept { return size == 0; }
@@ -87,8 +87,8 @@ struct basic_vector_view {
   /// validate(), and the memory space must be `expected`.
   void validate(const char* argument, memory_space expected) const {
     validate(argument);
-    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)), " memory, got ",
-            std::string(memory_space_name(space)));
+    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)),
+            " memory, got ", std::string(memory_space_name(space)));
   }
 };
 
@@ -107,22 +107,12 @@ struct basic_matrix_view {
   constexpr basic_matrix_view() = default;
   constexpr basic_matrix_view(Void* data_, index_t rows_, index_t cols_, index_t row_stride_, index_t col_stride_,
                               dtype type_, memory_space space_)
-      : data(data_),
-        rows(rows_),
-        cols(cols_),
-        row_stride(row_stride_),
-        col_stride(col_stride_),
-        type(type_),
+      : data(data_), rows(rows_), cols(cols_), row_stride(row_stride_), col_stride(col_stride_), type(type_),
         space(space_) {}
   template <class Other>
-  requires(std::is_const_v<Void> && !std::is_const_v<Other>) constexpr basic_matrix_view(
-      const basic_matrix_view<Other>& o)  // NOLINT(google-explicit-constructor)
-      : data(o.data),
-        rows(o.rows),
-        cols(o.cols),
-        row_stride(o.row_stride),
-        col_stride(o.col_stride),
-        type(o.type),
+    requires(std::is_const_v<Void> && !std::is_const_v<Other>)
+  constexpr basic_matrix_view(const basic_matrix_view<Other>& o)  // NOLINT(google-explicit-constructor)
+      : data(o.data), rows(o.rows), cols(o.cols), row_stride(o.row_stride), col_stride(o.col_stride), type(o.type),
         space(o.space) {}
 
   /// Row-major `W[rows, cols]` (PyTorch's nn.Linear weight layout): a column is strided.
@@ -142,9 +132,7 @@ struct basic_matrix_view {
   [[nodiscard]] constexpr bool is_row_major() const noexcept { return col_stride == 1 && row_stride == cols; }
   [[nodiscard]] constexpr bool is_column_contiguous() const noexcept { return row_stride == 1 && col_stride == rows; }
   /// Offset in elements of (r, c).
-  [[nodiscard]] constexpr index_t offset(index_t r, index_t c) const noexcept {
-    return r * row_stride + c * col_stride;
-  }
+  [[nodiscard]] constexpr index_t offset(index_t r, index_t c) const noexcept { return r * row_stride + c * col_stride; }
   /// Span in elements from the first to one past the last element.
   [[nodiscard]] constexpr index_t extent() const noexcept {
     return empty() ? 0 : (rows - 1) * row_stride + (cols - 1) * col_stride + 1;
@@ -183,8 +171,8 @@ struct basic_matrix_view {
   }
   void validate(const char* argument, memory_space expected) const {
     validate(argument);
-    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)), " memory, got ",
-            std::string(memory_space_name(space)));
+    expects(space == expected, argument, "expected ", std::string(memory_space_name(expected)),
+            " memory, got ", std::string(memory_space_name(space)));
   }
 };
 

@@ -29,7 +29,7 @@ inline host_sparse_adam::entry& host_sparse_adam::at(std::size_t i, const char* 
 
 namespace detail::sparse_adam {
 /// Whether an f32 parameter's `selection` columns hold, bit for bit, the master part of `packed`
-/// (3 * rows floats per column, the master first).
+/// (3 * rows floats per column, the master first; for one column, a bare master does too).
 inline bool holds_master(const matrix_view& param, std::span<const std::int32_t> selection,
                          std::span<const float> packed) {
   const auto* data = static_cast<const float*>(param.data);
@@ -88,14 +88,7 @@ inline std::size_t host_sparse_adam::add_vector(vector_view param, std::span<con
   e.param = matrix_view(param.data, param.size, 1, param.stride, 1, param.type, param.space);
   e.selection = {0};
   e.rows = param.size;
-  e.own_master = param.type == dtype::f32 && [&] {
-    const auto* data = static_cast<const float*>(param.data);
-    for (index_t r = 0; r < param.size; ++r)
-      if (detail::float_to_bits(data[r * param.stride]) !=
-          detail::float_to_bits(initial_master[static_cast<std::size_t>(r)]))
-        return false;
-    return true;
-  }();
+  e.own_master = param.type == dtype::f32 && detail::sparse_adam::holds_master(e.param, e.selection, initial_master);
   const std::size_t index = add_entry(std::move(e), {}, {});
   entry& added = entries_[index];
   if (!added.master_in_param()) std::copy_n(initial_master.begin(), param.size, added.master.begin());
