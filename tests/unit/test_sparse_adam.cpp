@@ -119,92 +119,102 @@ void fill_random(tensor& t, std::mt19937& rng, float sigma = 1.0f) {
 
 TEST_CASE("sparse update equals dense Adam on the selected columns; the rest is untouched") {
   std::mt19937 rng(7);
-  for (bool row_major : {true, false})
-    for (dtype pt : {dtype::f32, dtype::bf16, dtype::f16})
-      for (dtype gt : {dtype::f32, dtype::bf16, dtype::f16})
-        for (bool adamw : {true, false}) {
-          CAPTURE(row_major);
-          CAPTURE(static_cast<int>(pt));
-          CAPTURE(static_cast<int>(gt));
-          CAPTURE(adamw);
-          const index_t rows = 13, cols = 37, k = 5;
-          zenflow::adam_options o;
-          o.lr = 1e-2f;
-          o.weight_decay = 0.05f;
-          o.adamw_mode = adamw;
-          dense_state ref(rows, cols, rng);
-          tensor param(pt, rows, cols, row_major), grad(gt, rows, cols, !row_major);  // grad in the other layout
-          for (index_t r = 0; r < rows; ++r)
-            for (index_t c = 0; c < cols; ++c) param.set(r, c, ref.p[c * rows + r]);
-          const auto initial_bytes = param.bytes;
-          const auto sel = random_selection(cols, k, rng);
-          // A 1-D parameter (a bias) alongside, strided.
-          std::vector<float> bias_master(11), bias_m(11, 0.0f), bias_v(11, 0.0f);
-          for (auto& x : bias_master) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
-          std::vector<std::byte> bias(22 * zenflow::dtype_size(pt));
-          zenflow::vector_view bias_view(bias.data(), 11, pt, zenflow::memory_space::host, 2);
-          std::vector<float> bias_grad(11);
+  // Shapes: a sparse selection (row-major: gathered), a dense one (AVX-512: 16-column chunks), and
+  // rows longer than a gathered batch (256), whose batches begin and end inside a chunk.
+  struct shape {
+    index_t rows, cols, k;
+  };
+  for (const shape sh : {shape{13, 37, 5}, shape{13, 37, 20}, shape{3, 700, 400}})
+    for (bool grad_same_layout : {false, true})
+      for (bool row_major : {true, false})
+        for (dtype pt : {dtype::f32, dtype::bf16, dtype::f16})
+          for (dtype gt : {dtype::f32, dtype::bf16, dtype::f16})
+            for (bool adamw : {true, false}) {
+              CAPTURE(sh.cols);
+              CAPTURE(sh.k);
+              CAPTURE(grad_same_layout);
+              CAPTURE(row_major);
+              CAPTURE(static_cast<int>(pt));
+              CAPTURE(static_cast<int>(gt));
+              CAPTURE(adamw);
+              const index_t rows = sh.rows, cols = sh.cols, k = sh.k;
+              zenflow::adam_options o;
+              o.lr = 1e-2f;
+              o.weight_decay = 0.05f;
+              o.adamw_mode = adamw;
+              dense_state ref(rows, cols, rng);
+              tensor param(pt, rows, cols, row_major), grad(gt, rows, cols, grad_same_layout == row_major);
+              for (index_t r = 0; r < rows; ++r)
+                for (index_t c = 0; c < cols; ++c) param.set(r, c, ref.p[c * rows + r]);
+              const auto initial_bytes = param.bytes;
+              const auto sel = random_selection(cols, k, rng);
+              // A 1-D parameter (a bias) alongside, strided.
+              std::vector<float> bias_master(11), bias_m(11, 0.0f), bias_v(11, 0.0f);
+              for (auto& x : bias_master) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+              std::vector<std::byte> bias(22 * zenflow::dtype_size(pt));
+              zenflow::vector_view bias_view(bias.data(), 11, pt, zenflow::memory_space::host, 2);
+              std::vector<float> bias_grad(11);
 
-          zenflow::host_sparse_adam opt(o);
-          const auto bias_index = opt.add_vector(bias_view, bias_master);
-          const auto index = opt.add_matrix(param.view(), sel, ref.packed(sel));
-          CHECK(bias_index == 0);
-          CHECK(index == 1);
-          CHECK(opt.k(index) == k);
-          CHECK(opt.k(bias_index) == 1);
-          CHECK(opt.is_vector(bias_index));
-          const float device_scale = 0.5f;
-          for (std::int64_t t = 1; t <= 20; ++t) {
-            fill_random(grad, rng, 0.1f);
-            for (auto& g : bias_grad) g = std::normal_distribution<float>(0.0f, 0.1f)(rng);
-            const zenflow::const_matrix_view mg[] = {grad.cview()};
-            const zenflow::const_vector_view vg[] = {zenflow::const_vector_view(bias_grad.data(), 11, dtype::f32)};
-            REQUIRE(opt.step(mg, vg, 2.0f, &device_scale));
-            const auto c = zenflow::make_adam_step_constants(o, t, 2.0f * device_scale);
-            for (index_t col = 0; col < cols; ++col)  // dense: every column
-              for (index_t r = 0; r < rows; ++r) {
-                const auto s = static_cast<std::size_t>(col * rows + r);
-                zenflow::adam_update(ref.p[s], grad.get(r, col), ref.m[s], ref.v[s], c);
+              zenflow::host_sparse_adam opt(o);
+              const auto bias_index = opt.add_vector(bias_view, bias_master);
+              const auto index = opt.add_matrix(param.view(), sel, ref.packed(sel));
+              CHECK(bias_index == 0);
+              CHECK(index == 1);
+              CHECK(opt.k(index) == k);
+              CHECK(opt.k(bias_index) == 1);
+              CHECK(opt.is_vector(bias_index));
+              const float device_scale = 0.5f;
+              for (std::int64_t t = 1; t <= 20; ++t) {
+                fill_random(grad, rng, 0.1f);
+                for (auto& g : bias_grad) g = std::normal_distribution<float>(0.0f, 0.1f)(rng);
+                const zenflow::const_matrix_view mg[] = {grad.cview()};
+                const zenflow::const_vector_view vg[] = {zenflow::const_vector_view(bias_grad.data(), 11, dtype::f32)};
+                REQUIRE(opt.step(mg, vg, 2.0f, &device_scale));
+                const auto c = zenflow::make_adam_step_constants(o, t, 2.0f * device_scale);
+                for (index_t col = 0; col < cols; ++col)  // dense: every column
+                  for (index_t r = 0; r < rows; ++r) {
+                    const auto s = static_cast<std::size_t>(col * rows + r);
+                    zenflow::adam_update(ref.p[s], grad.get(r, col), ref.m[s], ref.v[s], c);
+                  }
+                for (std::size_t i = 0; i < 11; ++i)
+                  zenflow::adam_update(bias_master[i], bias_grad[i], bias_m[i], bias_v[i], c);
               }
-            for (std::size_t i = 0; i < 11; ++i)
-              zenflow::adam_update(bias_master[i], bias_grad[i], bias_m[i], bias_v[i], c);
-          }
-          CHECK(opt.step_count() == 20);
-          // Selected columns: parameter and state bit-identical to dense Adam.
-          std::vector<float> state(3 * k * rows);
-          opt.export_state(index, state);
-          const auto expect = ref.packed(sel);
-          bool state_equal = true, param_equal = true, others_untouched = true;
-          for (std::size_t i = 0; i < state.size(); ++i) state_equal &= bits_of(state[i]) == bits_of(expect[i]);
-          for (index_t col = 0; col < cols; ++col) {
-            const bool selected = std::binary_search(sel.begin(), sel.end(), static_cast<std::int32_t>(col));
-            for (index_t r = 0; r < rows; ++r) {
-              const auto es = zenflow::dtype_size(pt);
-              const auto off = static_cast<std::size_t>(param.offset(r, col)) * es;
-              if (selected)
-                param_equal &= param.bits(r, col) == rounded_bits(ref.p[col * rows + r], pt);
-              else
-                others_untouched &= std::memcmp(param.bytes.data() + off, initial_bytes.data() + off, es) == 0;
+              CHECK(opt.step_count() == 20);
+              // Selected columns: parameter and state bit-identical to dense Adam.
+              std::vector<float> state(3 * k * rows);
+              opt.export_state(index, state);
+              const auto expect = ref.packed(sel);
+              bool state_equal = true, param_equal = true, others_untouched = true;
+              for (std::size_t i = 0; i < state.size(); ++i) state_equal &= bits_of(state[i]) == bits_of(expect[i]);
+              for (index_t col = 0; col < cols; ++col) {
+                const bool selected = std::binary_search(sel.begin(), sel.end(), static_cast<std::int32_t>(col));
+                for (index_t r = 0; r < rows; ++r) {
+                  const auto es = zenflow::dtype_size(pt);
+                  const auto off = static_cast<std::size_t>(param.offset(r, col)) * es;
+                  if (selected)
+                    param_equal &= param.bits(r, col) == rounded_bits(ref.p[col * rows + r], pt);
+                  else
+                    others_untouched &= std::memcmp(param.bytes.data() + off, initial_bytes.data() + off, es) == 0;
+                }
+              }
+              CHECK(state_equal);
+              CHECK(param_equal);
+              CHECK(others_untouched);
+              // The vector: all of it, strided (the gaps untouched: they were zero).
+              std::vector<float> bias_state(33);
+              opt.export_state(bias_index, bias_state);
+              bool bias_equal = true;
+              for (std::size_t i = 0; i < 11; ++i) {
+                bias_equal &= bits_of(bias_state[i]) == bits_of(bias_master[i]);
+                bias_equal &= bits_of(bias_state[11 + i]) == bits_of(bias_m[i]);
+                bias_equal &= bits_of(bias_state[22 + i]) == bits_of(bias_v[i]);
+                std::uint32_t stored = 0;
+                std::memcpy(&stored, bias.data() + 2 * i * zenflow::dtype_size(pt), zenflow::dtype_size(pt));
+                bias_equal &= stored == rounded_bits(bias_master[i], pt);
+                bias_equal &= sa::load_as_float(bias.data(), pt, 2 * i + 1) == 0.0f;
+              }
+              CHECK(bias_equal);
             }
-          }
-          CHECK(state_equal);
-          CHECK(param_equal);
-          CHECK(others_untouched);
-          // The vector: all of it, strided (the gaps untouched: they were zero).
-          std::vector<float> bias_state(33);
-          opt.export_state(bias_index, bias_state);
-          bool bias_equal = true;
-          for (std::size_t i = 0; i < 11; ++i) {
-            bias_equal &= bits_of(bias_state[i]) == bits_of(bias_master[i]);
-            bias_equal &= bits_of(bias_state[11 + i]) == bits_of(bias_m[i]);
-            bias_equal &= bits_of(bias_state[22 + i]) == bits_of(bias_v[i]);
-            std::uint32_t stored = 0;
-            std::memcpy(&stored, bias.data() + 2 * i * zenflow::dtype_size(pt), zenflow::dtype_size(pt));
-            bias_equal &= stored == rounded_bits(bias_master[i], pt);
-            bias_equal &= sa::load_as_float(bias.data(), pt, 2 * i + 1) == 0.0f;
-          }
-          CHECK(bias_equal);
-        }
 }
 
 TEST_CASE("reselection migrates state losslessly and keeps kept columns") {

@@ -182,6 +182,21 @@ inline host_step_item make_host_step_item(float* master, float* m, float* v, std
   it.gather_g = host_device::select_copy_line(isa, g.type, dtype::f32, false, g_simd);
   if (master == nullptr) it.gather_p = host_device::select_copy_line(isa, dtype::f32, dtype::f32, false, p_simd);
   it.scatter_p = host_device::select_copy_line(isa, dtype::f32, param.type, false, p_simd);
+  // A row's listed columns on a contiguous row (a row-major gradient's or parameter's selection):
+  // chunk copies where the path has them and the columns are dense enough. A chunk costs about
+  // what a gather instruction's 16 lanes do (measured on Zen 4): chunks win from 1.5 columns per
+  // chunk on (2.4x at 5 per chunk), gathers below.
+  const bool g_rows = it.g_pos.index != nullptr && it.g_pos.stride == 1;
+  const bool p_rows = it.p_pos.index != nullptr && it.p_pos.stride == 1;
+  if (!it.direct && (g_rows || p_rows) && host_device::select_chunk_copy(isa, g.type, true) != nullptr) {
+    auto chunks = host_device::make_line_chunks(selection.data(), k);
+    if (2 * k >= 3 * static_cast<index_t>(chunks.size())) {
+      it.chunks = std::move(chunks);
+      if (g_rows) it.gather_g_chunks = host_device::select_chunk_copy(isa, g.type, true);
+      if (p_rows && master == nullptr) it.gather_p_chunks = host_device::select_chunk_copy(isa, dtype::f32, true);
+      if (p_rows) it.scatter_p_chunks = host_device::select_chunk_copy(isa, param.type, false);
+    }
+  }
   return it;
 }
 

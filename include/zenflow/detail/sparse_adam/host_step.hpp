@@ -56,6 +56,11 @@ struct host_step_item {
   hd::copy_line_fn gather_g = nullptr;   // gradient -> f32 buffer
   hd::copy_line_fn gather_p = nullptr;   // f32 parameter -> f32 buffer (the parameter as the master)
   hd::copy_line_fn scatter_p = nullptr;  // f32 master -> parameter
+  /// Listed positions on a contiguous line of the gradient or the parameter, on the AVX-512 path:
+  /// the list's chunks and the chunk copies that replace gather_g, gather_p and scatter_p on the
+  /// sides that have one (nullptr: those run).
+  std::vector<hd::line_chunk> chunks;
+  hd::chunk_copy_fn gather_g_chunks = nullptr, gather_p_chunks = nullptr, scatter_p_chunks = nullptr;
   std::size_t begin = 0;                 // first element in the step's index space
   [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(lines * line_len); }
 };
@@ -100,12 +105,17 @@ inline bool run_line(const host_step_item& it, const host_step_kernels& k, index
     }
     return false;
   }
-  alignas(64) float buffer[gather_block];
-  alignas(64) float own_master[gather_block];  // the parameter's values, when it is the master
+  // 16 floats of slack each: the chunk gathers store whole vectors.
+  alignas(64) float buffer[gather_block + 16];
+  alignas(64) float own_master[gather_block + 16];  // the parameter's values, when it is the master
   for (index_t x0 = b0; x0 < b1; x0 += gather_block) {
     const index_t n = std::min(gather_block, b1 - x0);
+    const hd::line_chunk* chunk = it.chunks.empty() ? nullptr : hd::chunk_at(it.chunks, x0);
     const auto [g_off, g_rest] = from_position(it.g_pos, x0);
-    it.gather_g(g_line + static_cast<std::size_t>(g_off) * it.g_size, g_rest, buffer, {}, n, 1.0f);
+    if (it.gather_g_chunks != nullptr)
+      it.gather_g_chunks(g_line, buffer, chunk, x0, n);
+    else
+      it.gather_g(g_line + static_cast<std::size_t>(g_off) * it.g_size, g_rest, buffer, {}, n, 1.0f);
     if (scan) {
       if (k.scan_f32(buffer, static_cast<std::size_t>(n), scale)) return true;
       continue;
@@ -113,9 +123,17 @@ inline bool run_line(const host_step_item& it, const host_step_kernels& k, index
     const auto [p_off, p_rest] = from_position(it.p_pos, x0);
     std::byte* p = p_line + static_cast<std::size_t>(p_off) * it.p_size;
     float* master = it.master != nullptr ? it.master + s + x0 : own_master;
-    if (it.master == nullptr) it.gather_p(p, p_rest, master, {}, n, 1.0f);
+    if (it.master == nullptr) {
+      if (it.gather_p_chunks != nullptr)
+        it.gather_p_chunks(p_line, master, chunk, x0, n);
+      else
+        it.gather_p(p, p_rest, master, {}, n, 1.0f);
+    }
     k.adam_f32(master, buffer, it.m + s + x0, it.v + s + x0, nullptr, static_cast<std::size_t>(n), it.c);
-    it.scatter_p(master, {}, p, p_rest, n, 1.0f);
+    if (it.scatter_p_chunks != nullptr)
+      it.scatter_p_chunks(master, p_line, chunk, x0, n);
+    else
+      it.scatter_p(master, {}, p, p_rest, n, 1.0f);
   }
   return false;
 }
