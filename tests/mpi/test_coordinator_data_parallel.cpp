@@ -10,7 +10,7 @@
 // one process bit for bit, parameters and CPU state. On 3 ranks, and with clipping (on about half
 // the steps, so that a wrong 1/N or clip factor changes the scale between steps, which Adam does
 // not hide), the mean's 1/3 and the clip factor are applied to the reduced sum in fp32 as the CPU
-// columns accumulate, where one process rounds the scaled gradient to its dtype first. Then the
+// columns accumulate, where one process scales its own gradient (the sums round differently). Then the
 // moments (m, v) agree at every element within 1e-2 x (|b| + rms b) for bf16 gradients (a few bf16
 // roundings) and 1e-3 for f32 ones (measured at most 4.7e-3 and 1.1e-7 relative to |b| + rms b), and
 // parameters and masters within the same tolerances but for at most 1 element in 100: where an

@@ -536,9 +536,10 @@ TEST_CASE("gather_columns and scatter_columns on every path equal the per-elemen
 }
 
 TEST_CASE("gather_accumulate equals gather_columns followed by the accumulate kernel, without the buffer") {
-  // The host backend's offload at step(): the same bits as the staged path it replaces, for every
-  // layout, dtype, path and thread count, into zeros or over an accumulator, with blocks of whole
-  // columns and (70,000 rows) blocks of one column's rows.
+  // The host backend's offload at step(): the same bits as the staged path it replaces (an
+  // unscaled gather, the scale applied in fp32 as it accumulates), for every layout, dtype, path
+  // and thread count, into zeros or over an accumulator, with blocks of whole columns and (70,000
+  // rows) blocks of one column's rows.
   namespace hd = zenflow::detail::host_device;
   executions ex;
   std::mt19937 rng(29);
@@ -565,10 +566,10 @@ TEST_CASE("gather_accumulate equals gather_columns followed by the accumulate ke
             for (const auto& e : ex.all) {
               CAPTURE(describe(e));
               std::vector<std::byte> staged(acc0.size() * zenflow::dtype_size(st));
-              zenflow::gather_columns(src.cview(), columns, staged.data(), st, scale, e);
+              zenflow::gather_columns(src.cview(), columns, staged.data(), st, 1.0f, e);
               std::vector<float> expect = acc0;
               (void)zenflow::detail::select_accumulate_range(e.isa, st, overwrite)(expect.data(), staged.data(),
-                                                                                   expect.size(), 1.0f);
+                                                                                   expect.size(), scale);
               std::vector<float> got = acc0;
               const zenflow::const_matrix_view v = src.cview();
               hd::gather_accumulate(

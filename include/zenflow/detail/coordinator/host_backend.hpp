@@ -116,10 +116,11 @@ struct host_backend {
     stream->enqueue([=] { gather_columns(grad, columns, dst, dst_type, flags->scale, stream->execution()); });
   }
   /// The offload of one process's step on the stream, straight from the trainer's gradient (R13):
-  /// unless flags->skip, `acc` (compact fp32) += grad's `columns` * flags->scale rounded to the
-  /// gradient's dtype (stores when *accumulated == 0: the parameter's first step of the interval),
-  /// then ++*accumulated. The same bits as gather followed by the offload worker's accumulation
-  /// of the staging, with neither the staging (2 x the CPU columns' gradient) nor its two passes.
+  /// unless flags->skip, `acc` (compact fp32) = fma(flags->scale, grad's `columns`, acc) in fp32
+  /// (stores scale * grad when *accumulated == 0: the parameter's first step of the interval),
+  /// then ++*accumulated. The same bits as an unscaled gather followed by the offload worker's
+  /// accumulation of the staging scaled by the flags, with neither the staging (2 x the CPU
+  /// columns' gradient) nor its two passes.
   static constexpr bool accumulates_on_stream = true;
   static void gather_accumulate(const_matrix_view grad, std::span<const std::int32_t> columns, float* acc,
                                 std::int64_t* accumulated, const step_flags* flags, stream_type stream) {

@@ -369,16 +369,21 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::offload_gradient(p
                                  &p.by_interval[i % 2].accumulated, flags, stream);
     }
   } else {
+    // Unscaled (exact in the gradient's dtype): the worker applies the step's clip factor in fp32
+    // as it accumulates, as the GPU update applies it (a factor rounded into a bf16/fp16 gradient
+    // would lose its small components, or all of an fp16 one).
+    (void)flags;
     Backend::gather(p.grad_matrix, p.cpu_columns, reinterpret_cast<const std::int32_t*>(p.cpu_columns_dev.data()),
-                    (*p.by_step)[step_ % 2].grad_stage.data(), p.grad_type, flags, stream);
+                    (*p.by_step)[step_ % 2].grad_stage.data(), p.grad_type, unit_flags(), stream);
   }
   hand_over(p, 0, p.cpu_columns.size() * static_cast<std::size_t>(p.matrix.rows) * dtype_size(p.grad_type),
-            /*scale_by_flags=*/false, stream);
+            /*scale_by_flags=*/!accumulates_on_stream, stream);
 }
 
 // Hands `bytes` of parameter p's gradient staging, from `offset`, to the offload worker, after the
-// work enqueued on `stream` so far (the gather; data parallel, the reduce-scatter, whose block of
-// this rank the worker scales: `scale_by_flags`). An empty job still counts the step.
+// work enqueued on `stream` so far (the unscaled gather, or in data parallel the reduce-scatter),
+// which the worker multiplies by the step's flags->scale as it accumulates (`scale_by_flags`). An
+// empty job still counts the step.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::hand_over(parameter& p, std::size_t offset,
                                                                         std::size_t bytes, bool scale_by_flags,

@@ -125,13 +125,14 @@ inline void copy_columns(const column_side& src, const column_side& dst, index_t
   }
 }
 
-/// The host backend's offload of a step's CPU columns in one pass: acc(r, i) = A(acc(r, i),
-/// D(src(r, i) * scale)) for r < rows, i < n, where D rounds to src's dtype and A adds in fp32
-/// (overwrite: stores), acc compact (column i at i * rows). The same bits as copy_columns into a
-/// compact buffer of src's dtype followed by the accumulation of that buffer (the coordinator's
-/// gather, then the offload worker's accumulate), without the buffer: each task gathers a block
-/// of at most light_task_elements elements into a scratch of its thread, which stays in cache,
-/// and accumulates it from there. Blocks are whole columns when a column's rows are contiguous in
+/// The host backend's offload of a step's CPU columns in one pass: acc(r, i) = fma(scale,
+/// src(r, i), acc(r, i)) in fp32 (overwrite: acc(r, i) = scale * src(r, i)) for r < rows, i < n,
+/// acc compact (column i at i * rows): the clip factor applies in fp32, never rounded to src's
+/// dtype (a bf16/fp16 gradient keeps its small components). The same bits as copy_columns into a
+/// compact buffer of src's dtype, unscaled, followed by the accumulate kernel with `scale` (the
+/// coordinator's gather, then the offload worker's accumulate), without the buffer: each task
+/// gathers a block of at most light_task_elements elements into a scratch of its thread, which
+/// stays in cache, and accumulates it from there. Blocks are whole columns when a column's rows are contiguous in
 /// src (or the rows of one column, when a column alone is longer than a block), else 256 rows by
 /// 256 columns (a transposition: each source row of the block is read as one run; taller blocks
 /// measured slower). On exec's pool, a task per block.
@@ -161,14 +162,14 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
       from.data = src.at(r0, i0);
       from.max_column = w - 1;
     }
-    copy_columns(from, {scratch.data(), src.type, 1, h, nullptr, w - 1}, h, w, true, scale, serial, isa, false);
+    copy_columns(from, {scratch.data(), src.type, 1, h, nullptr, w - 1}, h, w, false, 1.0f, serial, isa, false);
     if (h == rows) {  // whole columns: one contiguous range of acc
-      (void)add(acc + static_cast<std::size_t>(i0 * rows), scratch.data(), static_cast<std::size_t>(h * w), 1.0f);
+      (void)add(acc + static_cast<std::size_t>(i0 * rows), scratch.data(), static_cast<std::size_t>(h * w), scale);
       return;
     }
     for (index_t i = 0; i < w; ++i)
       (void)add(acc + static_cast<std::size_t>((i0 + i) * rows + r0),
-                scratch.data() + static_cast<std::size_t>(i * h) * ssz, static_cast<std::size_t>(h), 1.0f);
+                scratch.data() + static_cast<std::size_t>(i * h) * ssz, static_cast<std::size_t>(h), scale);
   });
 }
 
