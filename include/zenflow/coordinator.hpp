@@ -189,6 +189,11 @@ class basic_coordinator {
   [[nodiscard]] std::int64_t step_count() const noexcept;
   /// The last step's metrics (also after a failure).
   [[nodiscard]] const step_metrics& metrics() const noexcept;
+  /// The gradients of the last step this coordinator ran: whether it was skipped (a NaN/Inf;
+  /// step() does not wait to find out) and their global norm before max_grad_norm clipping (of the
+  /// mean gradient in data parallel). nullopt before the first step. Waits for that step's
+  /// statistics on the trainer's stream (an event, not the whole stream).
+  [[nodiscard]] std::optional<step_gradients> last_step_gradients() const;
   /// One record per CPU update launched so far (coordinator_config::record_trace; else empty).
   [[nodiscard]] std::vector<update_record> trace() const;
   /// The CPU optimizer, for reading its state between steps. Waits for CPU updates already
@@ -315,8 +320,9 @@ class basic_coordinator {
   /// registered parameters; resumes bit-identically. A checkpoint of
   /// checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them
   /// first. A truncated, corrupted or mismatched file is rejected before any state changes.
-  /// Synchronizes with `stream`.
-  void load_checkpoint(const std::string& path, stream_type stream);
+  /// `match`: whether the parameters' names must agree too (checkpoint_match). Synchronizes with
+  /// `stream`.
+  void load_checkpoint(const std::string& path, stream_type stream, checkpoint_match match = checkpoint_match::names);
 
  private:
   using clock = std::chrono::steady_clock;
@@ -483,7 +489,7 @@ class basic_coordinator {
   // Checkpoints (checkpoint_io.hpp).
   void copy_all_columns(const parameter& p, std::span<std::byte> values, transfer_direction direction,
                         stream_type stream);
-  void read_checkpoint(const std::string& path, stream_type stream, int& stage);
+  void read_checkpoint(const std::string& path, stream_type stream, checkpoint_match match, int& stage);
 
   int device_;  // the device current at construction: every public call runs under it (device_scope)
   zenflow_options options_;
@@ -527,6 +533,7 @@ class basic_coordinator {
 
   // The trainer thread's own state.
   std::int64_t step_ = 0;
+  bool ran_step_ = false;        // a step ran in this coordinator (its flags are by_step_[(step_ - 1) % 2]'s)
   detail::schedule schedule_;    // warm-up, selections, intervals, the pending write-back
   bool in_step_ = false;         // a gradient of step_ was handed over, or step() is running
   bool step_offloaded_ = false;  // step_ handed at least one gradient to the offload worker

@@ -91,6 +91,12 @@ struct step_metrics {
 /// what happened.
 inline std::ostream& operator<<(std::ostream& os, const step_metrics& m);
 
+/// What the gradients of a step were (basic_coordinator::last_step_gradients).
+struct step_gradients {
+  bool skipped = false;    ///< a gradient held a NaN or an infinity: the step updated and accumulated nothing
+  double grad_norm = 0.0;  ///< their global L2 norm before clipping (of the finite elements when skipped)
+};
+
 /// One CPU update as the staleness oracle sees it.
 struct update_record {
   std::int64_t interval = 0;           ///< 0-based interval index
@@ -138,6 +144,17 @@ struct host_memory_bytes {
   [[nodiscard]] std::size_t host_total() const noexcept {
     return cpu_state + accumulators + copy_out + state_file_pool;
   }
+};
+
+/// How load_checkpoint pairs the checkpoint's parameters with the registered ones.
+enum class checkpoint_match : std::uint8_t {
+  /// The i-th saved parameter restores the i-th registered one, and their names must agree: a
+  /// renamed or reordered parameter is rejected.
+  names,
+  /// The i-th saved parameter restores the i-th registered one whatever their names, as
+  /// torch.optim's load_state_dict pairs parameters by position (a model wrapped by torch.compile
+  /// or DDP, a module renamed); shapes, dtypes and every other field must still agree.
+  positions,
 };
 
 /// What save_checkpoint writes besides the optimizer state (load_checkpoint reads which from the

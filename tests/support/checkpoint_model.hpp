@@ -283,7 +283,7 @@ class checkpoint_document {
       pos += n * element;
       return fields_.back().bytes;
     };
-    scalar("options", 40);
+    scalar("options", 54);  // the method's options (40 bytes), then beta1, beta2, eps, adamw_mode, bias_correction
     scalar("contents", 1);
     scalar("rank", 4);
     scalar("ranks", 4);

@@ -294,6 +294,64 @@ TEST_CASE("the optimizer state loads onto parameters the trainer restored before
   CHECK(b == b_next);
 }
 
+TEST_CASE("checkpoint_match::positions pairs renamed parameters by position; names rejects them") {
+  // A model wrapped after the checkpoint was written (torch.compile's "_orig_mod.", DDP's
+  // "module."): torch.optim loads by position, and so does positions.
+  zenflow_options o;  // ZenFlow, async, two of six columns on the "GPU"
+  o.topk_ratio = 0.34f;
+  o.update_interval = interval_option::fixed(2);
+  o.full_warm_up_rounds = 1;
+  std::vector<float> w(4 * 6), b(3), g(4 * 6), gb(3);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    w[i] = 0.01f * static_cast<float>(i), g[i] = 0.1f * std::sin(1.0f + static_cast<float>(i));
+  for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = -0.2f * static_cast<float>(i + 1);
+  const std::vector<float> w_init = w, b_init = b;
+  const auto path = temp_path("renamed.bin");
+  auto make = [&](host_coordinator& c, const std::string& prefix, index_t rows) {
+    c.register_parameter(prefix + "w", matrix_view::row_major(w.data(), rows, 24 / rows, dtype::f32),
+                         const_matrix_view::row_major(w_init.data(), rows, 24 / rows, dtype::f32), dtype::f32);
+    c.register_parameter(prefix + "b", vector_view(b.data(), 3, dtype::f32), std::span<const float>(b_init));
+  };
+  auto run = [&](host_coordinator& c, host_stream& s, int steps) {
+    for (int step = 0; step < steps; ++step) {
+      c.submit_gradient(0, const_matrix_view::row_major(g.data(), 4, 6, dtype::f32), &s);
+      c.submit_gradient(1, const_vector_view(gb.data(), 3, dtype::f32), &s);
+      c.step(&s);
+      s.synchronize();
+    }
+  };
+  std::vector<float> w_next, b_next;
+  {
+    host_stream s;
+    host_coordinator c(o);
+    make(c, "", 4);
+    run(c, s, 3);
+    c.save_checkpoint(path, &s);
+    run(c, s, 3);
+    c.finish(&s);
+    w_next = w, b_next = b;
+  }
+  host_stream s;
+  {
+    host_coordinator renamed(o);
+    make(renamed, "module.", 4);
+    CHECK_THROWS_WITH_AS(renamed.load_checkpoint(path, &s), doctest::Contains("registered 'module.w'"), zenflow::error);
+    host_coordinator reshaped(o);  // by position, the shapes must still agree
+    make(reshaped, "module.", 6);
+    CHECK_THROWS_WITH_AS(reshaped.load_checkpoint(path, &s, checkpoint_match::positions),
+                         doctest::Contains("'module.w' has a different shape"), zenflow::error);
+  }
+  host_coordinator c(o);
+  make(c, "module.", 4);
+  c.load_checkpoint(path, &s, checkpoint_match::positions);
+  std::filesystem::remove(path);
+  CHECK(c.step_count() == 3);
+  run(c, s, 3);
+  c.finish(&s);
+  CHECK(w == w_next);
+  CHECK(b == b_next);
+}
+
 TEST_CASE("save_checkpoint with no parameters frees no buffer a copy still writes") {
   // The identity flags were copied into a buffer freed at the end of save_checkpoint, with
   // nothing waiting for the copy when no parameter follows (ThreadSanitizer: the delete races

@@ -257,6 +257,21 @@ TEST_CASE("checkpoint and resume are bit-identical; bad checkpoints are rejected
   write(bytes);
   harness mismatched(other);
   CHECK_THROWS_AS(mismatched.coordinator.load_checkpoint(path, &mismatched.stream), zenflow::error);
+  // The Adam hyper-parameters the moments were computed with: each one that differs is named.
+  const std::pair<const char*, void (*)(adam_options&)> adam_edits[] = {
+      {"adam beta1 = 0.9, this coordinator's is 0.8", [](adam_options& a) { a.beta1 = 0.8f; }},
+      {"adam beta2 = 0.999, this coordinator's is 0.99", [](adam_options& a) { a.beta2 = 0.99f; }},
+      {"adam eps", [](adam_options& a) { a.eps = 1e-6f; }},
+      {"adam adamw_mode = true, this coordinator's is false", [](adam_options& a) { a.adamw_mode = false; }},
+      {"adam bias_correction", [](adam_options& a) { a.bias_correction = false; }},
+  };
+  for (const auto& [message, edit] : adam_edits) {
+    auto changed = o;
+    edit(changed.adam);
+    harness h(changed);
+    CHECK_THROWS_WITH_AS(h.coordinator.load_checkpoint(path, &h.stream), doctest::Contains(message), zenflow::error);
+    CHECK(h.coordinator.step_count() == 0);
+  }
   // The untouched coordinator still accepts the good file.
   CHECK_NOTHROW(fresh.coordinator.load_checkpoint(path, &fresh.stream));
   CHECK(fresh.coordinator.step_count() == 10);
@@ -279,6 +294,70 @@ TEST_CASE("a non-finite gradient skips the whole step") {
   offload.finish();
   CHECK(offload.coordinator.host_optimizer().step_count() == 5);
   for (const auto& r : offload.coordinator.trace()) CHECK(r.accumulated_steps == (r.first_step == 2 ? 0 : 1));
+}
+
+TEST_CASE("last_step_gradients says which step was skipped and the norm clipping saw") {
+  for (auto o : {zenflow_options::dense(), base_options()}) {
+    o.max_grad_norm = 0.5f;  // clipping takes the same norm
+    harness h(o);
+    CHECK_FALSE(h.coordinator.last_step_gradients().has_value());
+    for (std::int64_t step = 0; step < 6; ++step) {
+      h.train(1, /*poison_step=*/3);
+      const auto g = h.coordinator.last_step_gradients();
+      REQUIRE(g.has_value());
+      CHECK(g->skipped == (step == 3));
+      double sum = 0.0;  // the step's gradients are still in the model's buffers
+      for (const auto& w : h.model.weights)
+        for (index_t r = 0; r < w.rows; ++r)
+          for (index_t c = 0; c < w.cols; ++c) {
+            const double x = toy_model::load(w.grad_view(), r, c);
+            sum += x * x;
+          }
+      for (const float b : h.model.bias_grad)
+        if (std::isfinite(b)) sum += static_cast<double>(b) * b;
+      CHECK(g->grad_norm == doctest::Approx(std::sqrt(sum)).epsilon(1e-9));
+    }
+  }
+}
+
+// One f32 weight with fp16 gradients, three steps of ~1 with a 60000 spike, clipped to norm 1e-3:
+// a clip factor of ~1.6e-8, which turns the ~1 gradients into values below fp16's smallest.
+template <class Coordinator>
+std::vector<float> clipped_fp16_run(zenflow_options o) {
+  const index_t rows = 8, cols = 24;
+  o.max_grad_norm = 1e-3f;
+  o.adam.lr = 1e-2f;
+  std::vector<float> w(static_cast<std::size_t>(rows * cols)), w0;
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(i % 17);
+  w0 = w;
+  std::vector<float16> g(w.size());
+  host_stream s;
+  Coordinator c(o);
+  c.register_parameter("w", matrix_view::row_major(w.data(), rows, cols, dtype::f32),
+                       const_matrix_view::row_major(w0.data(), rows, cols, dtype::f32), dtype::f16);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = from_float<float16>(0.5f + 0.1f * static_cast<float>((i + step) % 11));
+    g[5] = from_float<float16>(60000.0f);
+    c.submit_gradient(0, const_matrix_view::row_major(g.data(), rows, cols, dtype::f16), &s);
+    c.step(&s);
+    s.synchronize();
+  }
+  c.finish(&s);
+  return w;
+}
+
+TEST_CASE("the clip factor applies in fp32 on the CPU path too: an fp16 gradient's small values are kept") {
+  // Rounded into the fp16 gradient before it is accumulated, every scaled value but the spike
+  // would be 0 and the CPU columns would not move. Both paths apply it in fp32: ZeRO-Offload (every
+  // column on the CPU) equals dense (every column on the "GPU") bit for bit, through the host
+  // backend's fused offload and through the staged one (the CUDA backend's).
+  const auto dense = clipped_fp16_run<host_coordinator>(zenflow_options::dense());
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < dense.size(); ++i) moved += dense[i] != 0.01f * static_cast<float>(i % 17);
+  CHECK(moved == dense.size());
+  CHECK(clipped_fp16_run<host_coordinator>(zenflow_options::zero_offload()) == dense);
+  CHECK(clipped_fp16_run<basic_coordinator<staged_host_backend>>(zenflow_options::zero_offload()) == dense);
 }
 
 TEST_CASE("bad input is rejected before anything changes") {

@@ -3,6 +3,7 @@
 // coordinator's state through them; the layout of that state is documented there).
 #pragma once
 
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -21,7 +23,7 @@
 namespace zenflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
-inline constexpr std::uint32_t checkpoint_version = 5;
+inline constexpr std::uint32_t checkpoint_version = 6;
 inline constexpr std::size_t checkpoint_header_bytes = 32;
 
 /// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).
@@ -164,6 +166,20 @@ class checkpoint_reader {
   std::size_t pos_ = 0;
 };
 
+/// The value of adam_options field `field` (a name differs_beyond_lr_and_weight_decay returns), a
+/// float as the shortest decimal that reads back as it.
+inline std::string adam_field_text(const adam_options& a, std::string_view field) {
+  const auto shortest = [](float x) {
+    char text[32];
+    return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
+  };
+  if (field == "beta1") return shortest(a.beta1);
+  if (field == "beta2") return shortest(a.beta2);
+  if (field == "eps") return shortest(a.eps);
+  if (field == "adamw_mode") return a.adamw_mode ? "true" : "false";
+  return a.bias_correction ? "true" : "false";
+}
+
 /// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
 /// struct padding reaches the file).
 inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
@@ -176,6 +192,12 @@ inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
   w.put(o.full_warm_up_rounds);
   w.put(o.overlap_step);
   w.put(o.max_update_interval);
+  // The hyper-parameters every parameter shares (lr and weight_decay are per parameter, below).
+  w.put(o.adam.beta1);
+  w.put(o.adam.beta2);
+  w.put(o.adam.eps);
+  w.put(o.adam.adamw_mode);
+  w.put(o.adam.bias_correction);
 }
 inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
   bool same = r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.mode);
@@ -189,6 +211,18 @@ inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
   same = (r.get<std::int64_t>() == o.max_update_interval) && same;
   expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
           "overlap_step)");
+  // The moments were computed with these: resuming with others would silently change the
+  // optimizer (torch.optim would restore them; here they are fixed at construction).
+  adam_options saved = o.adam;
+  saved.beta1 = r.get<float>();
+  saved.beta2 = r.get<float>();
+  saved.eps = r.get<float>();
+  saved.adamw_mode = r.get<bool>();
+  saved.bias_correction = r.get<bool>();
+  if (const char* field = saved.differs_beyond_lr_and_weight_decay(o.adam))
+    throw error("checkpoint", concat("was written with adam ", field, " = ", adam_field_text(saved, field),
+                                     ", this coordinator's is ", adam_field_text(o.adam, field),
+                                     " (beta1, beta2, eps, adamw_mode and bias_correction must agree)"));
 }
 
 /// Waits for `stream` if the scope is left by an exception, so that copies already enqueued

@@ -3,14 +3,15 @@
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"
-//   8       4     format version (uint32, little endian) = 5
+//   8       4     format version (uint32, little endian) = 6
 //   12      4     reserved (0)
 //   16      8     payload size in bytes (uint64)
 //   24      8     FNV-1a 64-bit hash of the payload
 //   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
 //                 order written by basic_coordinator::save_checkpoint (below):
-//                 options fingerprint, checkpoint_contents, rank and number of ranks (data
-//                 parallel: each rank writes its own file), step and interval position,
+//                 options fingerprint (with the Adam hyper-parameters every parameter shares),
+//                 checkpoint_contents, rank and number of ranks (data parallel: each rank writes
+//                 its own file), step and interval position,
 //                 optimizer step counts, then per parameter its name, shape, dtypes, its own step
 //                 counts (CPU and GPU: the steps that had its gradient) and accumulated-step counts
 //                 (current and pending interval), whether its fp32 master is written, the CPU
@@ -25,9 +26,10 @@
 //                 for an f32 parameter whose master is not exactly its values (outside the
 //                 columns of a pending result, whose master is that result); else the loader reads
 //                 it from the parameter.
-// Version 5 added the contents, the master flag and the per-column ownership; version 4 the rank
-// and the number of ranks (data parallel); version 3 the per-parameter counts
-// (missing_gradients::skip). Older versions are not read.
+// Version 6 added beta1, beta2, eps, adamw_mode and bias_correction; version 5 the contents, the
+// master flag and the per-column ownership; version 4 the rank and the number of ranks (data
+// parallel); version 3 the per-parameter counts (missing_gradients::skip). Older versions are not
+// read.
 // Scalars are arithmetic or enum types only (no structs: no padding bytes reach the file); a bool
 // is one byte, 0 or 1 (any other value is rejected, never loaded as a bool).
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
@@ -279,7 +281,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(const std::string& path,
-                                                                              stream_type stream, int& stage) {
+                                                                              stream_type stream,
+                                                                              checkpoint_match match, int& stage) {
   // (load_checkpoint, in data_parallel.hpp, frames this for the data-parallel agreement.)
   expects(!schedule_.started() && step_ == 0, "load_checkpoint",
           "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
@@ -340,8 +343,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
     auto& s = saved[i];
-    const auto name = r.get_string();
-    expects(name == p.name, "checkpoint", "parameter ", i, " is '", name, "', registered '", p.name, "'");
+    const auto saved_name = r.get_string();
+    expects(match == checkpoint_match::positions || saved_name == p.name, "checkpoint", "parameter ", i, " is '",
+            saved_name, "', registered '", p.name, "'");
+    const std::string& name = p.name;  // the messages below name the registered parameter
     expects(r.get<bool>() == p.is_vector, "checkpoint", "parameter '", name, "' changed between 1-D and 2-D");
     s.adam = options_.adam;
     s.adam.lr = r.get<float>();

@@ -338,6 +338,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
   for (auto& p : params_) p.has_grad = p.offloaded = false;
   in_step_ = false;
   ++step_;
+  ran_step_ = true;
   schedule_.step_done(step_);  // leaving warm-up, the next interval follows the options
 
   metrics_.selection_overlap = last_overlap_;

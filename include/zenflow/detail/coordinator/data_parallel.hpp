@@ -184,7 +184,8 @@ detail::agreement_position basic_coordinator<Backend, HostOptimizer, Communicato
 // not) before any of them changes anything (agree): all load, or none does.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(const std::string& path,
-                                                                              stream_type stream) {
+                                                                              stream_type stream,
+                                                                              checkpoint_match match) {
   const device_scope scope(device_);
   try {
     check_stream(stream);
@@ -195,7 +196,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(co
   }
   int stage = 0;  // 1: the ranks compared their records, 2: applying
   try {
-    read_checkpoint(path, stream, stage);
+    read_checkpoint(path, stream, match, stage);
   } catch (...) {
     if constexpr (data_parallel) {
       if (stage == 0) refuse_checkpoint(std::current_exception());  // tells the peers why; throws

@@ -64,6 +64,17 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::met
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
+std::optional<step_gradients> basic_coordinator<Backend, HostOptimizer, Communicator>::last_step_gradients() const {
+  const device_scope scope(device_);
+  rethrow_worker_error();
+  if (!ran_step_) return std::nullopt;
+  const step_flags_buffers& b = by_step_[(step_ - 1) % 2];
+  Backend::synchronize(b.stats_ready);
+  const auto* flags = reinterpret_cast<const step_flags*>(b.flags_host.data());
+  return step_gradients{flags->skip != 0, flags->grad_norm};
+}
+
+template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 std::vector<update_record> basic_coordinator<Backend, HostOptimizer, Communicator>::trace() const {
   detail::state_lock lock(shared_.mutex);
   return update_.trace(lock);
