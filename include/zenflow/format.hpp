@@ -13,7 +13,9 @@
 // - `interval_option`: "auto" or the fixed count;
 // - the option structs (`adam_options`, `zenflow_options`, `cpu_adam_config`,
 //   `coordinator_config`): every field in declaration order, `{name: value, ...}`, with the
-//   field names of the structs (DeepSpeed's names for the method's options);
+//   field names of the structs (DeepSpeed's names for the method's options); `nvme`: "none" or
+//   the state file's settings (all but `bytes`, which the optimizer sizes, and the pin hook), the
+//   engine's (its `threads` as engine_threads) and master_on_disk;
 // - `step_metrics`: exactly what its `operator<<` writes (the formatter calls it).
 // Every type but the two 16-bit floats takes the string format specs (fill, align, width:
 // `{:<12}`); they apply to the whole text.
@@ -22,6 +24,7 @@
 #pragma once
 
 #include <iterator>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -73,25 +76,47 @@ inline void write(fmt::memory_buffer& out, const zenflow_options& o) {
   write(out, o.update_interval);
   fmt::format_to(fmt::appender(out),
                  ", full_warm_up_rounds: {}, overlap_step: {}, steps_per_epoch: {}, auto_select_steps: {}, "
-                 "max_update_interval: {}, max_grad_norm: {}, adam: ",
+                 "max_update_interval: {}, cover_cpu_update: {}, max_grad_norm: {}, adam: ",
                  o.full_warm_up_rounds, o.overlap_step, o.steps_per_epoch, o.auto_select_steps, o.max_update_interval,
-                 o.max_grad_norm);
+                 o.cover_cpu_update, o.max_grad_norm);
   write(out, o.adam);
   fmt::format_to(fmt::appender(out), "}}");
 }
 
+/// "none", or the state file's settings, the engine's and master_on_disk.
+inline void write(fmt::memory_buffer& out, const std::optional<nvme_state_config>& n) {
+  if (!n) {
+    fmt::format_to(fmt::appender(out), "none");
+    return;
+  }
+  const state_file_config& f = n->file;
+  fmt::format_to(fmt::appender(out),
+                 "{{directory: {}, file_name: {}, rank: {}, block_bytes: {}, read_ahead: {}, write_behind: {}, "
+                 "direct: {}, allow_memory_backed: {}, keep_file: {}, pin: {}, engine: {}, queue_depth: {}, "
+                 "engine_threads: {}, master_on_disk: {}}}",
+                 f.directory.string(), f.file_name, f.rank, f.block_bytes, f.read_ahead, f.write_behind,
+                 f.direct == direct_io::required ? "required" : "fallback_to_buffered", f.allow_memory_backed,
+                 f.keep_file, pin_policy_name(f.pin), io_engine_kind_name(n->engine.kind), n->engine.queue_depth,
+                 n->engine.threads, n->master_on_disk);
+}
+
 inline void write(fmt::memory_buffer& out, const cpu_adam_config& c) {
-  fmt::format_to(fmt::appender(out), "{{threads: {}, pin_to_cores: {}, isa: {}, chunk_elements: {}, cpus: [{}]}}",
-                 c.threads, c.pin_to_cores, name(c.isa), c.chunk_elements, fmt::join(c.cpus, ", "));
+  fmt::format_to(fmt::appender(out),
+                 "{{threads: {}, pin_to_cores: {}, isa: {}, chunk_elements: {}, cpu_state: {}, seed: {:#x}, nvme: ",
+                 c.threads, c.pin_to_cores, name(c.isa), c.chunk_elements, cpu_state_format_name(c.cpu_state), c.seed);
+  write(out, c.nvme);
+  fmt::format_to(fmt::appender(out), ", cpus: [{}]}}", fmt::join(c.cpus, ", "));
 }
 
 inline void write(fmt::memory_buffer& out, const coordinator_config& c) {
   fmt::format_to(fmt::appender(out),
-                 "{{cpu_threads: {}, pin_threads: {}, reserved_cpus: {}, cpu_state: {}, d2h_slot_bytes: {}, "
-                 "d2h_slots: {}, h2d_slot_bytes: {}, h2d_slots: {}, copy_out_window_bytes: {}, record_trace: {}, "
-                 "check_stream_order: {}}}",
-                 c.cpu_threads, c.pin_threads, c.reserved_cpus, cpu_state_format_name(c.cpu_state), c.d2h_slot_bytes,
-                 c.d2h_slots, c.h2d_slot_bytes, c.h2d_slots, c.copy_out_window_bytes, c.record_trace,
+                 "{{cpu_threads: {}, pin_threads: {}, reserved_cpus: {}, cpu_state: {}, nvme: ", c.cpu_threads,
+                 c.pin_threads, c.reserved_cpus, cpu_state_format_name(c.cpu_state));
+  write(out, c.nvme);
+  fmt::format_to(fmt::appender(out),
+                 ", d2h_slot_bytes: {}, d2h_slots: {}, h2d_slot_bytes: {}, h2d_slots: {}, copy_out_window_bytes: {}, "
+                 "record_trace: {}, check_stream_order: {}}}",
+                 c.d2h_slot_bytes, c.d2h_slots, c.h2d_slot_bytes, c.h2d_slots, c.copy_out_window_bytes, c.record_trace,
                  c.check_stream_order);
 }
 

@@ -379,6 +379,8 @@ TEST_CASE("moments on an SSD: bad configurations and misuse are rejected by name
     auto c = nvme_config(dir);
     c.nvme->file.block_bytes = 1000;
     CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme.block_bytes"));
+    c.nvme->file.block_bytes = 0;  // the setting given, not the file's size cpu_adam derives from it
+    CHECK(contains(error_of([&] { cpu_adam o(adamw(), c); }), "config.nvme.block_bytes: must be a positive multiple"));
   }
   {  // two optimizers on one file: the second fails at construction
     cpu_adam first(adamw(), nvme_config(dir));

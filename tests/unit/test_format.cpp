@@ -65,8 +65,8 @@ TEST_CASE("zenflow_options: every field, DeepSpeed's names") {
   CHECK(fmt::format("{}", zenflow_options{}) ==
         "{mode: zenflow, topk_ratio: 0.1, select_strategy: auto, select_interval: auto, update_interval: auto, "
         "full_warm_up_rounds: 0, overlap_step: true, steps_per_epoch: 0, auto_select_steps: 100, "
-        "max_update_interval: 16, max_grad_norm: 0, adam: {lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1e-08, "
-        "weight_decay: 0, adamw_mode: true, bias_correction: true}}");
+        "max_update_interval: 16, cover_cpu_update: false, max_grad_norm: 0, adam: {lr: 0.001, beta1: 0.9, "
+        "beta2: 0.999, eps: 1e-08, weight_decay: 0, adamw_mode: true, bias_correction: true}}");
   zenflow_options o = zenflow_options::zero_offload();
   o.select_strategy = selection_strategy::epoch;
   o.select_interval = interval_option::fixed(2);
@@ -75,32 +75,52 @@ TEST_CASE("zenflow_options: every field, DeepSpeed's names") {
   CHECK(fmt::format("{}", o) ==
         "{mode: zero_offload, topk_ratio: 0.1, select_strategy: epoch, select_interval: 2, update_interval: 1, "
         "full_warm_up_rounds: 0, overlap_step: false, steps_per_epoch: 50, auto_select_steps: 100, "
-        "max_update_interval: 16, max_grad_norm: 1, adam: {lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1e-08, "
-        "weight_decay: 0, adamw_mode: true, bias_correction: true}}");
+        "max_update_interval: 16, cover_cpu_update: false, max_grad_norm: 1, adam: {lr: 0.001, beta1: 0.9, "
+        "beta2: 0.999, eps: 1e-08, weight_decay: 0, adamw_mode: true, bias_correction: true}}");
 }
 
 TEST_CASE("cpu_adam_config and coordinator_config: every field") {
   CHECK(fmt::format("{}", cpu_adam_config{}) ==
-        "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpus: []}");
+        "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpu_state: fp32, "
+        "seed: 0x7a656e666c6f77, nvme: none, cpus: []}");
   CHECK(fmt::format("{}", cpu_adam_config{2, true, cpu_isa::avx2, 1024}) ==
-        "{threads: 2, pin_to_cores: true, isa: avx2, chunk_elements: 1024, cpus: []}");
+        "{threads: 2, pin_to_cores: true, isa: avx2, chunk_elements: 1024, cpu_state: fp32, seed: 0x7a656e666c6f77, "
+        "nvme: none, cpus: []}");
   cpu_adam_config on_two;
   on_two.cpus = {2, 3};
   CHECK(fmt::format("{}", on_two) ==
-        "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpus: [2, 3]}");
+        "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpu_state: fp32, "
+        "seed: 0x7a656e666c6f77, nvme: none, cpus: [2, 3]}");
   coordinator_config reserving;
   reserving.reserved_cpus = 4;
   CHECK(fmt::format("{}", reserving).starts_with("{cpu_threads: 0, pin_threads: false, reserved_cpus: 4, "));
-  CHECK(
-      fmt::format("{}", coordinator_config{}) ==
-      "{cpu_threads: 0, pin_threads: false, reserved_cpus: 0, cpu_state: fp32, d2h_slot_bytes: 4194304, d2h_slots: 4, "
-      "h2d_slot_bytes: 4194304, h2d_slots: 2, copy_out_window_bytes: 67108864, record_trace: false, "
-      "check_stream_order: true}");
+  CHECK(fmt::format("{}", coordinator_config{}) ==
+        "{cpu_threads: 0, pin_threads: false, reserved_cpus: 0, cpu_state: fp32, nvme: none, d2h_slot_bytes: 4194304, "
+        "d2h_slots: 4, h2d_slot_bytes: 4194304, h2d_slots: 2, copy_out_window_bytes: 67108864, record_trace: false, "
+        "check_stream_order: true}");
+  // An 8-bit state on an SSD prints as one (not as the fp32 state in RAM of the defaults).
+  coordinator_config on_disk;
+  on_disk.cpu_state = cpu_state_format::blockwise8_moments;
+  on_disk.nvme = nvme_state_config{};
+  on_disk.nvme->file.directory = "/mnt/nvme";
+  on_disk.nvme->engine.kind = io_engine_kind::posix;
+  const std::string expected =
+      "{cpu_threads: 0, pin_threads: false, reserved_cpus: 0, cpu_state: blockwise8_moments, nvme: {directory: "
+      "/mnt/nvme, file_name: , rank: 0, block_bytes: 1048576, read_ahead: 4, write_behind: 4, direct: required, "
+      "allow_memory_backed: false, keep_file: false, pin: automatic, engine: posix, queue_depth: 32, "
+      "engine_threads: 0, master_on_disk: true}, d2h_slot_bytes: ";
+  CHECK(fmt::format("{}", on_disk).starts_with(expected));
+  cpu_adam_config compact;
+  compact.cpu_state = cpu_state_format::bf16_moments;
+  compact.seed = 7;
+  CHECK(fmt::format("{}", compact).find("cpu_state: bf16_moments, seed: 0x7, nvme: none") != std::string::npos);
 }
 
 TEST_CASE("option structs take the string format specs as a whole") {
-  const std::string text = "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpus: []}";
-  CHECK(fmt::format("{:>100}", cpu_adam_config{}) == std::string(100 - text.size(), ' ') + text);
+  const std::string text =
+      "{threads: 0, pin_to_cores: false, isa: automatic, chunk_elements: 32768, cpu_state: fp32, "
+      "seed: 0x7a656e666c6f77, nvme: none, cpus: []}";
+  CHECK(fmt::format("{:>160}", cpu_adam_config{}) == std::string(160 - text.size(), ' ') + text);
   CHECK(fmt::format("{:>10}", cpu_adam_config{}) == text);  // narrower than the text: not cut
   CHECK(fmt::format("[{:<8}]", interval_option::automatic()) == "[auto    ]");
 }

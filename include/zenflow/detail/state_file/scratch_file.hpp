@@ -68,13 +68,9 @@ class scratch_file {
   bool direct_ = true;
 };
 
-/// The checks before anything is created. `directory` exists and is a directory, is not
-/// memory-backed (unless allowed), the target is not a directory or special file, and the file
-/// system has `need` bytes free (counting what an existing file at the target, which will be
-/// truncated, already holds; a file system that reports no capacity, as ramfs, is not checked).
-/// Throws zenflow::error naming the config field.
-inline void check_before_create(const std::string& directory, const std::string& path, std::uint64_t need,
-                                bool allow_memory_backed) {
+/// `directory` exists, is a directory and is not memory-backed (unless allowed). Throws
+/// zenflow::error naming the config field.
+inline void check_state_directory(const std::string& directory, bool allow_memory_backed) {
   struct stat ds {};
   if (::stat(directory.c_str(), &ds) != 0) {
     const int err = errno;
@@ -91,6 +87,15 @@ inline void check_before_create(const std::string& directory, const std::string&
             ", a memory-backed file system: optimizer state there would occupy the RAM the NVMe tier is meant to "
             "free; choose a directory on an SSD (allow_memory_backed = true accepts it)");
   }
+}
+
+/// The checks before anything is created: check_state_directory, the target is not a directory or
+/// special file, and the file system has `need` bytes free (counting what an existing file at the
+/// target, which will be truncated, already holds; a file system that reports no capacity, as
+/// ramfs, is not checked). Throws zenflow::error naming the config field.
+inline void check_before_create(const std::string& directory, const std::string& path, std::uint64_t need,
+                                bool allow_memory_backed) {
+  check_state_directory(directory, allow_memory_backed);
 
   std::uint64_t reclaimable = 0;
   struct stat ts {};

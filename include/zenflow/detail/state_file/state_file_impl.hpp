@@ -21,10 +21,11 @@ inline std::string check_state_file_config(const state_file_config& c, std::size
   expects(name != "." && name != ".." && name.find('/') == std::string::npos, "file_name",
           "must be a plain file name (no '/'), got \"", name, "\"");
   expects(c.rank >= 0, "rank", "must be >= 0, got ", c.rank);
-  expects(c.bytes > 0, "bytes", "must be positive, got 0");
+  // block_bytes first: cpu_adam sizes its first file from it (bytes = block_bytes), and names only it.
   expects(c.block_bytes > 0 && c.block_bytes % pinned_buffer_pool::alignment == 0, "block_bytes",
           "must be a positive multiple of ", pinned_buffer_pool::alignment, " (the O_DIRECT alignment), got ",
           c.block_bytes);
+  expects(c.bytes > 0, "bytes", "must be positive, got 0");
   expects(c.block_bytes <= (std::size_t{1} << 30), "block_bytes", "must be at most 1 GiB, got ", c.block_bytes);
   expects(c.bytes <= static_cast<std::uint64_t>(INT64_MAX) - c.block_bytes, "bytes", "too large: ", c.bytes);
   expects(c.read_ahead <= max_stream_depth, "read_ahead", "must be at most ", max_stream_depth, ", got ", c.read_ahead);
