@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,6 +23,7 @@
 
 #include "coordinator_handle.hpp"
 #include "process_group_communicator.hpp"
+#include "zenflow/detail/state_file/scratch_file.hpp"
 #include "zenflow/version.hpp"
 
 namespace py = pybind11;
@@ -403,15 +405,32 @@ class coordinator {
     py::gil_scoped_release release;
     h().save(path, c, to_stream(stream));
   }
-  void load(const std::string& path, std::uintptr_t stream) {
+  /// `match`: "names" (the parameters' names must agree) or "positions" (torch.optim's pairing).
+  void load(const std::string& path, std::uintptr_t stream, const std::string& match) {
+    zenflow::expects(match == "names" || match == "positions", "match", "must be names or positions, got ", match);
+    const auto m = match == "names" ? zenflow::checkpoint_match::names : zenflow::checkpoint_match::positions;
     py::gil_scoped_release release;
-    h().load(path, to_stream(stream));
+    h().load(path, to_stream(stream), m);
   }
   void set_adam_options(std::size_t i, const py::dict& adam) {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
     h().set_adam_options(i, to_adam(adam));
   }
   py::dict metrics() const { return to_dict(h().metrics()); }
+  /// None before the first step, else {"skipped", "grad_norm"} of the last step (waits for its
+  /// statistics on the device).
+  py::object last_step_gradients() const {
+    std::optional<zenflow::step_gradients> g;
+    {
+      py::gil_scoped_release release;
+      g = h().last_step_gradients();
+    }
+    if (!g) return py::none();
+    py::dict d;
+    d["skipped"] = g->skipped;
+    d["grad_norm"] = g->grad_norm;
+    return d;
+  }
   py::list trace() const {
     py::list out;
     for (const auto& r : h().trace()) {
@@ -495,6 +514,12 @@ PYBIND11_MODULE(_C, m) {
       },
       "A new NCCL unique id (bytes), for the first rank to broadcast to the others");
   m.def(
+      "check_state_directory",
+      [](const std::string& directory) { zenflow::detail::check_state_directory(directory, false); },
+      py::arg("directory"),
+      "Checks a directory for the NVMe state tier as the state file will (it exists, is a directory, is not "
+      "tmpfs or ramfs); raises ZenFlowError saying what is wrong");
+  m.def(
       "validate_options", [](const py::dict& options) { (void)zenflow_torch::to_options(options); }, py::arg("options"),
       "Checks the method's options as the coordinator will (zenflow_options::validate, adam_options::validate); "
       "raises ZenFlowError naming the first bad field");
@@ -513,9 +538,10 @@ PYBIND11_MODULE(_C, m) {
       .def("discard_gradients", &coordinator::discard_gradients, py::arg("stream"))
       .def("reload_parameter", &coordinator::reload_parameter, py::arg("index"), py::arg("stream"))
       .def("save", &coordinator::save, py::arg("path"), py::arg("stream"), py::arg("contents") = "everything")
-      .def("load", &coordinator::load, py::arg("path"), py::arg("stream"))
+      .def("load", &coordinator::load, py::arg("path"), py::arg("stream"), py::arg("match") = "names")
       .def("set_adam_options", &coordinator::set_adam_options, py::arg("index"), py::arg("adam"))
       .def("metrics", &coordinator::metrics)
+      .def("last_step_gradients", &coordinator::last_step_gradients)
       .def("trace", &coordinator::trace)
       .def("gpu_columns", &coordinator::gpu_columns, py::arg("index"))
       .def("step_count", &coordinator::step_count)

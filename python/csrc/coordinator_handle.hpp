@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -41,9 +42,11 @@ class handle {
   virtual void discard_gradients(void* stream) = 0;
   virtual void reload_parameter(std::size_t i, void* stream) = 0;
   virtual void save(const std::string& path, zenflow::checkpoint_contents contents, void* stream) = 0;
-  virtual void load(const std::string& path, void* stream) = 0;
+  virtual void load(const std::string& path, void* stream, zenflow::checkpoint_match match) = 0;
   virtual void set_adam_options(std::size_t i, const zenflow::adam_options& adam) = 0;
   [[nodiscard]] virtual zenflow::step_metrics metrics() const = 0;
+  /// basic_coordinator::last_step_gradients (waits for the last step's statistics).
+  [[nodiscard]] virtual std::optional<zenflow::step_gradients> last_step_gradients() const = 0;
   [[nodiscard]] virtual std::vector<zenflow::update_record> trace() const = 0;
   [[nodiscard]] virtual std::vector<std::int32_t> gpu_columns(std::size_t i) const = 0;
   [[nodiscard]] virtual std::int64_t step_count() const = 0;
@@ -119,11 +122,16 @@ class coordinator_handle final : public handle {
   void save(const std::string& path, zenflow::checkpoint_contents contents, void* stream) override {
     coordinator_.save_checkpoint(path, to_stream(stream), contents);
   }
-  void load(const std::string& path, void* stream) override { coordinator_.load_checkpoint(path, to_stream(stream)); }
+  void load(const std::string& path, void* stream, zenflow::checkpoint_match match) override {
+    coordinator_.load_checkpoint(path, to_stream(stream), match);
+  }
   void set_adam_options(std::size_t i, const zenflow::adam_options& adam) override {
     coordinator_.set_adam_options(i, adam);
   }
   [[nodiscard]] zenflow::step_metrics metrics() const override { return coordinator_.metrics(); }
+  [[nodiscard]] std::optional<zenflow::step_gradients> last_step_gradients() const override {
+    return coordinator_.last_step_gradients();
+  }
   [[nodiscard]] std::vector<zenflow::update_record> trace() const override { return coordinator_.trace(); }
   [[nodiscard]] std::vector<std::int32_t> gpu_columns(std::size_t i) const override {
     const auto c = coordinator_.gpu_columns(i);

@@ -100,18 +100,6 @@ def test_sparse_gradient(in_backward):
     opt.close()
 
 
-def test_non_contiguous_gradient(model):
-    opt = ZenFlowAdamW(model.parameters(), submit_in_backward=False)
-    loss_of(model).backward()
-    w = model.fc1.weight
-    w.grad = torch.randn(w.shape[1], w.shape[0]).t()
-    before = copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match=r"grad: .*not contiguous"):
-        opt.step()
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    opt.close()
-
-
 def test_replaced_parameter_storage(model):
     opt = ZenFlowAdamW(model.named_parameters())
     train_step(model, opt, 0)
@@ -200,3 +188,33 @@ def test_deepspeed_config():
         assert o.options["cover_cpu_update"] is True
     with pytest.raises(ValueError, match="cover_cpu_update: lengthens"):
         ZenFlowAdamW(make_model().parameters(), zenflow_config=dict(block, cover_cpu_update=True))
+
+
+@pytest.mark.parametrize("edit", ["append", "replace", "remove"])
+@pytest.mark.parametrize("steps_before", [0, 2])
+def test_a_parameter_list_edited_after_it_was_added_is_rejected(edit, steps_before):
+    # torch.optim steps whatever param_groups hold; ZenFlowAdamW registered its parameters as they
+    # were added, so an edited list is an error naming where, before anything changes.
+    model = make_model()
+    opt = ZenFlowAdamW(model.parameters())
+    for step in range(steps_before):
+        train_step(model, opt, step)
+    extra = nn.Parameter(torch.ones(4, 4))
+    params = opt.param_groups[0]["params"]
+    if edit == "append":
+        params.append(extra)
+    elif edit == "replace":
+        params[3] = extra
+    else:
+        del params[3]
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    loss = loss_of(model) + (extra.sum() if edit != "remove" else 0.0)
+    loss.backward()
+    where = {"append": len(params) - 1, "replace": 3, "remove": 3}[edit]
+    with pytest.raises(ValueError, match=rf"param_groups\[0\]\['params'\]\[{where}\]: the group's parameter list "
+                                         rf"changed"):
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert torch.equal(extra, torch.ones(4, 4))
+    opt.close()

@@ -32,6 +32,15 @@ def state_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+def mounted_as(path, types):
+    """Whether `path` is a mount point of one of the file system `types` (/proc/mounts)."""
+    try:
+        with open("/proc/mounts") as f:
+            return any(len(x) > 2 and x[1] == path and x[2] in types for x in (line.split() for line in f))
+    except OSError:
+        return False
+
+
 def nvme(path, **more):
     # Small blocks: the tiny model's tensors span several, and columns share them.
     return dict(offload_optimizer={"device": "nvme", "nvme_path": path, **more}, aio={"block_size": 4096})
@@ -182,6 +191,9 @@ def test_nvme_keys_honoured_or_rejected(state_dir):
     with pytest.raises(ValueError, match="contradicts"):
         ZenFlowAdamW(m.parameters(), offload_optimizer={"device": "nvme", "nvme_path": "/elsewhere"},
                      zenflow_config={"zero_optimization": {"offload_optimizer": base}})
+    if mounted_as("/dev/shm", ("tmpfs", "ramfs")):  # refused at construction, not at the first step
+        with pytest.raises(ValueError, match=r"offload_optimizer\.nvme_path: .*tmpfs"):
+            ZenFlowAdamW(m.parameters(), **nvme("/dev/shm"))
 
 
 def test_library_errors_name_the_setting(state_dir):

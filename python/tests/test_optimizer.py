@@ -196,6 +196,55 @@ def test_state_dict_round_trip_bit_identical(mode, overlap):
     ropt.close()
 
 
+def test_strided_gradients_step_as_their_contiguous_copies():
+    # torch.optim takes any strided .grad (a transposed one set by hand, every other element of
+    # a buffer, autograd's stride-0 gradient of a term that only sums a parameter).
+    a, b = make_model(), make_model()
+    with ZenFlowAdamW(a.parameters(), **HYPER) as oa, ZenFlowAdamW(b.parameters(), **HYPER) as ob:
+        for step in range(6):
+            for model, opt, strided in ((a, oa, False), (b, ob, True)):
+                tokens, labels = batch(step)
+                opt.zero_grad()
+                loss = nn.functional.cross_entropy(model(tokens), labels)
+                loss.backward()
+                if strided:
+                    g = model.fc1.weight.grad
+                    model.fc1.weight.grad = g.t().contiguous().t()
+                    assert not model.fc1.weight.grad.is_contiguous()
+                    spaced = torch.zeros(2 * model.fc2.bias.numel())
+                    spaced[::2] = model.fc2.bias.grad
+                    model.fc2.bias.grad = spaced[::2]
+                    assert not model.fc2.bias.grad.is_contiguous()
+                opt.step()
+            assert max_diff(a, b) == 0.0, step
+
+
+def test_a_state_dict_loads_by_position_whatever_the_parameter_names():
+    # torch.optim pairs parameters by position: a checkpoint of named_parameters() loads into an
+    # optimizer of parameters() and into one over a wrapped model (torch.compile's "_orig_mod.").
+    def run(named, prefix=""):
+        model = make_model()
+        params = [(prefix + n, p) for n, p in model.named_parameters()] if named else model.parameters()
+        return model, ZenFlowAdamW(params, mode="zenflow", topk_ratio=0.5, update_interval=2, **HYPER)
+    model, opt = run(named=True)
+    for step in range(5):
+        train_step(model, opt, step)
+    saved = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict()})
+    for step in range(5, 9):
+        train_step(model, opt, step)
+    opt.flush()
+    for named, prefix in ((False, ""), (True, "_orig_mod.")):
+        resumed, ropt = run(named, prefix)
+        resumed.load_state_dict(saved["model"])
+        ropt.load_state_dict(saved["optimizer"])
+        for step in range(5, 9):
+            train_step(resumed, ropt, step)
+        ropt.flush()
+        assert max_diff(model, resumed) == 0.0, (named, prefix)
+        ropt.close()
+    opt.close()
+
+
 @pytest.mark.parametrize("mode", ["dense", "zero_offload", "zenflow"])
 def test_a_resume_in_the_middle_of_an_lr_schedule_is_bit_identical(mode):
     # A scheduler steps after opt.step(), so the saved param_groups hold the next step's lr while
@@ -525,6 +574,35 @@ def test_lr_scheduler_tracks_torch(mode):
             s.step()
         assert max_diff(ref, ours) <= TRACK_TOL, f"step {step}"
     opt.close()
+
+
+@pytest.mark.parametrize("mode", ["dense", "zero_offload", "zenflow"])
+def test_a_skipped_step_is_reported_and_warned(mode):
+    # One infinity in one gradient: the step changes nothing, step() warns, and metrics() says
+    # which steps were skipped and the gradients' global norm (torch's clip_grad_norm_ total).
+    model = make_model()
+    with ZenFlowAdamW(model.parameters(), mode=mode, overlap_step=False, update_interval=2, **HYPER) as opt:
+        assert "skipped" not in opt.metrics()
+        for step in range(6):
+            tokens, labels = batch(step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(tokens), labels).backward()
+            if step in (2, 3):
+                model.fc1.weight.grad[1, 2] = float("inf")
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad.double()) for p in model.parameters()]))
+            before = [p.detach().clone() for p in model.parameters()]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                opt.step()
+            skipped = [w for w in caught if "skipped" in str(w.message)]
+            m = opt.metrics()
+            assert m["skipped"] == (step in (2, 3)) and len(skipped) == int(step in (2, 3)), step
+            if m["skipped"]:
+                assert issubclass(skipped[0].category, RuntimeWarning) and f"step {step}" in str(skipped[0].message)
+                assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+            else:
+                assert m["grad_norm"] == pytest.approx(norm.item(), rel=1e-9)
 
 
 @pytest.mark.parametrize("mode", ["zero_offload", "dense"])

@@ -241,9 +241,16 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             raise ValueError(f"cpu_state: must be one of {', '.join(map(repr, CPU_STATES))}, got {cpu_state!r}")
         nvme = nvme_config(offload_optimizer, aio)
         if nvme is not None:
+            # Absolute now: a relative path means the working directory at construction, not at the
+            # first step (when the state file is created).
+            nvme["directory"] = os.path.abspath(nvme["directory"])
             if not os.path.isdir(nvme["directory"]):
                 raise ValueError(f"offload_optimizer.nvme_path: {nvme['directory']!r} is not a directory (create it "
                                  f"on the SSD first)")
+            try:  # what the state file checks when the first step creates it, now
+                _C.check_state_directory(nvme["directory"])
+            except _C.ZenFlowError as e:
+                raise ValueError(f"offload_optimizer.nvme_path: {e}") from None
         if not isinstance(submit_in_backward, bool):
             raise ValueError(f"submit_in_backward: must be True or False, got {submit_in_backward!r}")
         if hasattr(timeout, "total_seconds"):
@@ -274,6 +281,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._backward_count = []
         self._versions = []      # each parameter's version counter when the optimizer last wrote it
         self._metrics = {}
+        self._last_gradients = None  # the last step's {"skipped", "grad_norm"}, once asked
         self._pushed = None
         super().__init__(params, defaults)  # calls add_param_group per group
         _open.add(self)
@@ -339,13 +347,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_group_params()
         core = self._built()
         # Named ranges for torch.profiler (they cost a few microseconds per step when it is off).
         with record_function("zenflow: check"):  # everything first
             for i, p in enumerate(self._params):
                 self._check_storage(i)
                 if p.grad is not None:
-                    self._check_grad(i, p.grad)
+                    self._check_grad(i, p.grad, strided_ok=True)
             for gi, g in enumerate(self.param_groups):
                 _check_hyper(g, f"param_groups[{gi}].")
             changes = self._hyper_changes()
@@ -358,12 +367,27 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 core.set_adam_options(i, adam)
             self._pushed[gi] = adam
         try:
+            # A strided gradient (a transposed one, autograd's expanded ones) as a contiguous copy,
+            # which lives until the step's work on the stream has read it (torch's caching
+            # allocator reuses its memory for later work on that stream only).
+            copies = []
             with record_function("zenflow: submit"):
                 for i, p in enumerate(self._params):
                     if p.grad is not None and i not in self._handed:
-                        core.submit(i, p.grad, stream)
+                        grad = p.grad
+                        if not grad.is_contiguous():
+                            copies.append(grad.contiguous())
+                            grad = copies[-1]
+                        core.submit(i, grad, stream)
             with record_function("zenflow: coordinator step"):
                 self._metrics = core.step(stream)
+            self._last_gradients = None
+            if self._device().type == "cpu":  # the step's statistics are done: no wait to ask
+                self._last_gradients = core.last_step_gradients()
+                if self._last_gradients["skipped"]:
+                    warnings.warn(f"ZenFlowAdamW: step {self._metrics['step']} skipped: a gradient holds a NaN or "
+                                  f"an infinity (nothing was updated; metrics()['skipped'] reports every step)",
+                                  RuntimeWarning, stacklevel=2)
         except Exception:
             try:  # a step() that rejects its input dropped them already; a rejected submit did not
                 core.discard_gradients(stream)
@@ -463,7 +487,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     path = os.path.join(d, "checkpoint.zf")
                     with open(path, "wb") as f:
                         f.write(checkpoint)
-                    core.load(path, self._stream())
+                    # By position, as torch.optim's load_state_dict: a model wrapped since the
+                    # save (torch.compile, DDP) or a module renamed has other names.
+                    core.load(path, self._stream(), "positions")
                 # The checkpoint brings back each parameter's lr and weight_decay as they were
                 # when it was saved; the loaded param_groups are what the next step uses (torch's
                 # rule: a scheduler saved one step ahead, or a group edited in the state dict).
@@ -502,8 +528,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         bytes_device_to_host, bytes_host_to_device, selection_overlap, interval, reselected,
         cpu_update_launched, written_back, step; with the NVMe tier the last CPU update's
         cpu_update_disk_read_bytes, cpu_update_disk_written_bytes and cpu_update_disk_wait_seconds
-        (0 with the state in RAM)."""
-        return dict(self._metrics)
+        (0 with the state in RAM). After a step, also ``skipped`` (a gradient held a NaN or an
+        infinity, so the step updated nothing; on CPU tensors step() also warns) and ``grad_norm``
+        (the global norm of the gradients before ``max_grad_norm`` clipping, of their finite
+        elements when skipped). On CUDA tensors those two wait for the step's gradient statistics
+        on the device (not for the rest of its work)."""
+        out = dict(self._metrics)
+        if self._core is not None and out:
+            if self._last_gradients is None:
+                try:
+                    self._last_gradients = self._core.last_step_gradients()
+                except Exception:  # noqa: BLE001 -- a failed coordinator: the rest is still reported
+                    pass
+            if self._last_gradients is not None:
+                out.update(self._last_gradients)
+        return out
 
     def trace(self):
         """One dict per CPU update (interval, first_step, last_step, accumulated_steps,
@@ -661,7 +700,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                              f"{p.dtype}): the optimizer updates the memory it registered. Change the values in "
                              f"place instead (with torch.no_grad(): param.copy_(new)), or build a new optimizer")
 
-    def _check_grad(self, i, grad):
+    def _check_grad(self, i, grad, strided_ok=False):
+        """`strided_ok`: a non-contiguous gradient is accepted (step() hands a contiguous copy over)."""
         p, name = self._params[i], self._names[i]
         if grad.is_sparse or grad.layout != torch.strided:
             raise ValueError(f"grad: {name}'s gradient is sparse; use dense gradients (nn.Embedding(sparse=False))")
@@ -672,7 +712,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if grad.shape != p.shape:
             raise ValueError(f"grad: {name}'s gradient has shape {tuple(grad.shape)}, the parameter "
                              f"{tuple(p.shape)}")
-        if not grad.is_contiguous():
+        if not strided_ok and not grad.is_contiguous():
             raise ValueError(f"grad: {name}'s gradient is not contiguous")
 
     def _grad_ok(self, i, grad):
@@ -689,6 +729,22 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _stream(self):
         d = self._device()
         return torch.cuda.current_stream(d).cuda_stream if d.type == "cuda" else 0
+
+    def _check_group_params(self):
+        """torch.optim steps whatever param_groups hold at step time; ZenFlowAdamW registers its
+        parameters as they are added: a group's list edited since (a parameter appended, removed or
+        replaced) is rejected, before anything changes."""
+        listed = [(gi, j, p) for gi, g in enumerate(self.param_groups) for j, p in enumerate(g["params"])]
+        at = next((x[:2] for k, x in enumerate(listed) if k >= len(self._params) or x[2] is not self._params[k]), None)
+        if at is None and len(listed) == len(self._params):
+            return
+        if at is None:  # the registered list goes on beyond the groups' (parameters removed at the end)
+            at = (len(self.param_groups) - 1, len(self.param_groups[-1]["params"])) if self.param_groups else (0, 0)
+        gi, j = at
+        raise ValueError(f"param_groups[{gi}]['params'][{j}]: the group's parameter list changed after it was added "
+                         f"(a parameter appended, removed or replaced); ZenFlowAdamW registers its parameters as "
+                         f"they are added: add new ones with add_param_group() before the first step(), or build a "
+                         f"new optimizer")
 
     def _hyper_changes(self):
         changes = []
