@@ -462,8 +462,8 @@ def test_metrics_dict():
     assert set(m) == {"step", "stall_seconds", "stall_reason", "cpu_update_seconds", "bytes_device_to_host",
                       "bytes_host_to_device", "selection_overlap", "interval", "interval_floor", "reselected",
                       "cpu_update_launched", "written_back", "cpu_update_disk_read_bytes",
-                      "cpu_update_disk_written_bytes", "cpu_update_disk_wait_seconds"}
-    assert m["step"] == 0 and m["reselected"]
+                      "cpu_update_disk_written_bytes", "cpu_update_disk_wait_seconds", "skipped", "grad_norm"}
+    assert m["step"] == 0 and m["reselected"] and not m["skipped"] and m["grad_norm"] > 0
 
 
 def test_host_memory_reports_what_each_mode_holds():
