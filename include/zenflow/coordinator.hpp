@@ -193,7 +193,7 @@ class basic_coordinator {
   /// step() does not wait to find out) and their global norm before max_grad_norm clipping (of the
   /// mean gradient in data parallel). nullopt before the first step. Waits for that step's
   /// statistics on the trainer's stream (an event, not the whole stream).
-  [[nodiscard]] std::optional<step_gradients> last_step_gradients() const;
+  [[nodiscard]] std::optional<step_gradients> last_step_gradients();
   /// One record per CPU update launched so far (coordinator_config::record_trace; else empty).
   [[nodiscard]] std::vector<update_record> trace() const;
   /// The CPU optimizer, for reading its state between steps. Waits for CPU updates already

@@ -46,7 +46,7 @@ class handle {
   virtual void set_adam_options(std::size_t i, const zenflow::adam_options& adam) = 0;
   [[nodiscard]] virtual zenflow::step_metrics metrics() const = 0;
   /// basic_coordinator::last_step_gradients (waits for the last step's statistics).
-  [[nodiscard]] virtual std::optional<zenflow::step_gradients> last_step_gradients() const = 0;
+  [[nodiscard]] virtual std::optional<zenflow::step_gradients> last_step_gradients() = 0;
   [[nodiscard]] virtual std::vector<zenflow::update_record> trace() const = 0;
   [[nodiscard]] virtual std::vector<std::int32_t> gpu_columns(std::size_t i) const = 0;
   [[nodiscard]] virtual std::int64_t step_count() const = 0;
@@ -129,7 +129,7 @@ class coordinator_handle final : public handle {
     coordinator_.set_adam_options(i, adam);
   }
   [[nodiscard]] zenflow::step_metrics metrics() const override { return coordinator_.metrics(); }
-  [[nodiscard]] std::optional<zenflow::step_gradients> last_step_gradients() const override {
+  [[nodiscard]] std::optional<zenflow::step_gradients> last_step_gradients() override {
     return coordinator_.last_step_gradients();
   }
   [[nodiscard]] std::vector<zenflow::update_record> trace() const override { return coordinator_.trace(); }

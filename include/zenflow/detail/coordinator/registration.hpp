@@ -64,11 +64,11 @@ const step_metrics& basic_coordinator<Backend, HostOptimizer, Communicator>::met
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-std::optional<step_gradients> basic_coordinator<Backend, HostOptimizer, Communicator>::last_step_gradients() const {
+std::optional<step_gradients> basic_coordinator<Backend, HostOptimizer, Communicator>::last_step_gradients() {
   const device_scope scope(device_);
   rethrow_worker_error();
   if (!ran_step_) return std::nullopt;
-  const step_flags_buffers& b = by_step_[(step_ - 1) % 2];
+  step_flags_buffers& b = by_step_[(step_ - 1) % 2];
   Backend::synchronize(b.stats_ready);
   const auto* flags = reinterpret_cast<const step_flags*>(b.flags_host.data());
   return step_gradients{flags->skip != 0, flags->grad_norm};
