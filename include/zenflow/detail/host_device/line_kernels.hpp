@@ -320,53 +320,55 @@ ZENFLOW_TARGET_AVX512 void transpose_tiles(const void* src, index_t s_outer, con
   }
 }
 
-/// The mask of chunk c's positions from q0 on (q0 >= c.pos) and their count.
-ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE std::uint32_t chunk_mask_from(const line_chunk& c, index_t q0,
-                                                                        index_t& count) {
-  std::uint32_t m = c.mask;
-  for (index_t skip = q0 - c.pos; skip > 0; --skip) m &= m - 1;  // drop the lowest listed elements
-  count = c.count - (q0 - c.pos);
-  return m;
+/// Calls fn(first, mask, q, count) for the chunks of positions [q0, q0 + n) from chunk c (which
+/// holds q0): the chunk's first element, the mask of its positions in the range, the first one's
+/// index in the range and how many there are.
+template <class Fn>
+ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE void for_each_chunk(const line_chunk* c, index_t q0, index_t n, Fn&& fn) {
+  std::uint32_t m = c->mask;
+  for (index_t skip = q0 - c->pos; skip > 0; --skip) m &= m - 1;  // drop the listed elements before q0
+  index_t count = c->count - (q0 - c->pos);
+  for (index_t q = 0; q < n;) {
+    if (count > n - q) m = _pdep_u32((1u << (n - q)) - 1u, m), count = n - q;  // the lowest n - q only
+    fn(c->first, static_cast<__mmask16>(m), q, count);
+    q += count;
+    ++c;
+    if (q < n) m = c->mask, count = c->count;
+  }
 }
-/// The lowest `keep` set bits of m (keep < its set bits).
-ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE std::uint32_t lowest_bits(std::uint32_t m, index_t keep) {
-  return _pdep_u32((1u << keep) - 1u, m);
-}
+
+// The two chunk copies, as function objects (nvcc drops a lambda's target attribute).
+template <class S>
+struct chunk_gather {
+  const S* s;
+  float* d;
+  ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE void operator()(std::int32_t first, __mmask16 m, index_t q,
+                                                            index_t /*count*/) const {
+    // A full store: a masked one would hold the next chunk's load until this one's data arrived
+    // (memory disambiguation), one memory latency per chunk.
+    _mm512_storeu_ps(d + q, _mm512_maskz_compress_ps(m, k::load<true>(s + first, m)));
+  }
+};
+template <class D>
+struct chunk_scatter {
+  const float* s;
+  D* d;
+  ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE void operator()(std::int32_t first, __mmask16 m, index_t q,
+                                                            index_t count) const {
+    const __m512 x = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), s + q);
+    k::store<true>(d + first, _mm512_maskz_expand_ps(m, x), m);
+  }
+};
 
 template <class S>
 ZENFLOW_TARGET_AVX512 void gather_chunks(const void* src, void* dst, const line_chunk* c, index_t q0,
                                          index_t n) noexcept {
-  const S* s = static_cast<const S*>(src);
-  float* d = static_cast<float*>(dst);
-  index_t count = 0;
-  std::uint32_t m = chunk_mask_from(*c, q0, count);
-  for (index_t q = 0; q < n;) {
-    if (count > n - q) m = lowest_bits(m, n - q), count = n - q;
-    // A full store: a masked one would hold the next chunk's load until this one's data arrived
-    // (memory disambiguation), one memory latency per chunk.
-    _mm512_storeu_ps(d + q, _mm512_maskz_compress_ps(static_cast<__mmask16>(m),
-                                                     k::load<true>(s + c->first, static_cast<__mmask16>(m))));
-    q += count;
-    ++c;
-    if (q < n) m = c->mask, count = c->count;
-  }
+  for_each_chunk(c, q0, n, chunk_gather<S>{static_cast<const S*>(src), static_cast<float*>(dst)});
 }
-
 template <class D>
 ZENFLOW_TARGET_AVX512 void scatter_chunks(const void* src, void* dst, const line_chunk* c, index_t q0,
                                           index_t n) noexcept {
-  const float* s = static_cast<const float*>(src);
-  D* d = static_cast<D*>(dst);
-  index_t count = 0;
-  std::uint32_t m = chunk_mask_from(*c, q0, count);
-  for (index_t q = 0; q < n;) {
-    if (count > n - q) m = lowest_bits(m, n - q), count = n - q;
-    const __m512 x = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), s + q);
-    k::store<true>(d + c->first, _mm512_maskz_expand_ps(static_cast<__mmask16>(m), x), static_cast<__mmask16>(m));
-    q += count;
-    ++c;
-    if (q < n) m = c->mask, count = c->count;
-  }
+  for_each_chunk(c, q0, n, chunk_scatter<D>{static_cast<const float*>(src), static_cast<D*>(dst)});
 }
 }  // namespace avx512
 
