@@ -188,11 +188,12 @@ inline host_step_item make_host_step_item(float* master, float* m, float* v, std
   // chunk on (2.4x at 5 per chunk), gathers below.
   const bool g_rows = it.g_pos.index != nullptr && it.g_pos.stride == 1;
   const bool p_rows = it.p_pos.index != nullptr && it.p_pos.stride == 1;
-  if (!it.direct && (g_rows || p_rows) && host_device::select_chunk_copy(isa, g.type, true) != nullptr) {
+  const host_device::chunk_copy_fn gather_g = host_device::select_chunk_copy(isa, g.type, true);
+  if (!it.direct && (g_rows || p_rows) && gather_g != nullptr) {  // nullptr: no chunk copies on this path
     auto chunks = host_device::make_line_chunks(selection.data(), k);
     if (2 * k >= 3 * static_cast<index_t>(chunks.size())) {
       it.chunks = std::move(chunks);
-      if (g_rows) it.gather_g_chunks = host_device::select_chunk_copy(isa, g.type, true);
+      if (g_rows) it.gather_g_chunks = gather_g;
       if (p_rows && master == nullptr) it.gather_p_chunks = host_device::select_chunk_copy(isa, dtype::f32, true);
       if (p_rows) it.scatter_p_chunks = host_device::select_chunk_copy(isa, param.type, false);
     }

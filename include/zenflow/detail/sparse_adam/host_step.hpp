@@ -25,6 +25,7 @@
 
 #include "zenflow/adam_math.hpp"
 #include "zenflow/detail/cpu_adam/kernels.hpp"
+#include "zenflow/detail/host_device/chunk_kernels.hpp"
 #include "zenflow/detail/host_device/line_kernels.hpp"
 #include "zenflow/detail/host_device/parallel.hpp"
 #include "zenflow/types.hpp"

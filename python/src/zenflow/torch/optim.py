@@ -734,17 +734,22 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         """torch.optim steps whatever param_groups hold at step time; ZenFlowAdamW registers its
         parameters as they are added: a group's list edited since (a parameter appended, removed or
         replaced) is rejected, before anything changes."""
-        listed = [(gi, j, p) for gi, g in enumerate(self.param_groups) for j, p in enumerate(g["params"])]
-        at = next((x[:2] for k, x in enumerate(listed) if k >= len(self._params) or x[2] is not self._params[k]), None)
-        if at is None and len(listed) == len(self._params):
-            return
-        if at is None:  # the registered list goes on beyond the groups' (parameters removed at the end)
-            at = (len(self.param_groups) - 1, len(self.param_groups[-1]["params"])) if self.param_groups else (0, 0)
-        gi, j = at
-        raise ValueError(f"param_groups[{gi}]['params'][{j}]: the group's parameter list changed after it was added "
-                         f"(a parameter appended, removed or replaced); ZenFlowAdamW registers its parameters as "
-                         f"they are added: add new ones with add_param_group() before the first step(), or build a "
-                         f"new optimizer")
+        k = 0  # the registered parameters, in the groups' order
+        for gi, g in enumerate(self.param_groups):
+            for j, p in enumerate(g["params"]):
+                if k == len(self._params) or p is not self._params[k]:
+                    raise self._edited_group(gi, j)
+                k += 1
+        if k < len(self._params):  # parameters removed at the end
+            gi = max(len(self.param_groups) - 1, 0)
+            raise self._edited_group(gi, len(self.param_groups[gi]["params"]) if self.param_groups else 0)
+
+    @staticmethod
+    def _edited_group(gi, j):
+        return ValueError(f"param_groups[{gi}]['params'][{j}]: the group's parameter list changed after it was "
+                          f"added (a parameter appended, removed or replaced); ZenFlowAdamW registers its parameters "
+                          f"as they are added: add new ones with add_param_group() before the first step(), or build "
+                          f"a new optimizer")
 
     def _hyper_changes(self):
         changes = []
