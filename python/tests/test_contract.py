@@ -236,6 +236,9 @@ def test_state_dict_after_close_raises():
     ({"lr": -1.0}, r"param_groups\[1\]\.lr: must be in \[0\.0, inf\) as a float32, got -1\.0"),
     ({"betas": (0.9, 1.5)}, r"param_groups\[1\]\.betas\[1\]"),
     ({"column_dim": 3}, r"param_groups\[1\]\.column_dim: must be 0 or 1, got 3"),
+    # torch honours these per group; zenflow's Adam would ignore them
+    ({"maximize": True}, r"param_groups\[1\]\.maximize: not supported by zenflow's Adam, got True"),
+    ({"amsgrad": True}, r"param_groups\[1\]\.amsgrad: not supported by zenflow's Adam, got True"),
     ({"params_kind": "double"}, r"float64"),
     ({"params_kind": "shared"}, r"share storage"),
 ])
@@ -394,6 +397,25 @@ def test_a_bad_value_set_during_training_is_rejected_before_anything_changes():
     with pytest.raises(ValueError, match=r"param_groups\[0\]\.lr: must be a number"):
         opt.step()
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    opt.close()
+
+
+@pytest.mark.parametrize("key", ["maximize", "amsgrad"])
+def test_maximize_or_amsgrad_set_in_a_group_during_training_is_rejected_not_ignored(key):
+    # torch.optim.AdamW reads them from the group at every step: ascending instead of descending,
+    # or the max of the second moments. Ignored, the run would silently compute something else.
+    m = model()
+    opt = ZenFlowAdamW(m.parameters(), **HYPER)
+    x, y = batch(0)
+    m(input_ids=x, labels=y).loss.backward()
+    opt.step()
+    opt.param_groups[0][key] = True
+    before = copy.deepcopy(m.state_dict())
+    with pytest.raises(ValueError, match=rf"param_groups\[0\]\.{key}: not supported"):
+        opt.step()
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    opt.param_groups[0][key] = False  # as torch's own groups carry it: accepted
+    opt.step()
     opt.close()
 
 

@@ -219,6 +219,39 @@ def test_strided_gradients_step_as_their_contiguous_copies():
             assert max_diff(a, b) == 0.0, step
 
 
+@pytest.mark.parametrize("mode,dtype", [("zenflow", torch.float32), ("zero_offload", torch.float32),
+                                        ("dense", torch.bfloat16)])
+def test_a_rejected_load_keeps_an_edit_of_the_weights_for_the_next_step(mode, dtype):
+    # The weights are rolled back in place (model.load_state_dict), then an optimizer state dict
+    # that does not fit is tried and rejected: the next step starts from the rolled-back weights,
+    # as it does without the rejected load (and with torch.optim), not from the optimizer's master.
+    def run(rejected_load):
+        model = make_model().to(dtype)
+        saved = copy.deepcopy(model.state_dict())
+        opt = ZenFlowAdamW(model.parameters(), mode=mode, **HYPER)
+        for step in range(3):
+            train_step(model, opt, step)
+        model.load_state_dict(saved)
+        if rejected_load:
+            other = make_model()
+            other.fc1 = nn.Linear(16, 8)  # the same parameters, one of another shape
+            other.norm = nn.LayerNorm(8)
+            other.fc2 = nn.Linear(8, 4)
+            other.to(dtype)
+            bad = ZenFlowAdamW(other.parameters(), mode=mode, **HYPER)
+            train_step(other, bad, 0)
+            with pytest.raises(Exception, match="shape"):
+                opt.load_state_dict(bad.state_dict())
+            bad.close()
+        train_step(model, opt, 3)
+        opt.flush()
+        weights = [p.detach().clone() for p in model.parameters()]
+        opt.close()
+        return weights
+
+    assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))
+
+
 def test_a_state_dict_loads_by_position_whatever_the_parameter_names():
     # torch.optim pairs parameters by position: a checkpoint of named_parameters() loads into an
     # optimizer of parameters() and into one over a wrapped model (torch.compile's "_orig_mod.").

@@ -477,6 +477,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 raise ValueError(f"state_dict: param_groups[{gi}].column_dim is {s.get('column_dim', 1)!r}, this "
                                  f"optimizer's {g.get('column_dim', 1)!r}")
         old_groups, old_state = self.param_groups, self.state  # torch replaces both
+        # The old core's view of the trainer's tensors: the versions it last wrote (an in-place
+        # edit since then, such as a model.load_state_dict rollback, is still to be adopted by it)
+        # and the gradients handed over to it during backward. Building the new core re-records
+        # the versions: a rejected load puts all of it back.
+        old_versions, old_handed, old_rehand = list(self._versions), self._handed, self._rehand
         super().load_state_dict(state_dict)
         old_core, old_pushed = self._core, self._pushed
         try:
@@ -503,12 +508,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 self._core.close()
             self._core, self._pushed = old_core, old_pushed
             self.param_groups, self.state = old_groups, old_state
+            self._versions, self._handed, self._rehand = old_versions, old_handed, old_rehand
             raise
-        finally:
-            self._handed = {}
-            self._rehand = False
         if old_core is not None:
             old_core.close()
+        self._handed = {}
+        self._rehand = False
         self._backward_count = [0] * len(self._params)
         self._record_versions()
 
@@ -974,8 +979,19 @@ def _float32(where, name, value, low, low_open, high=None, high_open=False, as_n
     return x
 
 
+def _check_unsupported(g, where):
+    """torch.optim.AdamW's per-group switches that change what a step computes and that zenflow's
+    Adam does not implement: set in a group (at construction, by add_param_group, in a loaded state
+    dict or later by hand), they would be silently ignored; rejected instead."""
+    for key in ("amsgrad", "maximize"):
+        if g.get(key, False):
+            raise ValueError(f"{where}{key}: not supported by zenflow's Adam, got {g[key]!r} (it must be False or "
+                             f"absent)")
+
+
 def _check_hyper(g, where):
     """A parameter group's (or the defaults') Adam options: each named with its value and range."""
+    _check_unsupported(g, where)
     _float32(where, "lr", g["lr"], 0.0, False)
     betas = g["betas"]
     if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
