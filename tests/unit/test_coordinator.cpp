@@ -322,8 +322,9 @@ TEST_CASE("last_step_gradients says which step was skipped and the norm clipping
 
 // One f32 weight with fp16 gradients, three steps of ~1 with a 60000 spike, clipped to norm 1e-3:
 // a clip factor of ~1.6e-8, which turns the ~1 gradients into values below fp16's smallest.
+// `gathered_at_submit`: per step, the column gathers submit_gradient enqueued (staged offload).
 template <class Coordinator>
-std::vector<float> clipped_fp16_run(zenflow_options o) {
+std::vector<float> clipped_fp16_run(zenflow_options o, std::vector<std::int64_t>* gathered_at_submit = nullptr) {
   const index_t rows = 8, cols = 24;
   o.max_grad_norm = 1e-3f;
   o.adam.lr = 1e-2f;
@@ -339,7 +340,9 @@ std::vector<float> clipped_fp16_run(zenflow_options o) {
     for (std::size_t i = 0; i < g.size(); ++i)
       g[i] = from_float<float16>(0.5f + 0.1f * static_cast<float>((i + step) % 11));
     g[5] = from_float<float16>(60000.0f);
+    const std::int64_t gathers = staged_host_backend::gathers;
     c.submit_gradient(0, const_matrix_view::row_major(g.data(), rows, cols, dtype::f16), &s);
+    if (gathered_at_submit != nullptr) gathered_at_submit->push_back(staged_host_backend::gathers - gathers);
     c.step(&s);
     s.synchronize();
   }
@@ -357,7 +360,12 @@ TEST_CASE("the clip factor applies in fp32 on the CPU path too: an fp16 gradient
   for (std::size_t i = 0; i < dense.size(); ++i) moved += dense[i] != 0.01f * static_cast<float>(i % 17);
   CHECK(moved == dense.size());
   CHECK(clipped_fp16_run<host_coordinator>(zenflow_options::zero_offload()) == dense);
-  CHECK(clipped_fp16_run<basic_coordinator<staged_host_backend>>(zenflow_options::zero_offload()) == dense);
+  // The staged offload gathers a gradient's CPU columns as it is handed over (from the second
+  // step on), before step() knows the clip factor: clipping does not hold the copy back.
+  std::vector<std::int64_t> gathered_at_submit;
+  CHECK(clipped_fp16_run<basic_coordinator<staged_host_backend>>(zenflow_options::zero_offload(),
+                                                                 &gathered_at_submit) == dense);
+  CHECK(gathered_at_submit == std::vector<std::int64_t>{0, 1, 1});
 }
 
 TEST_CASE("bad input is rejected before anything changes") {

@@ -243,13 +243,14 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::submit_gradient(st
           std::string(dtype_name(p.grad_type)));
   p.grad_matrix = grad;
   p.has_grad = true;
-  // Without clipping, nothing about this gradient's CPU columns waits for the rest of backward:
-  // gather them now and let the copy overlap backward (not at a selection boundary, which may
-  // change the columns).
+  // Nothing about this gradient's CPU columns waits for the rest of backward: gather them now,
+  // unscaled, and let the copy overlap backward (not at a selection boundary, which may change the
+  // columns). The step's clip factor and skip flag, known at step(), apply as the offload worker
+  // accumulates, as they do for a gradient gathered in step().
   // Data parallel: the CPU columns are reduced across ranks first, in step(). A backend that
   // accumulates on its stream needs the step's flags first: in step() too.
-  if (!data_parallel && !accumulates_on_stream && schedule_.started() && options_.max_grad_norm == 0.0f &&
-      !p.cpu_columns.empty() && !selection_boundary()) {
+  if (!data_parallel && !accumulates_on_stream && schedule_.started() && !p.cpu_columns.empty() &&
+      !selection_boundary()) {
     begin_step();
     offload_gradient(p, unit_flags(), stream);
   }
