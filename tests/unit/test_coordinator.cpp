@@ -252,11 +252,22 @@ TEST_CASE("checkpoint and resume are bit-identical; bad checkpoints are rejected
                        zenflow::error);
   CHECK(fresh.model.snapshot() == before);
   CHECK(fresh.coordinator.step_count() == 0);
-  auto other = o;
-  other.topk_ratio = 0.5f;
   write(bytes);
-  harness mismatched(other);
-  CHECK_THROWS_AS(mismatched.coordinator.load_checkpoint(path, &mismatched.stream), zenflow::error);
+  // The schedule's options: the first one that differs is named, with both values.
+  const std::pair<const char*, void (*)(zenflow_options&)> option_edits[] = {
+      {"option topk_ratio = 0.25, this coordinator's is 0.5", [](zenflow_options& x) { x.topk_ratio = 0.5f; }},
+      {"option mode = zenflow, this coordinator's is dense", [](zenflow_options& x) { x.mode = offload_mode::dense; }},
+      {"option overlap_step = true, this coordinator's is false", [](zenflow_options& x) { x.overlap_step = false; }},
+      {"option update_interval = 3, this coordinator's is auto",
+       [](zenflow_options& x) { x.update_interval = interval_option::automatic(); }},
+  };
+  for (const auto& [message, edit] : option_edits) {
+    auto changed = o;
+    edit(changed);
+    harness h(changed);
+    CHECK_THROWS_WITH_AS(h.coordinator.load_checkpoint(path, &h.stream), doctest::Contains(message), zenflow::error);
+    CHECK(h.coordinator.step_count() == 0);
+  }
   // The Adam hyper-parameters the moments were computed with: each one that differs is named.
   const std::pair<const char*, void (*)(adam_options&)> adam_edits[] = {
       {"adam beta1 = 0.9, this coordinator's is 0.8", [](adam_options& a) { a.beta1 = 0.8f; }},

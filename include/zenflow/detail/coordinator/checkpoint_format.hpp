@@ -200,17 +200,41 @@ inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
   w.put(o.adam.bias_correction);
 }
 inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
-  bool same = r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.mode);
-  same = (r.get<float>() == o.topk_ratio) && same;
-  same = (r.get<std::uint8_t>() == static_cast<std::uint8_t>(o.resolved_strategy())) && same;
-  same = (r.get<std::int64_t>() == o.select_interval_steps()) && same;
-  same = (r.get<bool>() == o.update_interval.is_auto) && same;
-  same = (r.get<std::int64_t>() == o.update_interval.value) && same;
-  same = (r.get<std::int64_t>() == o.full_warm_up_rounds) && same;
-  same = (r.get<bool>() == o.overlap_step) && same;
-  same = (r.get<std::int64_t>() == o.max_update_interval) && same;
-  expects(same, "checkpoint", "was written with different zenflow options (mode, topk_ratio, intervals, warm-up or ",
-          "overlap_step)");
+  // Every field is read (the reader's position); the first that differs is named with both values.
+  std::string mismatch;
+  const auto compare = [&](const char* field, const auto& saved, const auto& ours) {
+    if (!mismatch.empty() || saved == ours) return;
+    const auto text = [](const auto& v) -> std::string {
+      using V = std::decay_t<decltype(v)>;
+      if constexpr (std::is_same_v<V, offload_mode>)
+        return std::string(offload_mode_name(v));
+      else if constexpr (std::is_same_v<V, selection_strategy>)
+        return std::string(selection_strategy_name(v));
+      else if constexpr (std::is_same_v<V, bool>)
+        return v ? "true" : "false";
+      else if constexpr (std::is_same_v<V, std::string>)
+        return v;
+      else if constexpr (std::is_same_v<V, float>) {
+        char t[32];
+        return std::string(t, std::to_chars(t, t + sizeof t, v).ptr);
+      } else
+        return std::to_string(v);
+    };
+    mismatch = concat(field, " = ", text(saved), ", this coordinator's is ", text(ours));
+  };
+  compare("mode", static_cast<offload_mode>(r.get<std::uint8_t>()), o.mode);
+  compare("topk_ratio", r.get<float>(), o.topk_ratio);
+  compare("select_strategy (resolved)", static_cast<selection_strategy>(r.get<std::uint8_t>()), o.resolved_strategy());
+  compare("select_interval (in steps)", r.get<std::int64_t>(), o.select_interval_steps());
+  const bool update_auto = r.get<bool>();
+  const std::int64_t update_value = r.get<std::int64_t>();
+  compare("update_interval", update_auto ? std::string("auto") : std::to_string(update_value),
+          o.update_interval.is_auto ? std::string("auto") : std::to_string(o.update_interval.value));
+  compare("full_warm_up_rounds", r.get<std::int64_t>(), o.full_warm_up_rounds);
+  compare("overlap_step", r.get<bool>(), o.overlap_step);
+  compare("max_update_interval", r.get<std::int64_t>(), o.max_update_interval);
+  expects(mismatch.empty(), "checkpoint", "was written with zenflow option ", mismatch,
+          " (mode, topk_ratio, the intervals, warm-up and overlap_step must agree)");
   // The moments were computed with these: resuming with others would silently change the
   // optimizer (torch.optim would restore them; here they are fixed at construction).
   adam_options saved = o.adam;
