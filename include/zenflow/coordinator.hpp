@@ -507,6 +507,7 @@ class basic_coordinator {
   std::unique_ptr<typename Backend::owned_stream> control_stream_;
   event_type collectives_done_;
   bool agreed_ = false;                  // data parallel: the ranks compared their records (first step or checkpoint)
+  std::uint64_t initial_values_ = detail::fingerprint_basis;  // data parallel: the registered values' fingerprints
   mutable detail::shared_state shared_;  // with the workers: progress counters, first error, stop request
   HostOptimizer host_opt_;
   device_optimizer_type device_opt_;

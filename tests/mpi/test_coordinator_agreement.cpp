@@ -109,6 +109,26 @@ TEST_CASE("ranks that registered different parameters fail at the first step, be
     first_step_fails(
         other, [&](dp_coordinator& dp, model& m) { m.register_with(dp); }, "their options");
   }
+  // One element of one parameter: a replica that starts apart would stay apart (its 1-D
+  // parameters and GPU columns are updated alike on every rank from the same mean gradient).
+  const auto initial_value_differs = [&](auto&& change) {
+    first_step_fails(
+        options,
+        [&](dp_coordinator& dp, model& m) {
+          if (world_rank() == last) change(m);
+          m.register_with(dp);
+        },
+        "registered different initial values");
+  };
+  SUBCASE("a different initial value: 1-D") {
+    initial_value_differs([](model& m) { m.b[2] += 1.0f; });
+  }
+  SUBCASE("a different initial value: row-major bf16") {
+    initial_value_differs([](model& m) { m.w1[30] = zenflow::to_bfloat16(2.0f); });
+  }
+  SUBCASE("a different initial value: column-contiguous f32") {
+    initial_value_differs([](model& m) { m.w2[37] += 0.5f; });
+  }
   SUBCASE("a different learning rate for one parameter") {
     first_step_fails(
         options,

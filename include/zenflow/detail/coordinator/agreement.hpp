@@ -27,6 +27,21 @@ std::uint64_t fingerprint(std::uint64_t h, const T& value) noexcept {
   return h;
 }
 
+/// A fingerprint of values whatever their layout and dtype: the sum, over the elements, of a mix
+/// of each element's position in row-major order and its fp32 bits. Feed it the elements in any
+/// order (the sum commutes), e.g. in memory order: `add(row-major index, value)`.
+struct values_fingerprint {
+  std::uint64_t sum = 0;
+  void add(std::uint64_t index, float value) noexcept {
+    std::uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    std::uint64_t x = (index * 0x9e3779b97f4a7c15ull) ^ bits;  // splitmix64's finalizer
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    sum += x ^ (x >> 31);
+  }
+};
+
 /// Where a coordinator's schedule stands (before its first step, or in the checkpoint it loads).
 struct agreement_position {
   std::int64_t step = 0;
@@ -60,6 +75,7 @@ struct agreement {
     parameters,
     registration,
     hyper_parameters,
+    initial_values,  // first_step only (a checkpoint brings its own values, or the trainer restores them)
     step,
     started,
     interval,
@@ -107,6 +123,10 @@ struct agreement {
                       : f == registration ? "their parameters' names, shapes or dtypes"
                                           : "their parameters' lr or weight decay",
                       "; every rank must build the same coordinator");
+      case initial_values:
+        return concat("the ranks registered different initial values: ", who,
+                      " differ in their parameters' values (a fingerprint of all of them); every rank must start "
+                      "from the same values (initialize from one seed, or broadcast rank 0's before registering)");
       default:
         return concat("the ranks' checkpoints are not from one save: ", who, " differ in ", name(f), " (", first,
                       " and ", other, "); resume every rank from the files one save_checkpoint wrote");
@@ -119,6 +139,7 @@ struct agreement {
                                           "parameters",
                                           "registration",
                                           "hyper-parameters",
+                                          "initial values (their fingerprint)",
                                           "step",
                                           "started",
                                           "interval",

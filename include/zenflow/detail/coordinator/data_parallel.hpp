@@ -149,6 +149,8 @@ detail::agreement basic_coordinator<Backend, HostOptimizer, Communicator>::agree
   }
   a.w[detail::agreement::registration] = static_cast<std::int64_t>(h);
   a.w[detail::agreement::hyper_parameters] = static_cast<std::int64_t>(at.hyper_parameters);
+  a.w[detail::agreement::initial_values] =
+      kind == detail::agreement::first_step ? static_cast<std::int64_t>(initial_values_) : 0;
   a.w[detail::agreement::step] = at.step;
   a.w[detail::agreement::started] = at.started ? 1 : 0;
   a.w[detail::agreement::interval] = at.interval;
