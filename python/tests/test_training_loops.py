@@ -1,8 +1,8 @@
 """The loops users run, on CPU torch, with ZenFlowAdamW where torch.optim.AdamW was:
 transformers.Trainer (default arguments, clipping on; gradient accumulation; a linear warm-up
 schedule), an accelerate loop (prepare, clip_grad_norm_, accumulate), a Lightning module, fp16
-autocast with torch.amp.GradScaler skipping steps, and iterations interrupted between backward and
-step. In dense and ZeRO-Offload mode ZenFlowAdamW follows torch's AdamW within reference.py's
+autocast with torch.amp.GradScaler skipping steps, iterations interrupted between backward and
+step, and torch.distributed.checkpoint's optimizer state dict taken mid-run. In dense and ZeRO-Offload mode ZenFlowAdamW follows torch's AdamW within reference.py's
 tolerance (torch's own foreach-vs-fused difference, measured in each test) over a short run (fp16:
 step by step from the same weights, see there); over a run long enough for every optimizer to
 learn the task (150 steps), ZenFlow, async and sync, reaches torch's held-out accuracy within one
@@ -263,3 +263,37 @@ def test_interrupted_iterations(in_backward):
         warnings.simplefilter("ignore")  # in_backward: the clipping after the hand-over warns
         check_loop(interrupted_loop, dict(lr=3e-3, weight_decay=0.01), 20, 18, zenflow=("zenflow_async",),
                    in_backward=in_backward)
+
+
+@pytest.mark.parametrize("mode", ["dense", "zenflow"])
+def test_a_dcp_get_optimizer_state_dict_does_not_step_the_optimizer(mode):
+    # torch.distributed.checkpoint's get_optimizer_state_dict steps an optimizer whose `state` is
+    # empty once, with zero gradients and lr 0, to create its state; ZenFlowAdamW's state lives in
+    # the library, and that step would have advanced its step count and decayed its moments. The
+    # dict it returns has no "zenflow" entry: loading it says so, and says what to save instead.
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    def run(with_dcp):
+        m = model()
+        opt = ZenFlowAdamW(m.parameters(), lr=1e-2, mode=mode, update_interval=2, select_interval=4)
+        osd = None
+        for step in range(8):
+            x, y = batch(step)
+            opt.zero_grad()
+            m(input_ids=x, labels=y).loss.backward()
+            opt.step()
+            if step == 3 and with_dcp:
+                opt.zero_grad()
+                osd = get_optimizer_state_dict(m, opt)
+        opt.flush()
+        weights = [p.detach().clone() for p in m.parameters()]
+        opt.close()
+        return weights, osd, m
+
+    reference, _, _ = run(False)
+    weights, osd, m = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(reference, weights))
+    fresh = ZenFlowAdamW(m.parameters(), lr=1e-2, mode=mode, update_interval=2, select_interval=4)
+    with pytest.raises(ValueError, match="get_optimizer_state_dict drops that entry: save optimizer.state_dict"):
+        set_optimizer_state_dict(m, fresh, osd)
+    fresh.close()

@@ -444,8 +444,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         zf = state_dict.pop("zenflow", None)
         if not isinstance(zf, dict) or zf.get("format") != _CHECKPOINT_FORMAT:
             found = zf.get("format") if isinstance(zf, dict) else None
+            hint = (" torch.distributed.checkpoint's get_optimizer_state_dict drops that entry: save "
+                    "optimizer.state_dict() itself" if zf is None else "")
             raise ValueError(f"state_dict: has no zenflow checkpoint of format {_CHECKPOINT_FORMAT} (found "
-                             f"{found!r}; was it written by this version's ZenFlowAdamW.state_dict?)")
+                             f"{found!r}; was it written by this version's ZenFlowAdamW.state_dict?){hint}")
         if zf.get("mode") != self._method["mode"]:
             raise ValueError(f"state_dict: was written in mode {zf.get('mode')!r}, this optimizer runs "
                              f"{self._method['mode']!r}")
@@ -865,6 +867,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._pushed = adams
         self._core = core
         self._record_versions()
+        # The state lives in the core; each parameter's torch-side entry stays an empty dict, so
+        # that code which initializes an optimizer whose `state` is empty by stepping it once with
+        # zero gradients (torch.distributed.checkpoint's get_optimizer_state_dict) sees one that
+        # has state and does not add that step to the run.
+        for p in self._params:
+            self.state[p]  # noqa: B018 -- the defaultdict creates the entry
         return core
 
     def _registered_column_dim(self, group):
