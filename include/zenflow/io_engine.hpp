@@ -7,9 +7,10 @@
 //                     consumer links zenflow::uring (which defines ZENFLOW_WITH_URING=1)
 //   any_io_engine     either of them (or any model) behind a virtual interface
 // `make_io_engine(config)` builds one: `io_engine_kind::automatic` tries io_uring and falls back to
-// the posix engine when io_uring cannot run here (not built in, blocked by seccomp as container
-// runtimes do, disabled by kernel.io_uring_disabled), and the engine's status() says which engine
-// runs and why.
+// the posix engine when io_uring cannot run here (no unit of the program built with
+// zenflow::uring, blocked by seccomp as container runtimes do, disabled by
+// kernel.io_uring_disabled), and the engine's status() says which engine runs and why. io_uring is
+// the program's: one unit built with zenflow::uring makes it available to every unit.
 //
 // Every completion is checked by the engine: a short transfer is resumed for its remainder, an
 // interrupted one retried; a request completes only when its whole length moved, or with the
