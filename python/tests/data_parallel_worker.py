@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conftest import batch, make_model
+from conftest import Tiny, batch, make_model
 from zenflow.torch import ZenFlowAdamW
 from zenflow.torch._C import ZenFlowError
 
@@ -68,7 +68,22 @@ def main():
     model = make_model(seed=rank).to(device)
     result = {"rank": rank, "ranks": ranks}
     timeout = 3.0 if scenario == "stall" else 60.0  # "abort": far longer than the failure may take
-    method = METHOD if scenario == "zenflow" else dict(METHOD, mode="zero_offload")
+    method = METHOD if scenario in ("zenflow", "raise_with", "raise_exit") else dict(METHOD, mode="zero_offload")
+    if scenario == "other_model":
+        # The last rank's model has another hidden width: every rank's constructor must say so,
+        # before any collective whose size depends on the parameters.
+        if rank == ranks - 1:
+            torch.manual_seed(0)
+            model = Tiny(hidden=48).to(device)
+        start = time.monotonic()
+        try:
+            ZenFlowAdamW(groups(model), process_group=dist.group.WORLD, timeout=timeout, **HYPER, **method)
+            result["errors"] = []
+        except ValueError as e:
+            result["errors"] = [(0, str(e))]
+        result["seconds"] = time.monotonic() - start
+        torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+        os._exit(0)
     opt = ZenFlowAdamW(groups(model), process_group=dist.group.WORLD, timeout=timeout, **HYPER, **method)
     result["owned"] = {n: opt.owned_columns(p) for n, p in model.named_parameters()}
     result["errors"] = []
@@ -87,6 +102,30 @@ def main():
             except ZenFlowError as e:
                 result["errors"].append((step, str(e)))
             break
+        if scenario in ("raise_with", "raise_exit") and step == 3 and rank == 1:
+            # The trainer's own code fails on one rank: leaving a `with` block on it, or ending the
+            # program with it, aborts the group (flush() would wait for peers still training).
+            if scenario == "raise_exit":
+                raise RuntimeError("user code failed on rank 1")
+            try:
+                with opt:
+                    raise RuntimeError("user code failed on rank 1")
+            except RuntimeError:
+                pass
+            os._exit(0)
+        if scenario in ("raise_with", "raise_exit") and step == 3:
+            start = time.monotonic()
+            try:
+                for later in range(step, STEPS):
+                    opt.zero_grad()
+                    backward(model, later, rank, ranks)
+                    opt.step()
+                opt.flush()
+            except ZenFlowError as e:
+                result["errors"].append((step, str(e)))
+            result["seconds"] = time.monotonic() - start
+            torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+            os._exit(0)
         if scenario == "abort" and step == 3:
             # What a rank that exits after an error does instead of finishing: the extension's
             # abort publishes the reason on the group's Store; the others fail at once with it.

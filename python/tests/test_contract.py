@@ -333,6 +333,15 @@ def test_an_epoch_interval_that_overflows_is_rejected_not_a_crash():
     (dict(zenflow_config={"zero_optimization": {"zenflow": 3}}), r"zero_optimization\.zenflow: must be a dict"),
     (dict(zenflow_config={"optimizer": {"params": "x"}}), r"optimizer\.params: must be a dict"),
     (dict(zenflow_config={"optimizer": {"params": {"betas": 0.9}}}), r"optimizer\.params\.betas"),
+    # A DeepSpeed config's values that DeepSpeed rejects or honours and zenflow's Adam cannot: never
+    # silently dropped (a typo of the device would turn offload off; of a key, leave it unset).
+    (dict(zenflow_config={"zero_optimization": {"offload_optimizer": {"device": "CPU"}}}),
+     r"zero_optimization\.offload_optimizer\.device: must be \"none\", \"cpu\" or \"nvme\" .*got 'CPU'"),
+    (dict(zenflow_config={"optimizer": {"params": {"weight_decya": 0.1}}}),
+     r"optimizer\.params: unknown key\(s\) 'weight_decya'"),
+    (dict(zenflow_config={"optimizer": {"params": {"amsgrad": True}}}), r"optimizer\.params\.amsgrad: not supported"),
+    (dict(zenflow_config={"optimizer": {"params": {"bias_correction": False}}}),
+     r"optimizer\.params\.bias_correction: zenflow's Adam always corrects"),
 ])
 def test_bad_values_are_rejected_at_construction_naming_the_option(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -168,6 +168,13 @@ def test_deepspeed_config():
     opt.close()
     offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
     assert deepspeed_options(offload) == {"mode": "zero_offload"}
+    # betas given as the config's numbers, in a list or a tuple, agree with it
+    with ZenFlowAdamW(make_model().parameters(), betas=[0.9, 0.98], zenflow_config=whole) as o:
+        assert o.param_groups[0]["betas"] == (0.9, 0.98)
+    assert deepspeed_options({"optimizer": {"params": {"lr": 1e-3, "amsgrad": False, "bias_correction": True}}}) == \
+        {"mode": "dense", "lr": 1e-3}
+    with pytest.warns(UserWarning, match="torch_adam select DeepSpeed's Adam implementation"):
+        assert deepspeed_options({"optimizer": {"params": {"torch_adam": True}}}) == {"mode": "dense"}
     with pytest.raises(ValueError, match="zenflow: unknown key"):
         deepspeed_options({"topk_ratio": 0.1, "top_k": 3})
     with pytest.raises(ValueError, match="optimizer.type"):

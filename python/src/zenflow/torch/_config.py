@@ -115,6 +115,9 @@ def _block(name, value):
 
 # The NVMe state tier (the CPU columns' moments in a state file on an SSD): DeepSpeed's
 # zero_optimization.offload_optimizer and aio blocks, key by key.
+# DeepSpeed's Adam and AdamW parameters (FusedAdam, DeepSpeedCPUAdam): read, checked, or ignored.
+_ADAM_PARAMS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "bias_correction", "adam_w_mode", "adamw_mode")
+_ADAM_PARAMS_IGNORED = ("torch_adam", "fp32_optimizer_states", "set_grad_none")
 _OFFLOAD_KEYS = ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read", "pipeline_write",
                  "fast_init", "ratio", "io_engine", "master_on_disk")
 _AIO_KEYS = ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
@@ -265,7 +268,10 @@ def deepspeed_options(config):
       neither -> mode "dense";
       zero_optimization.offload_optimizer with device "nvme", and aio -> offload_optimizer and aio
                                      (the NVMe state tier: see :func:`nvme_config`);
-      optimizer.params            -> lr, betas, eps, weight_decay (type Adam or AdamW);
+      optimizer.params            -> lr, betas, eps, weight_decay (type Adam or AdamW; amsgrad,
+                                     bias_correction false and adam_w_mode false are rejected,
+                                     torch_adam, fp32_optimizer_states and set_grad_none ignored
+                                     with a warning, any other key rejected);
       gradient_clipping           -> max_grad_norm;
       gradient_accumulation_steps -> gradient_accumulation_steps.
     """
@@ -300,6 +306,9 @@ def deepspeed_options(config):
             out["reserved_cpus"] = reserved_cpus_of(block[_RESERVED_KEY], f"zenflow.{_RESERVED_KEY}")
     offload = (_block("zero_optimization.offload_optimizer", zero.get("offload_optimizer")) or {}) if whole else {}
     device = offload.get("device", "none")
+    if device not in ("none", "cpu", "nvme"):  # DeepSpeed's OffloadDeviceEnum (a typo is not "none")
+        raise ValueError(f"zero_optimization.offload_optimizer.device: must be \"none\", \"cpu\" or \"nvme\" "
+                         f"(DeepSpeed's values), got {device!r}")
     if block is None and whole:
         out["mode"] = "zero_offload" if device in ("cpu", "nvme") else "dense"
     if whole and device == "nvme":
@@ -313,9 +322,23 @@ def deepspeed_options(config):
             if kind not in ("adam", "adamw"):
                 raise ValueError(f"optimizer.type: must be Adam or AdamW, got {opt.get('type')!r}")
             params = _block("optimizer.params", opt.get("params")) or {}
-            if kind == "adam" and params.get("adam_w_mode", True) is False:
-                raise ValueError("optimizer.params.adam_w_mode: only AdamW (decoupled weight decay) is "
-                                 "supported")
+            unknown = [k for k in params if k not in _ADAM_PARAMS + _ADAM_PARAMS_IGNORED]
+            if unknown:
+                raise ValueError(f"optimizer.params: unknown key(s) {', '.join(map(repr, unknown))}; known: "
+                                 f"{', '.join(_ADAM_PARAMS + _ADAM_PARAMS_IGNORED)}")
+            for key in ("adam_w_mode", "adamw_mode"):
+                if kind == "adam" and params.get(key, True) is False:
+                    raise ValueError(f"optimizer.params.{key}: only AdamW (decoupled weight decay) is supported")
+            if params.get("amsgrad", False):
+                raise ValueError(f"optimizer.params.amsgrad: not supported by zenflow's Adam, got "
+                                 f"{params['amsgrad']!r}")
+            if params.get("bias_correction", True) is not True:
+                raise ValueError(f"optimizer.params.bias_correction: zenflow's Adam always corrects the moments' "
+                                 f"bias (torch.optim.AdamW's rule), got {params['bias_correction']!r}")
+            ignored = [k for k in params if k in _ADAM_PARAMS_IGNORED]
+            if ignored:
+                warnings.warn(f"optimizer.params: {', '.join(ignored)} select DeepSpeed's Adam implementation and "
+                              f"have no effect here", stacklevel=3)
             for key in ("lr", "betas", "eps", "weight_decay"):
                 if _auto(params.get(key)) is not None:
                     value = params[key]

@@ -6,11 +6,14 @@ weight the optimizer continues from (tensor version counters tell which were edi
 """
 
 import atexit
+import datetime
+import hashlib
 import itertools
 import math
 import numbers
 import os
 import struct
+import sys
 import tempfile
 import warnings
 import weakref
@@ -40,9 +43,16 @@ _open = weakref.WeakSet()
 
 @atexit.register
 def _close_all():
+    # An exception that ends the program (sys.last_value): a data-parallel optimizer aborts its
+    # group instead of flushing, which is a collective its peers, still training, would not join
+    # (they would wait for the timeout, and fail without this rank's reason).
+    failed = getattr(sys, "last_value", None)
     for opt in list(_open):
         try:
-            opt.close()
+            if failed is not None and opt._process_group is not None:
+                opt.abort(f"the program on this rank ended with {type(failed).__name__}: {failed}")
+            else:
+                opt.close()
         except Exception:  # noqa: BLE001 -- exit must go on
             pass
 
@@ -99,7 +109,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         timing-dependent, so two runs may end their intervals at different steps.
     zenflow_config
         a DeepSpeed config (dict or JSON path) or its ``zenflow`` block; see
-        :func:`zenflow.torch.deepspeed_options`. Explicit arguments must agree with it.
+        :func:`zenflow.torch.deepspeed_options`. Explicit arguments must agree with it; one left at
+        its default (or given as the default) takes the config's value.
     submit_in_backward
         False (default): ``step()`` hands every ``.grad`` over as it is then, after whatever
         accumulated, scaled, unscaled or clipped it. True: each gradient is handed over from
@@ -224,7 +235,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                         raise ValueError(f"{key}: {given[key]!r} contradicts zenflow_config's {value!r}")
                     given[key] = value
                 else:
-                    if adam[key] != torch_defaults[key] and adam[key] != value:
+                    def same(a, b):  # betas: a list and a tuple of the same numbers agree
+                        return (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
+                    if not same(adam[key], torch_defaults[key]) and not same(adam[key], value):
                         raise ValueError(f"{key}: {adam[key]!r} contradicts zenflow_config's {value!r}")
                     adam[key] = value
         self._method = method_options(given)
@@ -631,11 +644,37 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._handed = {}
             _open.discard(self)
 
+    def abort(self, reason):
+        """Ends the optimizer without completing its pending CPU work, and with ``process_group``
+        fails the group's collectives on every rank at once with ``reason`` (what a rank leaving
+        on an error of its own should do: its peers would otherwise wait for ``timeout``). Then as
+        close(), but nothing is flushed. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._core is not None:
+                self._core.abort(str(reason))
+        finally:
+            self._closed = True
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            if self._core is not None:
+                self._core.close()
+                self._core = None
+            self._handed = {}
+            _open.discard(self)
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        # Leaving on an exception with process_group: abort (flush() is a collective the peers
+        # would not join), naming it; else close().
+        if exc_type is not None and self._process_group is not None:
+            self.abort(f"left a `with ZenFlowAdamW(...)` block on {exc_type.__name__}: {exc}")
+        else:
+            self.close()
         return False
 
     def __del__(self):
@@ -899,6 +938,34 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             config["nvme"] = dict(config["nvme"], file_name=name)
         return config
 
+    def _check_same_parameters(self, ranks):
+        """Every rank of the group registers the same parameters: the count, each one's shape and
+        dtype, and their names, compared through one all-gather of fixed size before the first
+        collective whose size depends on them (the broadcast of rank 0's values). Raises
+        ValueError on every rank, naming the first rank that differs and what."""
+        import torch.distributed as dist
+
+        def digest(items):
+            h = hashlib.blake2b(digest_size=8)
+            for item in items:
+                h.update(repr(item).encode())
+                h.update(b"\0")
+            return int.from_bytes(h.digest(), "little", signed=True)
+
+        mine = torch.tensor([len(self._params),
+                             digest((tuple(p.shape), str(p.dtype)) for p in self._params),
+                             digest(self._names)], dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in ranks]
+        dist.all_gather(everyone, mine, group=self._own_group)
+        what = ("the number of parameters", "their shapes or dtypes", "their names")
+        for r, theirs in enumerate(everyone[1:], start=1):
+            for k in range(3):
+                if theirs[k] != everyone[0][k]:
+                    detail = f" ({int(everyone[0][0])} and {int(theirs[0])})" if k == 0 else ""
+                    raise ValueError(f"process_group: the ranks registered different parameters: rank {ranks[0]} and "
+                                     f"rank {ranks[r]} differ in {what[k]}{detail}; every rank must build the same "
+                                     f"model and optimizer")
+
     def _data_parallel_core(self, options, device):
         """The coordinator of one rank of ``process_group``: on a Gloo group of its own (CPU
         tensors), or on NCCL with its unique id sent over that group (CUDA tensors)."""
@@ -913,7 +980,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             ranks = dist.get_process_group_ranks(self._process_group)
             # The coordinator's collectives run on worker threads: on a group of their own they
             # never interleave with the trainer's.
-            self._own_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+            self._own_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True,
+                                             timeout=datetime.timedelta(seconds=self._timeout))
+            self._check_same_parameters(ranks)  # before anything whose size depends on them
             for p in self._params:
                 values = p.data if p.device.type == "cpu" else p.data.cpu()
                 dist.broadcast(values, src=ranks[0], group=self._own_group)
