@@ -157,6 +157,21 @@ TEST_CASE("disk full at preallocation on a small ext4 that is filled up (loop mo
   std::vector<std::byte> back(1u << 20);
   f.read(0, back);
   CHECK(back == zenflow_test::pattern(1u << 20, 3));
+  // Growing past the free space fails with the file as it was and the free space untouched (ext4
+  // keeps the blocks a failed fallocate got: tried blindly, the request would have filled the disk
+  // for every other writer and reported 0 bytes free).
+  const std::uint64_t before_grow = free_bytes(fs.point());
+  const std::string grow_msg = error_of([&] { f.grow(8u << 20); });
+  CHECK(grow_msg == "zenflow: bytes: " + f.path() + " needs " + std::to_string((8u << 20) - (1u << 20)) +
+                        " bytes but its file system has " + std::to_string(before_grow) +
+                        " bytes free (statvfs): disk full");
+  CHECK(free_bytes(fs.point()) + 64 * kib >= before_grow);
+  CHECK(f.capacity() == (1u << 20));
+  state_file_config other_config = config(fs.point(), 256 * kib, 64 * kib);
+  other_config.file_name = "other.bin";
+  const state_file other(other_config);  // another writer still finds the space
+  f.read(0, back);
+  CHECK(back == zenflow_test::pattern(1u << 20, 3));
 }
 
 TEST_CASE(

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -117,22 +118,36 @@ inline void check_before_create(const std::string& directory, const std::string&
 }
 
 /// Preallocates bytes [offset, offset + size) of an open file (zero-filled, extending it). Throws
-/// zenflow::error: disk full names the path, the bytes needed and the bytes free.
+/// zenflow::error: disk full names the path, the bytes needed and the bytes free. On failure the
+/// file is as it was: a file system that ran out of space part way (ext4 keeps the blocks a failed
+/// fallocate got) has them released again, so that one oversized request does not leave the disk
+/// full for every other writer.
 inline void preallocate(int fd, const std::string& directory, const std::string& path, std::uint64_t offset,
                         std::uint64_t size) {
+  const auto free_bytes = [&]() -> std::optional<std::uint64_t> {
+    struct statvfs vfs {};
+    if (::fstatvfs(fd, &vfs) != 0 || vfs.f_blocks == 0) return std::nullopt;  // (ramfs reports no capacity)
+    return static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  };
+  const auto disk_full = [&](std::uint64_t available, const std::string& how) {
+    return error("bytes", concat(path, " needs ", size, " bytes but its file system has ", available, " bytes free (",
+                                 how, "): disk full"));
+  };
+  // Not even tried when it cannot fit (a failed fallocate may take the free space before failing).
+  if (const auto available = free_bytes(); available && size > *available) throw disk_full(*available, "statvfs");
   int rc = 0;
   do {
     rc = ::fallocate(fd, 0, static_cast<off_t>(offset), static_cast<off_t>(size));
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int err = errno;
-    if (err == ENOSPC) {
-      struct statvfs vfs {};
-      const std::uint64_t free_bytes =
-          ::fstatvfs(fd, &vfs) == 0 ? static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize : 0;
-      throw error("bytes", concat(path, " needs ", size, " bytes but its file system has ", free_bytes,
-                                  " bytes free (fallocate: ", errno_text(err), "): disk full"));
-    }
+    // Give back what the failed call allocated: the size it may have reached, and blocks past it.
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) > offset)
+      (void)::ftruncate(fd, static_cast<off_t>(offset));
+    (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                      static_cast<off_t>(size));
+    if (err == ENOSPC) throw disk_full(free_bytes().value_or(0), concat("fallocate: ", errno_text(err)));
     if (err == EOPNOTSUPP)
       throw error("directory", concat("the file system of ", directory, " cannot preallocate files (fallocate: ",
                                       errno_text(err), "); choose a directory on ext4, xfs or btrfs"));
