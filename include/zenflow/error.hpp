@@ -13,9 +13,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "zenflow/config.hpp"
@@ -70,6 +71,11 @@ std::string concat(const Ts&... parts) {
   };
   (append(parts), ...);
   return out;
+}
+
+/// An errno value as its text and number: "No space left on device (errno 28)".
+inline std::string errno_text(int err) {
+  return concat(std::strerror(err), " (errno ", err, ")");
 }
 }  // namespace detail
 

@@ -3,6 +3,10 @@
 // coordinator's state through them; the layout of that state is documented there).
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
@@ -70,21 +74,34 @@ class checkpoint_writer {
     std::memcpy(header.data() + 16, &size, 8);
     std::memcpy(header.data() + 24, &hash, 8);
     const std::string tmp = path + ".tmp";
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    expects(static_cast<bool>(out), "path", "cannot open '", tmp, "' for writing");
+    // POSIX calls rather than a stream: a failure (a full disk, a quota, an I/O error) says why.
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    expects(fd >= 0, "path", "cannot open '", tmp, "' for writing: ", errno_text(errno));
     // From here on path.tmp is ours: whatever fails (a write, the close, the rename) removes it.
     struct remove_unless_renamed {
       const std::string& file;
+      int& fd;
       bool renamed = false;
       ~remove_unless_renamed() {
+        if (fd >= 0) ::close(fd);
         if (!renamed) std::remove(file.c_str());
       }
-    } cleanup{tmp};
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
-    out.write(reinterpret_cast<const char*>(payload_.data()), static_cast<std::streamsize>(payload_.size()));
-    out.close();
-    expects(static_cast<bool>(out), "path", "writing '", tmp, "' failed");
-    expects(std::rename(tmp.c_str(), path.c_str()) == 0, "path", "cannot rename '", tmp, "' to '", path, "'");
+    } cleanup{tmp, fd};
+    const auto write_all = [&](std::span<const std::byte> bytes) {
+      while (!bytes.empty()) {
+        const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+        if (n < 0 && errno == EINTR) continue;
+        expects(n > 0, "path", "writing '", tmp, "' failed: ", errno_text(n < 0 ? errno : EIO));
+        bytes = bytes.subspan(static_cast<std::size_t>(n));
+      }
+    };
+    write_all(header);
+    write_all(payload_);
+    const int closed = ::close(fd);
+    fd = -1;
+    expects(closed == 0, "path", "writing '", tmp, "' failed at close: ", errno_text(errno));
+    expects(std::rename(tmp.c_str(), path.c_str()) == 0, "path", "cannot rename '", tmp, "' to '", path,
+            "': ", errno_text(errno));
     cleanup.renamed = true;
   }
 
