@@ -359,9 +359,8 @@ TEST_CASE("paths that cannot hold a state file fail at construction, naming the 
     return 0;
   });
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output == "zenflow: directory: cannot create " + (dir.path() / "ro").string() +
-                        "/zenflow_state.rank0.bin: Permission denied (errno 13); the directory is not writable by "
-                        "this process");
+  CHECK(r.output == "zenflow: directory: " + (dir.path() / "ro").string() +
+                        " is not writable: Permission denied (errno 13) (the state file is created there)");
   CHECK(std::filesystem::is_empty(dir.path() / "ro"));
 }
 

@@ -24,10 +24,6 @@ namespace zenflow::detail {
 inline constexpr long tmpfs_magic = 0x01021994;  // linux/magic.h TMPFS_MAGIC
 inline constexpr long ramfs_magic = 0x858458f6;  // linux/magic.h RAMFS_MAGIC
 
-inline std::string errno_text(int err) {
-  return concat(std::strerror(err), " (errno ", err, ")");
-}
-
 /// An open, locked, preallocated scratch file; closes it and, unless kept, removes it.
 class scratch_file {
  public:
@@ -69,8 +65,9 @@ class scratch_file {
   bool direct_ = true;
 };
 
-/// `directory` exists, is a directory and is not memory-backed (unless allowed). Throws
-/// zenflow::error naming the config field.
+/// `directory` exists, is a directory, can be written (the file is created in it later: a
+/// read-only mount or missing permission fails here, not at the first step) and is not
+/// memory-backed (unless allowed). Throws zenflow::error naming the config field.
 inline void check_state_directory(const std::string& directory, bool allow_memory_backed) {
   struct stat ds {};
   if (::stat(directory.c_str(), &ds) != 0) {
@@ -79,6 +76,9 @@ inline void check_state_directory(const std::string& directory, bool allow_memor
                                     err == ENOENT ? std::string("does not exist (create it first)") : errno_text(err)));
   }
   expects(S_ISDIR(ds.st_mode), "directory", directory, " is not a directory (a file is in the way)");
+  if (::access(directory.c_str(), W_OK | X_OK) != 0)
+    throw error("directory",
+                concat(directory, " is not writable: ", errno_text(errno), " (the state file is created there)"));
 
   struct statfs fs {};
   if (::statfs(directory.c_str(), &fs) == 0 && !allow_memory_backed) {
