@@ -328,6 +328,7 @@ def test_an_epoch_interval_that_overflows_is_rejected_not_a_crash():
     (dict(zenflow_config={"pt_reserved_cores_perc": 2}), r"zenflow\.pt_reserved_cores_perc: must be a fraction"),
     (dict(timeout=1e300), r"timeout"),
     (dict(submit_in_backward="yes"), r"submit_in_backward"),
+    (dict(record_trace="yes"), r"^record_trace: must be True or False, got 'yes'"),
     (dict(column_dim=True), r"column_dim"),
     (dict(zenflow_config={"zero_optimization": [1]}), r"zero_optimization: must be a dict"),
     (dict(zenflow_config={"zero_optimization": {"zenflow": 3}}), r"zero_optimization\.zenflow: must be a dict"),

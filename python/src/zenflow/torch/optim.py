@@ -250,6 +250,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if isinstance(reserved_cpus, bool) or not isinstance(reserved_cpus, int) or not 0 <= reserved_cpus < cpus:
             raise ValueError(f"reserved_cpus: must be an integer in [0, {cpus - 1}] (this process may run on {cpus} "
                              f"CPUs and the optimizer's threads need one), got {reserved_cpus!r}")
+        if not isinstance(record_trace, bool):
+            raise ValueError(f"record_trace: must be True or False, got {record_trace!r}")
         if cpu_state not in CPU_STATES:
             raise ValueError(f"cpu_state: must be one of {', '.join(map(repr, CPU_STATES))}, got {cpu_state!r}")
         nvme = nvme_config(offload_optimizer, aio)
@@ -279,7 +281,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.submit_in_backward = submit_in_backward
         self._config = {"cpu_threads": cpu_threads, "pin_threads": False, "reserved_cpus": reserved_cpus,
                         "d2h_slot_bytes": 4 << 20, "d2h_slots": 4, "h2d_slot_bytes": 4 << 20, "h2d_slots": 2,
-                        "record_trace": bool(record_trace), "cpu_state": cpu_state, "nvme": nvme}
+                        "record_trace": record_trace, "cpu_state": cpu_state, "nvme": nvme}
         self._timeout = float(timeout)
         self._core = None
         self._closed = False
