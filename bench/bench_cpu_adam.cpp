@@ -29,8 +29,11 @@
 
 #include <benchmark/benchmark.h>
 
+#include "bench_env.hpp"
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -49,8 +52,8 @@ using zenflow::bfloat16;
 using zenflow::dtype;
 
 std::size_t param_count() {
-  if (const char* s = std::getenv("ZENFLOW_BENCH_PARAMS")) return std::strtoull(s, nullptr, 10);
-  return std::size_t{1} << 26;  // 64M
+  // At least 4096: the shapes are n / 1024 x 1024 and 4096 x n / 4096.
+  return zenflow_bench::env_count("ZENFLOW_BENCH_PARAMS", std::size_t{1} << 26, 4096);  // 64M
 }
 
 // 2 MiB-aligned, huge-page-advised buffers, as cpu_adam allocates its state.
@@ -92,10 +95,14 @@ void fill_random(bfloat16* x, std::size_t n, std::uint32_t seed, float scale) {
 // All CPUs, default chunk, automatic ISA (ZENFLOW_BENCH_ISA=scalar|avx2|avx512 overrides).
 zenflow::cpu_adam_config bench_config() {
   zenflow::cpu_adam_config c;
-  if (const char* s = std::getenv("ZENFLOW_BENCH_THREADS")) c.threads = std::strtoull(s, nullptr, 10);
-  if (const char* s = std::getenv("ZENFLOW_BENCH_CHUNK")) c.chunk_elements = std::strtoull(s, nullptr, 10);
-  if (const char* s = std::getenv("ZENFLOW_BENCH_ISA")) {
+  c.threads = zenflow_bench::env_count("ZENFLOW_BENCH_THREADS", c.threads, 0, 4096);
+  c.chunk_elements = zenflow_bench::env_count("ZENFLOW_BENCH_CHUNK", c.chunk_elements, 1);
+  if (const char* s = std::getenv("ZENFLOW_BENCH_ISA"); s != nullptr && *s != '\0') {
     const std::string_view v(s);
+    if (v != "scalar" && v != "avx2" && v != "avx512") {
+      std::fprintf(stderr, "ZENFLOW_BENCH_ISA: must be scalar, avx2 or avx512, got '%s'\n", s);
+      std::exit(2);
+    }
     c.isa = v == "scalar" ? zenflow::cpu_isa::scalar : v == "avx2" ? zenflow::cpu_isa::avx2 : zenflow::cpu_isa::avx512;
   }
   return c;

@@ -44,6 +44,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -54,20 +55,36 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench_env.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
-  const char* s = std::getenv(name);
-  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 10) : fallback;
-}
+using zenflow_bench::env_count;
 std::filesystem::path bench_dir() {
   const char* s = std::getenv("ZENFLOW_BENCH_NVME_DIR");
   return s != nullptr && *s != '\0' ? std::filesystem::path(s) : std::filesystem::current_path();
 }
 
 constexpr zenflow::index_t rows = 1024;
+
+struct nvme_bench_settings {
+  std::uint64_t bytes;
+  std::size_t block;
+  std::size_t queue_depth;
+};
+/// ZENFLOW_BENCH_NVME_BYTES, _BLOCK (a multiple of 4096 holding at least one column of 1024 rows'
+/// master, m and v: 12 KiB) and _QD (read-ahead qd / 2 - 1 and write-behind qd / 2: at least 2).
+nvme_bench_settings nvme_settings() {
+  const std::size_t block = env_count("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20, 12 * rows, 1ull << 30);
+  if (block % 4096 != 0) {
+    std::fprintf(stderr, "ZENFLOW_BENCH_NVME_BLOCK: must be a multiple of 4096, got %zu\n", block);
+    std::exit(2);
+  }
+  return {env_count("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30, 1), block,
+          env_count("ZENFLOW_BENCH_NVME_QD", 32, 2, 4096)};
+}
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -172,9 +189,7 @@ bool io_uring_missing(benchmark::State& state, zenflow::io_engine_kind kind) {
 }
 
 void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
-  const std::uint64_t want = env_u64("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30);
-  const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
-  const std::size_t qd = env_u64("ZENFLOW_BENCH_NVME_QD", 32);
+  const auto [want, block, qd] = nvme_settings();
   const zenflow::index_t cols_per_block = static_cast<zenflow::index_t>(block / (12 * rows));
   const std::size_t per_block = static_cast<std::size_t>(rows * cols_per_block);  // parameters per block
   const std::uint64_t blocks = (want + block - 1) / block;
@@ -190,7 +205,14 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
   cfg.block_bytes = block;
   cfg.read_ahead = qd / 2 - 1;
   cfg.write_behind = qd / 2;
-  zenflow::state_file file(cfg, {kind, qd});
+  std::unique_ptr<zenflow::state_file> made;
+  try {  // a directory that cannot hold it (tmpfs, missing, full): this benchmark is skipped, not the run
+    made = std::make_unique<zenflow::state_file>(cfg, zenflow::io_engine_config{kind, qd});
+  } catch (const zenflow::error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  zenflow::state_file& file = *made;
 
   roofline_file roof(blocks, block, kind, qd);
   if (!roof.error().empty()) {
@@ -256,9 +278,7 @@ void nvme_adam(benchmark::State& state, zenflow::io_engine_kind kind) {
 void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   const bool master_on_disk = state.range(0) != 0;
   const auto format = static_cast<zenflow::cpu_state_format>(state.range(1));
-  const std::uint64_t want = env_u64("ZENFLOW_BENCH_NVME_BYTES", std::uint64_t{2} << 30);
-  const std::size_t block = env_u64("ZENFLOW_BENCH_NVME_BLOCK", std::size_t{1} << 20);
-  const std::size_t qd = env_u64("ZENFLOW_BENCH_NVME_QD", 32);
+  const auto [want, block, qd] = nvme_settings();
   if (io_uring_missing(state, kind)) return;
   // [master |] m | v or [master |] words of this many elements per block, or whole 8-bit blocks of
   // 256 rows (as cpu_adam lays them out)
@@ -284,7 +304,14 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
   zenflow::adam_options adam;
   adam.lr = 1e-3f;
   adam.weight_decay = 0.01f;
-  zenflow::cpu_adam opt(adam, config);
+  std::unique_ptr<zenflow::cpu_adam> made;
+  try {  // a directory that cannot hold the state (tmpfs, missing): this benchmark is skipped, not the run
+    made = std::make_unique<zenflow::cpu_adam>(adam, config);
+  } catch (const zenflow::error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  zenflow::cpu_adam& opt = *made;
   std::vector<float> values(params);
   for (std::size_t i = 0; i < params; ++i) values[i] = 0.01f * static_cast<float>(i % 101);
   opt.add_tensor(values, rows, cols);
@@ -294,7 +321,12 @@ void cpu_adam_nvme(benchmark::State& state, zenflow::io_engine_kind kind) {
     g = 1e-3f * (static_cast<float>(seed >> 8) * (1.0f / 16777216.0f) - 0.5f);
   }
   zenflow::cpu_adam_task task{0, values.data(), zenflow::dtype::f32, {}};
-  opt.step({&task, 1}, 1.0f, false);  // (moments only: sizes the file) every block written once
+  try {  // (moments only: sizes the file) every block written once
+    opt.step({&task, 1}, 1.0f, false);
+  } catch (const zenflow::error& e) {  // a directory that cannot hold it: this benchmark is skipped
+    state.SkipWithError(e.what());
+    return;
+  }
 
   roofline_file roof(blocks, block, kind, qd);
   if (!roof.error().empty()) {
@@ -437,7 +469,7 @@ void coordinator_stall(benchmark::State& state) {
   const std::int64_t on_disk = state.range(2);
   const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
   const std::size_t params = static_cast<std::size_t>(rows * cols);
-  const auto compute = std::chrono::milliseconds(env_u64("ZENFLOW_BENCH_STEP_MS", 100));
+  const auto compute = std::chrono::milliseconds(env_count("ZENFLOW_BENCH_STEP_MS", 100));
   std::vector<zenflow::bfloat16> weight(params, zenflow::to_bfloat16(0.01f)), grad(params);
   for (std::size_t i = 0; i < params; ++i)  // column norms that differ, so the selection matters
     grad[i] = zenflow::to_bfloat16(1e-3f * static_cast<float>(1 + (i / rows) % 97));
@@ -555,7 +587,7 @@ BENCHMARK(coordinator_stall)
 // step's time, rate and disk wait. The machine has no swap to hide in: a resident set above RAM
 // would be killed.
 void larger_than_ram(benchmark::State& state) {
-  const double want_gb = static_cast<double>(env_u64("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0));
+  const double want_gb = static_cast<double>(env_count("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0));
   constexpr zenflow::index_t cols = 262144;  // 256 M parameters per tensor
   const std::size_t per_tensor = static_cast<std::size_t>(rows) * cols;
   const auto tensors = static_cast<std::size_t>(std::ceil(want_gb * 1e9 / (12.0 * static_cast<double>(per_tensor))));
@@ -621,7 +653,7 @@ void larger_than_ram(benchmark::State& state) {
 // bytes and disk wait, the peak resident memory (VmHWM) against MemTotal, and the coordinator's own
 // accounting.
 void coordinator_larger_than_ram(benchmark::State& state) {
-  const double want_gb = static_cast<double>(env_u64("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0));
+  const double want_gb = static_cast<double>(env_count("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0));
   constexpr zenflow::index_t cols = 262144;
   const std::size_t per_tensor = static_cast<std::size_t>(rows) * cols;
   const auto tensors = static_cast<std::size_t>(std::ceil(want_gb * 1e9 / (12.0 * static_cast<double>(per_tensor))));
@@ -687,7 +719,7 @@ void coordinator_larger_than_ram(benchmark::State& state) {
 }
 
 const bool larger_than_ram_registered = [] {
-  if (env_u64("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0) > 0) {
+  if (env_count("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0) > 0) {
     benchmark::RegisterBenchmark("larger_than_ram", larger_than_ram)
         ->UseRealTime()
         ->Unit(benchmark::kSecond)
