@@ -136,9 +136,13 @@ struct host_memory_bytes {
   std::size_t state_file_pool = 0;
   /// The backend's device buffers for the CPU columns: the write-back staging (the parameter's
   /// dtype, twice with overlap_step) and, unless the backend accumulates on its stream (the host
-  /// backend in one process), the gathered gradients (the gradient's dtype, twice). GPU memory on
-  /// a CUDA backend, host RAM on the host backend, where they stand in for it (no write-back
-  /// staging for a parameter updated in place, as for the accumulators).
+  /// backend in one process), the gathered gradients (the gradient's dtype, twice). Sized once for
+  /// every column of the parameter (in data parallel, the largest owned range per block), not for
+  /// the CPU columns of the moment: the columns move at each selection, and on a GPU a
+  /// reallocation would be a cudaFree, which waits for the whole device; a parameter whose every
+  /// column is selected holds none. GPU memory on a CUDA backend, host RAM on the host backend,
+  /// where they stand in for it (no write-back staging for a parameter updated in place, as for
+  /// the accumulators).
   std::size_t device_buffers = 0;
   /// Host RAM on a GPU backend: every field but device_buffers.
   [[nodiscard]] std::size_t host_total() const noexcept {

@@ -141,10 +141,10 @@ class host_stream {
     return queue_.empty() && !busy_;
   }
 
-  /// Where the stream's device work runs: its pool (started at the first call) and the detected
-  /// SIMD path. Meant for work running on the stream, and for synchronous device work of a caller
-  /// that synchronized the stream first (the pool runs one job at a time). Throws
-  /// `zenflow::error` if the pool's threads cannot be started.
+  /// Where the stream's device work runs: its pool (started at the first call) and
+  /// cpu_isa::automatic (each kernel then takes the widest SIMD path this CPU runs). Meant for work running on the
+  /// stream, and for synchronous device work of a caller that synchronized the stream first (the pool runs one job at a
+  /// time). Throws `zenflow::error` if the pool's threads cannot be started.
   [[nodiscard]] host_execution execution() {
     std::call_once(pool_started_, [this] { pool_ = std::make_unique<thread_pool>(threads_); });
     return {pool_.get(), cpu_isa::automatic};

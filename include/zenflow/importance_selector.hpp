@@ -45,7 +45,9 @@ inline void column_scores(const_matrix_view grad, score_norm norm, std::span<flo
 
 /// k = max(1, floor(topk_ratio * cols)), in double. A ratio that is exactly a float (the options
 /// hold it as one) counts as the shortest decimal that rounds to that float: 0.7f, which is
-/// 0.69999998..., is 0.7, so 0.7 of 10 columns is 7 (as Python's int(0.7 * 10)), not 6. Throws
+/// 0.69999998..., is 0.7, so 0.7 of 10 columns is 7 (as Python's int(0.7 * 10)), not 6. The
+/// product is then the double one, as Python's: 0.29 of 100 columns is 28 (0.29 * 100 is
+/// 28.999999999999996). Throws
 /// ("topk_ratio") unless topk_ratio is finite and in (0, 1], and ("cols") unless 1 <= cols <=
 /// INT32_MAX.
 inline index_t topk_count(double topk_ratio, index_t cols);

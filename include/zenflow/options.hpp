@@ -109,7 +109,8 @@ struct adam_options {
 struct zenflow_options {
   offload_mode mode = offload_mode::zenflow;
   /// Fraction of each 2-D parameter's columns updated on the GPU: k = max(1, floor(topk_ratio * cols)),
-  /// the ratio read as the decimal it prints as (topk_count: 0.7 of 10 columns is 7).
+  /// the ratio read as the decimal it prints as and multiplied in double, as Python does (topk_count:
+  /// 0.7 of 10 columns is 7, 0.29 of 100 is 28).
   float topk_ratio = 0.1f;
   selection_strategy select_strategy = selection_strategy::automatic;
   /// How often to re-select (steps, or epochs with the epoch strategy). "auto": every epoch with
