@@ -316,9 +316,12 @@ class basic_coordinator {
   /// `stream`.
   void save_checkpoint(const std::string& path, stream_type stream,
                        checkpoint_contents contents = checkpoint_contents::everything);
-  /// Restores a checkpoint written by save_checkpoint into a coordinator with the same options and
-  /// registered parameters; resumes bit-identically. A checkpoint of
-  /// checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them
+  /// Restores a checkpoint written by save_checkpoint into a freshly constructed coordinator (no
+  /// step() or load yet) with the same options and registered parameters; resumes bit-identically.
+  /// The schedule's options, betas, eps and the Adam variant must match (a difference is rejected,
+  /// naming it); each parameter's lr and weight_decay come from the checkpoint (adam_options_of;
+  /// options().adam stays the constructor's), and max_grad_norm is this coordinator's. A checkpoint
+  /// of checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them
   /// first. A truncated, corrupted or mismatched file is rejected before any state changes.
   /// `match`: whether the parameters' names must agree too (checkpoint_match). Synchronizes with
   /// `stream`.
