@@ -357,7 +357,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         is None is skipped, as torch.optim.AdamW skips it): adopts the parameters edited since the
         optimizer last wrote them, then runs the coordinator's step (device update of the selected
         columns and 1-D parameters, offload of the rest, the CPU schedule). Returns the closure's
-        loss. A step that raises changes nothing."""
+        loss. A step rejected for its input (a bad value, a changed parameter, a gradient that does
+        not fit; ValueError) or because the data-parallel ranks disagree on which parameters got
+        gradients (ZenFlowError) changes nothing. A failure of the optimizer's own work (a disk
+        error in the NVMe tier, a collective that times out) raises ZenFlowError and leaves the
+        optimizer failed: that step may have updated part of the parameters, and every later call
+        raises the same error."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
