@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <string>
 
+#include "state_file_config.hpp"
+
 #if defined(ZENFLOW_WITH_URING)
 #error "this unit is the one built without zenflow::uring"
 #endif
@@ -13,16 +15,8 @@ static_assert(!zenflow::io_uring_built_in);
 
 namespace mixed_uring {
 std::string plain_engine_status(const std::filesystem::path& directory) {
-  zenflow::state_file_config c;
-  c.directory = directory;
-  c.file_name = "plain.bin";
-  c.bytes = 64 * 1024;
-  c.block_bytes = 16 * 1024;
-  c.read_ahead = c.write_behind = 1;
-  c.allow_memory_backed = true;
-  c.direct = zenflow::direct_io::fallback_to_buffered;
-  c.pin = zenflow::pin_policy::none;
-  const zenflow::state_file file(c, zenflow::io_engine_config{zenflow::io_engine_kind::automatic, 4});
+  const zenflow::state_file file(small_state_file(directory, "plain.bin"),
+                                 zenflow::io_engine_config{zenflow::io_engine_kind::automatic, 4});
   return file.engine().status();
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "../support/storage_test_utils.hpp"
+#include "state_file_config.hpp"
 
 #if !defined(ZENFLOW_WITH_URING)
 #error "this unit is the one built with zenflow::uring"
@@ -22,16 +23,8 @@ std::string plain_engine_status(const std::filesystem::path& directory);
 std::string plain_make_engine_status();
 
 std::string uring_engine_status(const std::filesystem::path& directory) {
-  zenflow::state_file_config c;
-  c.directory = directory;
-  c.file_name = "uring.bin";
-  c.bytes = 64 * 1024;
-  c.block_bytes = 16 * 1024;
-  c.read_ahead = c.write_behind = 1;
-  c.allow_memory_backed = true;
-  c.direct = zenflow::direct_io::fallback_to_buffered;
-  c.pin = zenflow::pin_policy::none;
-  const zenflow::state_file file(c, zenflow::io_engine_config{zenflow::io_engine_kind::automatic, 4});
+  const zenflow::state_file file(small_state_file(directory, "uring.bin"),
+                                 zenflow::io_engine_config{zenflow::io_engine_kind::automatic, 4});
   return file.engine().status();
 }
 }  // namespace mixed_uring

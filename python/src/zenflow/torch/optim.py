@@ -641,15 +641,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if self._core is not None:
                 self.flush()
         finally:
-            self._closed = True
-            for h in self._hooks:
-                h.remove()
-            self._hooks = []
-            if self._core is not None:
-                self._core.close()
-                self._core = None
-            self._handed = {}
-            _open.discard(self)
+            self._release()
 
     def abort(self, reason):
         """Ends the optimizer without completing its pending CPU work, and with ``process_group``
@@ -662,15 +654,19 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if self._core is not None:
                 self._core.abort(str(reason))
         finally:
-            self._closed = True
-            for h in self._hooks:
-                h.remove()
-            self._hooks = []
-            if self._core is not None:
-                self._core.close()
-                self._core = None
-            self._handed = {}
-            _open.discard(self)
+            self._release()
+
+    def _release(self):
+        """close() and abort(): the hooks removed, the coordinator's threads stopped, its state freed."""
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._core is not None:
+            self._core.close()
+            self._core = None
+        self._handed = {}
+        _open.discard(self)
 
     def __enter__(self):
         return self
