@@ -16,7 +16,7 @@ import torch
 
 from conftest import make_model, train_step
 from reference import Dataset, model
-from zenflow.torch import ZenFlowAdamW, ZenFlowError, deepspeed_options, nvme_config
+from zenflow.torch import ZenFlowAdamW, deepspeed_options, nvme_config
 
 ASYNC = dict(topk_ratio=0.25, update_interval=2, select_interval=3)
 
@@ -194,10 +194,17 @@ def test_nvme_keys_honoured_or_rejected(state_dir):
             ZenFlowAdamW(m.parameters(), **nvme("/dev/shm"))
 
 
-def test_library_errors_name_the_setting(state_dir):
-    # The queue must hold every block a stream may have in flight: the library says so at the first step.
+def test_settings_the_library_would_reject_at_the_first_step_are_rejected_at_construction(state_dir):
+    # The queue must hold every block a stream may have in flight (DeepSpeed's aio default of 8
+    # does not, for the default pool of 9), and the posix engine's threads serve that queue: said
+    # at construction, as ValueError naming the key, not by the library when the first step()
+    # creates the state file.
     m = make_model()
-    opt = ZenFlowAdamW(m.parameters(), offload_optimizer={"device": "nvme", "nvme_path": state_dir},
-                       aio={"queue_depth": 2})
-    with pytest.raises(ZenFlowError, match="queue_depth"):
+    offload = {"device": "nvme", "nvme_path": state_dir}
+    with pytest.raises(ValueError, match=r"aio\.queue_depth: 8 is below the state file's pool of 9 blocks"):
+        ZenFlowAdamW(m.parameters(), offload_optimizer=offload, aio={"queue_depth": 8})
+    with pytest.raises(ValueError, match=r"aio\.thread_count: 64 threads exceed queue_depth 32"):
+        ZenFlowAdamW(m.parameters(), offload_optimizer=offload, aio={"thread_count": 64})
+    # A smaller pool fits a smaller queue.
+    with ZenFlowAdamW(m.parameters(), offload_optimizer=dict(offload, buffer_count=5), aio={"queue_depth": 8}) as opt:
         train_step(m, opt, 0)

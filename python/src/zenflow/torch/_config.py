@@ -231,6 +231,17 @@ def nvme_config(offload_optimizer, aio):
     if "overlap_events" in aio and not _flag("aio.overlap_events", aio["overlap_events"]):
         warnings.warn("aio.overlap_events false: the stream always overlaps its reads and writes with the CPU "
                       "Adam (pipeline_read / pipeline_write turn that off)", stacklevel=4)
+    # What the state file checks when the first step creates it, here: every block of the pool may
+    # be in flight at once, and the posix engine's threads serve that queue.
+    buffers = out["read_ahead"] + 1 + out["write_behind"]
+    if out["queue_depth"] < buffers:
+        raise ValueError(f"aio.queue_depth: {out['queue_depth']} is below the state file's pool of {buffers} blocks "
+                         f"(read_ahead {out['read_ahead']} + 1 + write_behind {out['write_behind']}), every one of "
+                         f"which may be in flight: raise it to at least {buffers}, or lower "
+                         f"offload_optimizer.buffer_count")
+    if out["threads"] > out["queue_depth"]:
+        raise ValueError(f"aio.thread_count: {out['threads']} threads exceed queue_depth {out['queue_depth']} (the "
+                         f"requests in flight they serve)")
     return out
 
 
