@@ -983,8 +983,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             ranks = dist.get_process_group_ranks(self._process_group)
             # The coordinator's collectives run on worker threads: on a group of their own they
             # never interleave with the trainer's.
+            # Gloo's own deadline is twice the optimizer's: the communicator's (which names the
+            # collective and the cause) fires first, and the check below cannot outwait either.
             self._own_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True,
-                                             timeout=datetime.timedelta(seconds=self._timeout))
+                                             timeout=datetime.timedelta(seconds=2 * self._timeout))
             self._check_same_parameters(ranks)  # before anything whose size depends on them
             for p in self._params:
                 values = p.data if p.device.type == "cpu" else p.data.cpu()
