@@ -393,7 +393,8 @@ TEST_CASE("a failed save leaves no .tmp file and the previous checkpoint untouch
     const auto directory = temp_path("save_target");  // a non-empty directory cannot be replaced by a file
     std::filesystem::create_directories(std::filesystem::path(directory) / "inside");
     CHECK_THROWS_WITH_AS(m.coordinator().save_checkpoint(directory, &m.stream()),
-                         doctest::Contains("' to '" + directory + "': Is a directory (errno 21)"), zenflow::error);
+                         doctest::Contains(("' to '" + directory + "': Is a directory (errno 21)").c_str()),
+                         zenflow::error);
     CHECK_FALSE(std::filesystem::exists(directory + ".tmp"));
     CHECK(std::filesystem::is_directory(std::filesystem::path(directory) / "inside"));
     std::filesystem::remove_all(directory);
