@@ -76,7 +76,8 @@ class checkpoint_writer {
     const std::string tmp = path + ".tmp";
     // POSIX calls rather than a stream: a failure (a full disk, a quota, an I/O error) says why.
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    expects(fd >= 0, "path", "cannot open '", tmp, "' for writing: ", errno_text(errno));
+    const int open_error = errno;  // (read before anything else may set it)
+    expects(fd >= 0, "path", "cannot open '", tmp, "' for writing: ", errno_text(open_error));
     // From here on path.tmp is ours: whatever fails (a write, the close, the rename) removes it.
     struct remove_unless_renamed {
       const std::string& file;
@@ -90,18 +91,21 @@ class checkpoint_writer {
     const auto write_all = [&](std::span<const std::byte> bytes) {
       while (!bytes.empty()) {
         const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-        if (n < 0 && errno == EINTR) continue;
-        expects(n > 0, "path", "writing '", tmp, "' failed: ", errno_text(n < 0 ? errno : EIO));
+        const int write_error = n < 0 ? errno : EIO;
+        if (n < 0 && write_error == EINTR) continue;
+        expects(n > 0, "path", "writing '", tmp, "' failed: ", errno_text(write_error));
         bytes = bytes.subspan(static_cast<std::size_t>(n));
       }
     };
     write_all(header);
     write_all(payload_);
     const int closed = ::close(fd);
+    const int close_error = errno;
     fd = -1;
-    expects(closed == 0, "path", "writing '", tmp, "' failed at close: ", errno_text(errno));
-    expects(std::rename(tmp.c_str(), path.c_str()) == 0, "path", "cannot rename '", tmp, "' to '", path,
-            "': ", errno_text(errno));
+    expects(closed == 0, "path", "writing '", tmp, "' failed at close: ", errno_text(close_error));
+    const int renamed = std::rename(tmp.c_str(), path.c_str());
+    const int rename_error = errno;
+    expects(renamed == 0, "path", "cannot rename '", tmp, "' to '", path, "': ", errno_text(rename_error));
     cleanup.renamed = true;
   }
 
