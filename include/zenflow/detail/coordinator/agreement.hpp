@@ -14,6 +14,8 @@
 #include <string_view>
 
 #include "zenflow/error.hpp"
+#include "zenflow/types.hpp"
+#include "zenflow/view.hpp"
 
 namespace zenflow::detail {
 
@@ -41,6 +43,33 @@ struct values_fingerprint {
     sum += x ^ (x >> 31);
   }
 };
+
+/// The values_fingerprint of a matrix's values (host memory, any layout and dtype), read in memory
+/// order: by columns when they are contiguous, else by rows.
+inline std::uint64_t values_fingerprint_of(const const_matrix_view& m) {
+  values_fingerprint f;
+  dispatch_dtype(m.type, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(m.data);
+    const auto add = [&](index_t r, index_t c) {
+      f.add(static_cast<std::uint64_t>(r * m.cols + c), to_float(src[m.offset(r, c)]));
+    };
+    if (m.row_stride == 1 && m.col_stride != 1) {
+      for (index_t c = 0; c < m.cols; ++c)
+        for (index_t r = 0; r < m.rows; ++r) add(r, c);
+    } else {
+      for (index_t r = 0; r < m.rows; ++r)
+        for (index_t c = 0; c < m.cols; ++c) add(r, c);
+    }
+  });
+  return f.sum;
+}
+/// The values_fingerprint of a vector of fp32 values.
+inline std::uint64_t values_fingerprint_of(std::span<const float> v) {
+  values_fingerprint f;
+  for (std::size_t k = 0; k < v.size(); ++k) f.add(k, v[k]);
+  return f.sum;
+}
 
 /// Where a coordinator's schedule stands (before its first step, or in the checkpoint it loads).
 struct agreement_position {

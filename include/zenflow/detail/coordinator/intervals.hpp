@@ -11,8 +11,6 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
-#include <string>
-#include <string_view>
 #include <utility>
 
 #include "zenflow/coordinator.hpp"
@@ -224,12 +222,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::write_back(std::in
   bool applied;
   {
     detail::state_lock lock(shared_.mutex);
-    // Name the disk's share of the stall, once per step (as the reason is its first stall's).
-    constexpr std::string_view disk_clause = " ms on its NVMe state file)";
-    if (metrics_.stall_seconds > stalled && shared_.last_update_disk_wait > 0.0 &&
-        metrics_.stall_reason.find(disk_clause) == std::string::npos)
-      metrics_.stall_reason +=
-          detail::concat(" (the CPU update waited ", shared_.last_update_disk_wait * 1e3, disk_clause);
+    // Name the disk's share of the stall the step's reason describes: its first (stalled == 0
+    // before this wait: the reason is this wait's).
+    if (stalled == 0.0 && metrics_.stall_seconds > 0.0 && shared_.last_update_disk_wait > 0.0)
+      metrics_.stall_reason += detail::concat(" (the CPU update waited ", shared_.last_update_disk_wait * 1e3,
+                                              " ms on its NVMe state file)");
     applied = shared_.accumulated_count(i) > 0;
     update_.mark_written_back(lock, i, at_end_of);
   }

@@ -191,19 +191,11 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
     for (index_t c = owned.first; c < owned.last; ++c)
       for (index_t r = 0; r < param.rows; ++r)
         master[(c - owned.first) * param.rows + r] = to_float(src[initial.offset(r, c)]);
-    // Data parallel: every rank's values, compared before the first step (replicas that start
-    // apart would stay apart in their GPU columns and 1-D parameters), read in memory order.
-    if constexpr (data_parallel) {
-      detail::values_fingerprint f;
-      const bool by_column = initial.row_stride == 1 && initial.col_stride != 1;
-      for (index_t a = 0; a < (by_column ? param.cols : param.rows); ++a)
-        for (index_t b = 0; b < (by_column ? param.rows : param.cols); ++b) {
-          const index_t r = by_column ? b : a, c = by_column ? a : b;
-          f.add(static_cast<std::uint64_t>(r * param.cols + c), to_float(src[initial.offset(r, c)]));
-        }
-      initial_values_ = detail::fingerprint(initial_values_, f.sum);
-    }
   });
+  // Data parallel: every rank's values, compared before the first step (replicas that start apart
+  // would stay apart in their GPU columns and 1-D parameters).
+  if constexpr (data_parallel)
+    initial_values_ = detail::fingerprint(initial_values_, detail::values_fingerprint_of(initial));
   parameter p;
   p.name = std::move(name);
   p.adam = options_.adam;
@@ -227,11 +219,8 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
           param.size);
   expects(step_ == 0 && !schedule_.started(), "register_parameter",
           "parameters must be registered before the first step");
-  if constexpr (data_parallel) {
-    detail::values_fingerprint f;
-    for (std::size_t k = 0; k < initial.size(); ++k) f.add(k, initial[k]);
-    initial_values_ = detail::fingerprint(initial_values_, f.sum);
-  }
+  if constexpr (data_parallel)
+    initial_values_ = detail::fingerprint(initial_values_, detail::values_fingerprint_of(initial));
   parameter p;
   p.name = std::move(name);
   p.adam = options_.adam;

@@ -76,9 +76,11 @@ inline void check_state_directory(const std::string& directory, bool allow_memor
                                     err == ENOENT ? std::string("does not exist (create it first)") : errno_text(err)));
   }
   expects(S_ISDIR(ds.st_mode), "directory", directory, " is not a directory (a file is in the way)");
-  if (::access(directory.c_str(), W_OK | X_OK) != 0)
+  if (::access(directory.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
     throw error("directory",
-                concat(directory, " is not writable: ", errno_text(errno), " (the state file is created there)"));
+                concat(directory, " is not writable: ", errno_text(err), " (the state file is created there)"));
+  }
 
   struct statfs fs {};
   if (::statfs(directory.c_str(), &fs) == 0 && !allow_memory_backed) {

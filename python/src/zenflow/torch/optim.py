@@ -197,10 +197,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  cover_cpu_update=None, zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
                  reserved_cpus=0, record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32",
                  offload_optimizer=None, aio=None):
-        if amsgrad:
-            raise ValueError("amsgrad: not supported by zenflow's Adam")
-        if maximize:
-            raise ValueError("maximize: not supported by zenflow's Adam")
+        _check_unsupported({"amsgrad": amsgrad, "maximize": maximize}, "")
         given = {"mode": mode, "topk_ratio": topk_ratio, "select_strategy": select_strategy,
                  "select_interval": select_interval, "update_interval": update_interval,
                  "full_warm_up_rounds": full_warm_up_rounds, "overlap_step": overlap_step,
@@ -235,9 +232,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                         raise ValueError(f"{key}: {given[key]!r} contradicts zenflow_config's {value!r}")
                     given[key] = value
                 else:
-                    def same(a, b):  # betas: a list and a tuple of the same numbers agree
-                        return (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
-                    if not same(adam[key], torch_defaults[key]) and not same(adam[key], value):
+                    if not _same(adam[key], torch_defaults[key]) and not _same(adam[key], value):
                         raise ValueError(f"{key}: {adam[key]!r} contradicts zenflow_config's {value!r}")
                     adam[key] = value
         self._method = method_options(given)
@@ -1059,6 +1054,11 @@ def _float32(where, name, value, low, low_open, high=None, high_open=False, as_n
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
         raise ValueError(f"{where}{name}: must be in {'(' if low_open else '['}{low}, {hi} as a float32, got {value!r}")
     return x
+
+
+def _same(a, b):
+    """Equal, a list counting as the tuple of its items (betas from JSON against a tuple)."""
+    return (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
 
 
 def _check_unsupported(g, where):
