@@ -672,8 +672,8 @@ void coordinator_larger_than_ram(benchmark::State& state) {
   for (auto _ : state) {
     zenflow::host_stream stream(2);
     auto options = zenflow::zenflow_options::zero_offload();
-    options.adam.lr = 1e-3f;
-    options.adam.weight_decay = 0.01f;
+    options.optimizer.lr = 1e-3f;
+    options.optimizer.weight_decay = 0.01f;
     zenflow::host_coordinator c(options, config);
     const auto t0 = clock_type::now();
     for (std::size_t t = 0; t < tensors; ++t) {

@@ -23,7 +23,7 @@ inline zenflow::zenflow_options mode_options(int mode, float lr) {
     o.select_interval = zenflow::interval_option::fixed(100);
     o.overlap_step = mode == zenflow_async;
   }
-  o.adam.lr = lr;
+  o.optimizer.lr = lr;
   return o;
 }
 

@@ -153,9 +153,9 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
                   const std::vector<std::size_t>& train_idx, const std::vector<std::size_t>& test_idx, int epochs,
                   std::ofstream& csv, zenflow::cpu_state_format cpu_state = zenflow::cpu_state_format::fp32,
                   const std::filesystem::path& nvme_dir = {}) {
-  options.adam.lr = 2e-3f;
-  options.adam.weight_decay = 0.01f;
-  options.adam.adamw_mode = true;
+  options.optimizer.lr = 2e-3f;
+  options.optimizer.weight_decay = 0.01f;
+  options.optimizer.adamw_mode = true;
   finetune::print_options(name, options);
   mlp model(1234);  // the same initial weights for every mode
   zenflow::host_stream stream;

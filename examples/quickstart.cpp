@@ -10,7 +10,7 @@ int main() {
   zenflow_options opts;                              // DeepSpeed's names and defaults; the async CPU update is on
   opts.topk_ratio = 0.25f;                           // 4 of 16 columns updated on the "GPU" every step
   opts.update_interval = interval_option::fixed(2);  // the other 12 on the CPU every 2 steps
-  opts.adam.lr = 0.05f;
+  opts.optimizer.lr = 0.05f;
   std::vector<float> w(8 * 16, 0.0f), g(w.size()), w0(w.size(), 0.0f);  // the trainer's tensors
   host_stream stream;  // stands in for the trainer's CUDA stream (cuda_coordinator: a cudaStream_t)
   host_coordinator zf(opts);

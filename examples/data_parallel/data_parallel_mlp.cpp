@@ -148,8 +148,8 @@ int train(const std::string& path, int epochs) {
   options.topk_ratio = 0.1f;
   options.update_interval = zenflow::interval_option::fixed(4);
   options.select_interval = zenflow::interval_option::fixed(50);
-  options.adam.lr = 1e-2f;
-  options.adam.weight_decay = 0.01f;
+  options.optimizer.lr = 1e-2f;
+  options.optimizer.weight_decay = 0.01f;
   zenflow::coordinator_config config;
   config.cpu_threads = 1;  // several ranks share the machine's cores
   zenflow::mpi_communicator_options comm_options;

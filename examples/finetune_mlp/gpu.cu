@@ -205,9 +205,9 @@ bool finetune::gpu_available() {
 finetune::mode_result finetune::train_gpu(const std::string& name, zenflow::zenflow_options options,
                                           const dataset& data, const std::vector<std::size_t>& train_idx,
                                           const std::vector<std::size_t>& test_idx, int epochs, std::ofstream& csv) {
-  options.adam.lr = 2e-3f;  // the host half's settings
-  options.adam.weight_decay = 0.01f;
-  options.adam.adamw_mode = true;
+  options.optimizer.lr = 2e-3f;  // the host half's settings
+  options.optimizer.weight_decay = 0.01f;
+  options.optimizer.adamw_mode = true;
   finetune::print_options(name, options);
   gpu_mlp model(1234);
   zenflow::coordinator_config config;

@@ -12,9 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <ranges>
 #include <span>
 
 #include "zenflow/detail/coordinator/step_flags.hpp"
+#include "zenflow/hyper_parameters.hpp"
+#include "zenflow/optimizer_task.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/state_slots.hpp"
 #include "zenflow/view.hpp"
@@ -24,7 +27,6 @@ namespace zenflow {
 // Vocabulary of the components that the requirements below name (declared here so that this
 // header stays light; check a concept where the component's header is included).
 struct cpu_adam_config;                        // cpu_adam.hpp
-struct cpu_adam_task;                          // cpu_adam.hpp
 enum class transfer_direction : std::uint8_t;  // transfer_queue.hpp
 
 /// 1. importance_selector: owns column scores and the current selection of every registered
@@ -82,12 +84,32 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
   { cq.counters().transfers } -> std::convertible_to<std::uint64_t>;
 };
 
-/// 3. host_optimizer: the CPU Adam/AdamW that owns the fp32 master and the moments of every column. The
-///    requirements are exactly what basic_coordinator calls on it, so a type that models the
-///    concept can be plugged into the coordinator (cpu_adam is the library's model; the
-///    coordinator's tests plug in wrappers that inject failures and delays).
-///    R1 `O(adam, config)` — constructible from the coordinator's adam_options and a
-///       cpu_adam_config (its cpu_threads, pin_threads and cpu_state).
+/// 9. optimizer_hyper_parameters: an optimizer's own hyper-parameter type, which the coordinator
+///    stores per parameter, checks, saves in checkpoints and agrees on across ranks without
+///    knowing its fields (hyper_parameters.hpp; adam_options is the library's model). Declared
+///    here, before the optimizer concepts that require it.
+///    H1 regular: default-constructible (the defaults), copyable, `==`.
+///    H2 `validate()` — throws `zenflow::error` naming the first field out of range.
+///    H3 `H::fields()` — every float and bool field as hyper_parameter_field<H> (a name, the member,
+///       per_group): parameter groups may set the per_group fields per parameter; the others are
+///       one value for every parameter of a coordinator. Checkpoints store them in table order.
+///    H4 `H::name` — its name in messages and in formatted options ("adam").
+template <class H>
+concept optimizer_hyper_parameters = std::regular<H> && requires(const H& h) {
+  h.validate();
+  { H::name } -> std::convertible_to<const char*>;
+  { H::fields() } -> std::ranges::range;
+  requires std::same_as<std::ranges::range_value_t<decltype(H::fields())>, hyper_parameter_field<H>>;
+};
+
+/// 3. host_optimizer: the CPU optimizer that owns the fp32 master and the rest of the state of
+///    every column (cpu_adam, the CPU Adam/AdamW, is the library's model). The requirements are
+///    exactly what basic_coordinator calls on it, so a type that models the concept can be plugged
+///    into the coordinator (the coordinator's tests plug in wrappers that inject failures and
+///    delays, and a second optimizer with hyper-parameters of its own).
+///    R1 `O::hyper_parameters` — its hyper-parameter type (optimizer_hyper_parameters); `O(hp,
+///       config)` — constructible from them and a cpu_adam_config (its cpu_threads, pin_threads
+///       and cpu_state).
 ///    R2 `add_tensor(initial, rows, cols)` — registers a rows x cols tensor from its fp32 master
 ///       values, column-contiguous (column c at [c*rows, (c+1)*rows)), moments 0; returns its index.
 ///    R3 `O::slots_type` — its state_slots (state_slots.hpp: the master, then its own state);
@@ -98,19 +120,22 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
 ///       SSD; an import of an export leaves the state unchanged). An import checks every column
 ///       before it changes any. The coordinator never reads the state's storage itself, and
 ///       names no slot but the master.
-///    R4 `step(tasks, grad_scale, check_finite)` — one Adam/AdamW step over a span of cpu_adam_task
-///       (each tensor's CPU columns, its compact gradient, its hyper-parameters, a compact copy-out
-///       in the parameter's dtype), every gradient element multiplied by grad_scale. Synchronous.
+///    R4 `step(tasks, grad_scale, check_finite)` — one step over a span of
+///       optimizer_task<O::hyper_parameters> (optimizer_task.hpp: each tensor's CPU columns, its
+///       compact gradient, its hyper-parameters, a compact copy-out in the parameter's dtype),
+///       every gradient element multiplied by grad_scale. Synchronous.
 ///    R5 `step_count()` — the number of updates it has applied (64-bit); `set_step_count(n)`
 ///       restores it (checkpoints).
 ///    The coordinator accumulates the offloaded gradients itself (into buffers it owns, with the
 ///    library's SIMD accumulate kernel, on its offload thread while this optimizer may be running
 ///    a step): accumulation is not part of the contract.
 template <class O>
-concept host_optimizer = std::constructible_from<O, const adam_options&, const cpu_adam_config&> &&
+concept host_optimizer = optimizer_hyper_parameters<typename O::hyper_parameters> &&
+    std::constructible_from<O, const typename O::hyper_parameters&, const cpu_adam_config&> &&
     requires(O& o, const O& co, std::span<const float> initial, index_t rows, index_t cols, std::size_t t,
              std::span<const std::int32_t> columns, std::span<float> out, std::span<const float> in,
-             std::span<const cpu_adam_task> tasks, float grad_scale, bool check_finite, std::int64_t n) {
+             std::span<const optimizer_task<typename O::hyper_parameters>> tasks, float grad_scale, bool check_finite,
+             std::int64_t n) {
   requires state_slots<typename O::slots_type>;
   { o.add_tensor(initial, rows, cols) } -> std::convertible_to<std::size_t>;
   co.export_state(t, columns, out);
@@ -120,15 +145,18 @@ concept host_optimizer = std::constructible_from<O, const adam_options&, const c
   o.set_step_count(n);
 };
 
-/// 4. device_optimizer: the sparse-column Adam that owns the compact state of the selected columns.
-///    R1 `options()` — the Adam hyper-parameters in use.
+/// 4. device_optimizer: the sparse-column optimizer that owns the compact state of the selected
+///    columns (the sparse Adams are the library's models).
+///    R1 `D::hyper_parameters` — its hyper-parameter type (optimizer_hyper_parameters);
+///       `options()` — the ones in use.
 ///    R2 `step_count()` — the number of updates it has applied (64-bit).
 ///    R3 `parameter_count()` — number of registered parameters.
 ///    R4 `selection(i)` — the columns of parameter i it updates, ascending int32 in host memory.
 ///    R5 `k(i)` — how many columns of parameter i it updates.
 template <class O>
-concept device_optimizer = requires(const O& co, std::size_t i) {
-  { co.options() } -> std::convertible_to<const adam_options&>;
+concept device_optimizer = optimizer_hyper_parameters<typename O::hyper_parameters> &&
+    requires(const O& co, std::size_t i) {
+  { co.options() } -> std::convertible_to<const typename O::hyper_parameters&>;
   { co.step_count() } -> std::convertible_to<std::int64_t>;
   { co.parameter_count() } -> std::convertible_to<std::size_t>;
   { co.selection(i) } -> std::convertible_to<std::span<const std::int32_t>>;
@@ -137,7 +165,7 @@ concept device_optimizer = requires(const O& co, std::size_t i) {
 
 /// 5. offload_coordinator: the bounded-async schedule a trainer drives once per step.
 ///    R1 `C::stream_type` — the trainer's stream type (cudaStream_t, host_stream*).
-///    R2 `options()` — the zenflow options in use.
+///    R2 `C::options_type` — its basic_zenflow_options; `options()` — the ones in use.
 ///    R3 `submit_gradient(i, grad, stream)` — hands over parameter i's gradient of this step.
 ///    R4 `step(stream)` — ends the current training step.
 ///    R5 `step_count()` — training steps completed.
@@ -146,7 +174,7 @@ template <class C>
 concept offload_coordinator = requires(C& c, const C& cc, typename C::stream_type stream, std::size_t i,
                                        const_matrix_view grad) {
   typename C::stream_type;
-  { cc.options() } -> std::convertible_to<const zenflow_options&>;
+  { cc.options() } -> std::convertible_to<const typename C::options_type&>;
   c.submit_gradient(i, grad, stream);
   c.step(stream);
   { cc.step_count() } -> std::convertible_to<std::int64_t>;
@@ -174,8 +202,8 @@ concept backend_selector = importance_selector<typename B::selector_type> &&
 
 // R3
 template <class D>
-concept migratable_device_optimizer = device_optimizer<D> && std::constructible_from<D, const adam_options&> &&
-    state_slots<typename D::slots_type> &&
+concept migratable_device_optimizer = device_optimizer<D> &&
+    std::constructible_from<D, const typename D::hyper_parameters&> && state_slots<typename D::slots_type> &&
     requires(D& d, const D& cd, std::size_t i, std::span<float> out, std::span<const float> in, std::int64_t n) {
   cd.export_state(i, out);
   d.import_state(i, in);
@@ -238,13 +266,13 @@ concept backend_step_operations =
     requires(typename B::stream_type s, typename B::device_optimizer_type& opt, typename B::selector_type& selector,
              std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors, float max_norm,
              step_flags* flags, const step_flags* const_flags, std::byte* scratch, std::size_t i,
-             const adam_options& adam, matrix_view param, vector_view vector, const_matrix_view grad,
-             std::span<const std::int32_t> columns, const std::int32_t* columns_dev, std::span<const float> packed,
-             std::span<float> leaving, void* dst, const void* src, dtype type) {
+             const typename B::device_optimizer_type::hyper_parameters& hp, matrix_view param, vector_view vector,
+             const_matrix_view grad, std::span<const std::int32_t> columns, const std::int32_t* columns_dev,
+             std::span<const float> packed, std::span<float> leaving, void* dst, const void* src, dtype type) {
   { B::statistics_scratch_bytes } -> std::convertible_to<std::size_t>;
   B::step_statistics(matrices, vectors, max_norm, flags, flags, scratch, s);
   B::device_step(opt, matrices, vectors, const_flags, s);
-  B::set_options(opt, i, adam, s);
+  B::set_options(opt, i, hp, s);
   { B::add_matrix(opt, param, columns, packed, s) } -> std::convertible_to<std::size_t>;
   { B::add_vector(opt, vector, packed) } -> std::convertible_to<std::size_t>;
   B::reselect(opt, i, columns, packed, leaving, s);
@@ -265,7 +293,7 @@ concept backend_step_operations =
 ///    R2 `B::selector_type` — an importance_selector constructible from topk_ratio, with
 ///       `add_parameter(rows, cols)` (returns the index) and `scores(i)` (the last selection's
 ///       column scores, host memory).
-///    R3 `B::device_optimizer_type` — a device_optimizer constructible from adam_options, with
+///    R3 `B::device_optimizer_type` — a device_optimizer constructible from its hyper_parameters, with
 ///       `slots_type` (state_slots.hpp; the host optimizer's, which basic_coordinator checks),
 ///       `export_state(i, out)` and `import_state(i, in)` (every slot of parameter i's columns in
 ///       the device exchange layout of state_slots.hpp, host spans) and
@@ -296,7 +324,7 @@ concept backend_step_operations =
 ///       host_buffer's device_data()); `scratch` is a device buffer of statistics_scratch_bytes.
 ///    R10 The device update: `device_step(opt, matrices, vectors, flags, stream)` (the sparse Adam
 ///        step of the selected columns and the 1-D parameters, gradients multiplied by
-///        flags->scale, nothing done when flags->skip); `set_options(opt, i, adam, stream)` (for the
+///        flags->scale, nothing done when flags->skip); `set_options(opt, i, hp, stream)` (for the
 ///        steps enqueued after it); `add_matrix(opt, param, selection, packed, stream)` and
 ///        `add_vector(opt, param, initial)` (register, return the index; the input may be freed on
 ///        return); `reselect(opt, i, selection, entering, leaving, stream)` (moves state in and out;

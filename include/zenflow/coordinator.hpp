@@ -158,18 +158,24 @@ class basic_coordinator {
   static_assert(std::same_as<slots_type, typename device_optimizer_type::slots_type>,
                 "the host optimizer and the backend's device optimizer must hold the same state slots: a reselection "
                 "moves one's export into the other");
+  /// The hyper-parameters of both optimizers (hyper_parameters.hpp), and the options holding them.
+  using hyper_parameters_type = typename HostOptimizer::hyper_parameters;
+  using options_type = basic_zenflow_options<hyper_parameters_type>;
+  static_assert(std::same_as<hyper_parameters_type, typename device_optimizer_type::hyper_parameters>,
+                "the host optimizer and the backend's device optimizer must take the same hyper-parameters: they "
+                "update the columns of one parameter with one set of them");
 
   /// Validates the options and the config (throws naming the field); starts the worker threads.
   /// Does not synchronize. The device current at construction is the coordinator's: every later
   /// call makes it current for its duration (the caller's is restored), whatever device is current
   /// when it is made.
-  explicit basic_coordinator(const zenflow_options& options,
+  explicit basic_coordinator(const options_type& options,
                              const coordinator_config& config = {}) requires std::same_as<Communicator, single_process>;
   /// One rank of a data-parallel group: `comm` (kept by the caller, outliving the coordinator)
   /// carries every collective. Collective calls are made by the trainer thread only, in the same
   /// order on every rank. Does not communicate (the first step() checks that the ranks agree on
   /// the options and parameters).
-  basic_coordinator(Communicator& comm, const zenflow_options& options,
+  basic_coordinator(Communicator& comm, const options_type& options,
                     const coordinator_config& config = {}) requires(!std::same_as<Communicator, single_process>);
 
   basic_coordinator(const basic_coordinator&) = delete;
@@ -179,7 +185,7 @@ class basic_coordinator {
   /// results are not written back: call finish() for that). Never throws.
   ~basic_coordinator();
 
-  [[nodiscard]] const zenflow_options& options() const noexcept;
+  [[nodiscard]] const options_type& options() const noexcept;
   /// This rank and the number of ranks (0 and 1 in one process).
   [[nodiscard]] int rank() const noexcept;
   [[nodiscard]] int ranks() const noexcept;
@@ -214,17 +220,18 @@ class basic_coordinator {
   [[nodiscard]] std::int64_t gpu_step_count(std::size_t i) const;
   [[nodiscard]] std::size_t parameter_count() const noexcept;
   [[nodiscard]] const std::string& name(std::size_t i) const;
-  /// Parameter i's Adam/AdamW hyper-parameters for the next step (options().adam until changed).
-  [[nodiscard]] const adam_options& adam_options_of(std::size_t i) const;
+  /// Parameter i's hyper-parameters for the next step (options().optimizer until changed).
+  [[nodiscard]] const hyper_parameters_type& hyper_parameters_of(std::size_t i) const;
 
   /// Learning-rate schedules and parameter groups: every parameter's (or parameter i's)
   /// hyper-parameters from the next step on. The GPU update of a step uses those set before its
   /// step(); the CPU update of an interval uses those in effect when the interval ended (at the
   /// step() that ends it, at a reselection or in finish()), in sync and async mode alike. They may
-  /// differ from options().adam in lr and weight_decay only (throws naming the first other field
-  /// that differs). Saved in checkpoints. Does not synchronize.
-  void set_adam_options(const adam_options& adam);
-  void set_adam_options(std::size_t i, const adam_options& adam);
+  /// differ from options().optimizer in their per-group fields only (hyper_parameter_field; Adam:
+  /// lr and weight_decay), else throws naming the first other field that differs; they are
+  /// validated here, once. Saved in checkpoints. Does not synchronize.
+  void set_hyper_parameters(const hyper_parameters_type& hp);
+  void set_hyper_parameters(std::size_t i, const hyper_parameters_type& hp);
 
   /// Columns of parameter i updated on the GPU now (ascending; empty for 1-D parameters).
   [[nodiscard]] std::span<const std::int32_t> gpu_columns(std::size_t i) const;
@@ -319,12 +326,11 @@ class basic_coordinator {
   /// Restores a checkpoint written by save_checkpoint into a freshly constructed coordinator (no
   /// step() or load yet) with the same options and registered parameters; resumes bit-identically.
   /// The schedule's options, betas, eps and the Adam variant must match (a difference is rejected,
-  /// naming it); each parameter's lr and weight_decay come from the checkpoint (adam_options_of;
-  /// options().adam stays the constructor's), and max_grad_norm is this coordinator's. A checkpoint
-  /// of checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them
-  /// first. A truncated, corrupted or mismatched file is rejected before any state changes.
-  /// `match`: whether the parameters' names must agree too (checkpoint_match). Synchronizes with
-  /// `stream`.
+  /// naming it); each parameter's lr and weight_decay (the per-group fields) come from the checkpoint
+  /// (hyper_parameters_of; options().optimizer stays the constructor's), and max_grad_norm is this coordinator's. A
+  /// checkpoint of checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them first. A
+  /// truncated, corrupted or mismatched file is rejected before any state changes. `match`: whether the parameters'
+  /// names must agree too (checkpoint_match). Synchronizes with `stream`.
   void load_checkpoint(const std::string& path, stream_type stream, checkpoint_match match = checkpoint_match::names);
 
  private:
@@ -342,8 +348,8 @@ class basic_coordinator {
     std::size_t cpu_tensor = 0;
     std::size_t selector_index = 0;
     std::size_t device_index = npos;          // in the device optimizer (npos: no GPU columns yet)
-    adam_options adam;                        // hyper-parameters for the next step
-    std::optional<adam_options> device_adam;  // the last ones handed to the device optimizer
+    hyper_parameters_type hyper;              // hyper-parameters for the next step
+    std::optional<hyper_parameters_type> device_hyper;  // the last ones handed to the device optimizer
     std::vector<std::int32_t> gpu_columns;    // updated on the GPU (ascending)
     std::vector<std::int32_t> cpu_columns;    // the rest, updated on the CPU (ascending)
     device_buffer cpu_columns_dev;            // device copy of cpu_columns (int32)
@@ -410,18 +416,18 @@ class basic_coordinator {
 
   // Construction (coordinator_impl.hpp).
   struct private_tag {};
-  basic_coordinator(private_tag, Communicator* comm, const zenflow_options& options, const coordinator_config& config);
-  static selector_type make_selector(const zenflow_options& options, Communicator* comm);
-  static zenflow_options validated(const zenflow_options& options);
+  basic_coordinator(private_tag, Communicator* comm, const options_type& options, const coordinator_config& config);
+  static selector_type make_selector(const options_type& options, Communicator* comm);
+  static options_type validated(const options_type& options);
   static coordinator_config validated(const coordinator_config& config);
-  static HostOptimizer make_host_optimizer(const adam_options& adam, const coordinator_config& config,
+  static HostOptimizer make_host_optimizer(const hyper_parameters_type& hp, const coordinator_config& config,
                                            const std::vector<int>& cpus, Communicator* comm);
   void stop_workers() noexcept;
 
   // Checks and failure (registration.hpp).
   parameter& at(std::size_t i);
   const parameter& at(std::size_t i) const;
-  void check_adam(const adam_options& adam) const;
+  void check_hyper_parameters(const hyper_parameters_type& hp) const;
   void check_submission(const parameter& p, std::size_t i);
   /// A host backend's stream is a host_stream*: null is rejected by name (a CUDA stream's null is
   /// the legacy default stream, valid).
@@ -495,7 +501,7 @@ class basic_coordinator {
   void read_checkpoint(const std::string& path, stream_type stream, checkpoint_match match, int& stage);
 
   int device_;  // the device current at construction: every public call runs under it (device_scope)
-  zenflow_options options_;
+  options_type options_;
   coordinator_config config_;
   std::vector<int> worker_cpus_;  // the CPUs of the workers and their pools (reserved_cpus; empty: all)
   Communicator* comm_ = nullptr;  // data parallel: the caller's communicator

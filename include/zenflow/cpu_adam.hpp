@@ -89,6 +89,7 @@
 #include "zenflow/detail/cpu_adam/kernels_q8.hpp"
 #include "zenflow/detail/cpu_adam/state_format.hpp"
 #include "zenflow/error.hpp"
+#include "zenflow/optimizer_task.hpp"
 #include "zenflow/options.hpp"
 #include "zenflow/state_file.hpp"
 #include "zenflow/state_slots.hpp"
@@ -130,29 +131,8 @@ struct cpu_adam_config {
   std::vector<int> cpus = {};
 };
 
-/// One tensor's share of a multi-tensor step. Pointers are host memory (pinned is fine).
-struct cpu_adam_task {
-  std::size_t tensor = 0;      ///< index returned by add_tensor
-  const void* grad = nullptr;  ///< gradient, element type grad_type
-  dtype grad_type = dtype::f32;
-  std::span<const std::int32_t> columns;  ///< ascending column indices to update; empty = every column
-  bool grad_compact = false;              ///< false: grad has the full layout (column c at c*rows);
-                                          ///< true: only the listed columns, packed in list order
-  void* copy_out = nullptr;               ///< optional: updated params written here (RNE), nullptr: none
-  dtype copy_out_type = dtype::bf16;
-  bool out_compact = false;  ///< layout of copy_out, as grad_compact is for grad
-  /// This task's hyper-parameters (parameter groups); nullptr: the optimizer's options(). The step
-  /// count, and so the bias correction, is the optimizer's unless `step` says otherwise.
-  const adam_options* options = nullptr;
-  /// This task's bias-correction step t (1-based), for a caller that counts steps per parameter as
-  /// torch does (a parameter without a gradient is left out of a step and does not count it);
-  /// 0: the optimizer's, step_count() + 1. The optimizer's own count advances by one per step
-  /// either way.
-  std::int64_t step = 0;
-  /// Multiplies the step's grad_scale for this task's gradient (e.g. 1 / the number of gradients
-  /// this parameter accumulated, when parameters accumulated different numbers).
-  float grad_scale = 1.0f;
-};
+/// One tensor's share of cpu_adam's multi-tensor step (optimizer_task.hpp).
+using cpu_adam_task = optimizer_task<adam_options>;
 
 /// What a step did. applied == false: a non-finite gradient was found and nothing changed.
 struct cpu_step_result {
@@ -166,6 +146,8 @@ class cpu_adam {
  public:
   /// Its state in fp32 slots (state_slots.hpp): master, exp_avg, exp_avg_sq, in every format.
   using slots_type = adam_state_slots;
+  /// Its hyper-parameters (hyper_parameters.hpp).
+  using hyper_parameters = adam_options;
 
   /// Validates `options` and `config` (threads, chunk_elements >= 1, an isa this CPU supports)
   /// and starts the thread pool. Throws `zenflow::error`.

@@ -62,13 +62,22 @@ inline void write(fmt::memory_buffer& out, interval_option v) {
     fmt::format_to(fmt::appender(out), "{}", v.value);
 }
 
-inline void write(fmt::memory_buffer& out, const adam_options& a) {
-  fmt::format_to(fmt::appender(out),
-                 "{{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}, adamw_mode: {}, bias_correction: {}}}",
-                 a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.adamw_mode, a.bias_correction);
+/// Every field of an optimizer's hyper-parameters in table order (hyper_parameters.hpp).
+template <optimizer_hyper_parameters H>
+void write(fmt::memory_buffer& out, const H& h) {
+  const char* separator = "{";
+  for (const hyper_parameter_field<H>& f : H::fields()) {
+    if (f.real != nullptr)
+      fmt::format_to(fmt::appender(out), "{}{}: {}", separator, f.name, h.*f.real);
+    else
+      fmt::format_to(fmt::appender(out), "{}{}: {}", separator, f.name, h.*f.flag);
+    separator = ", ";
+  }
+  fmt::format_to(fmt::appender(out), "}}");
 }
 
-inline void write(fmt::memory_buffer& out, const zenflow_options& o) {
+template <class H>
+void write(fmt::memory_buffer& out, const basic_zenflow_options<H>& o) {
   fmt::format_to(fmt::appender(out), "{{mode: {}, topk_ratio: {}, select_strategy: {}, select_interval: ", name(o.mode),
                  o.topk_ratio, name(o.select_strategy));
   write(out, o.select_interval);
@@ -76,10 +85,10 @@ inline void write(fmt::memory_buffer& out, const zenflow_options& o) {
   write(out, o.update_interval);
   fmt::format_to(fmt::appender(out),
                  ", full_warm_up_rounds: {}, overlap_step: {}, steps_per_epoch: {}, auto_select_steps: {}, "
-                 "max_update_interval: {}, cover_cpu_update: {}, max_grad_norm: {}, adam: ",
+                 "max_update_interval: {}, cover_cpu_update: {}, max_grad_norm: {}, {}: ",
                  o.full_warm_up_rounds, o.overlap_step, o.steps_per_epoch, o.auto_select_steps, o.max_update_interval,
-                 o.cover_cpu_update, o.max_grad_norm);
-  write(out, o.adam);
+                 o.cover_cpu_update, o.max_grad_norm, H::name);
+  write(out, o.optimizer);
   fmt::format_to(fmt::appender(out), "}}");
 }
 
@@ -211,20 +220,23 @@ struct formatter<zenflow::interval_option> : fmt::formatter<fmt::string_view> {
   }
 };
 
+/// Any optimizer's hyper-parameters, every field in table order; adam_options:
 /// `{lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1e-08, weight_decay: 0, adamw_mode: true, bias_correction: true}`.
-template <>
-struct formatter<zenflow::adam_options> : fmt::formatter<fmt::string_view> {
+template <class H>
+requires zenflow::optimizer_hyper_parameters<H>
+struct formatter<H> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
-  auto format(const zenflow::adam_options& value, FormatContext& ctx) const {
+  auto format(const H& value, FormatContext& ctx) const {
     return zenflow::detail::format::pad_text(*this, value, ctx);
   }
 };
 
-/// Every field in declaration order: `{mode: zenflow, topk_ratio: 0.1, ..., adam: {lr: 0.001, ...}}`.
-template <>
-struct formatter<zenflow::zenflow_options> : fmt::formatter<fmt::string_view> {
+/// Every field in declaration order, the hyper-parameters under their type's name:
+/// `{mode: zenflow, topk_ratio: 0.1, ..., adam: {lr: 0.001, ...}}`.
+template <class H>
+struct formatter<zenflow::basic_zenflow_options<H>> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
-  auto format(const zenflow::zenflow_options& value, FormatContext& ctx) const {
+  auto format(const zenflow::basic_zenflow_options<H>& value, FormatContext& ctx) const {
     return zenflow::detail::format::pad_text(*this, value, ctx);
   }
 };

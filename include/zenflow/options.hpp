@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <string_view>
 
 #include "zenflow/error.hpp"
+#include "zenflow/hyper_parameters.hpp"
 
 namespace zenflow {
 
@@ -71,7 +73,8 @@ struct interval_option {
   friend constexpr bool operator==(const interval_option&, const interval_option&) = default;
 };
 
-/// Adam / AdamW hyper-parameters (torch.optim.AdamW's names).
+/// Adam / AdamW hyper-parameters (torch.optim.AdamW's names): the hyper-parameter type of cpu_adam
+/// and of the sparse Adams (hyper_parameters.hpp).
 struct adam_options {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -82,15 +85,18 @@ struct adam_options {
   bool bias_correction = true;  ///< divide by 1 - beta^t (computed in double each step)
   friend bool operator==(const adam_options&, const adam_options&) = default;
 
-  /// Parameter groups differ in lr and weight_decay only (the GPU kernel shares the rest): the
-  /// name of the first other field in which `other` differs, or nullptr.
-  [[nodiscard]] const char* differs_beyond_lr_and_weight_decay(const adam_options& other) const noexcept {
-    if (beta1 != other.beta1) return "beta1";
-    if (beta2 != other.beta2) return "beta2";
-    if (eps != other.eps) return "eps";
-    if (adamw_mode != other.adamw_mode) return "adamw_mode";
-    if (bias_correction != other.bias_correction) return "bias_correction";
-    return nullptr;
+  /// The name printed before the fields (format.hpp) and in messages.
+  static constexpr const char* name = "adam";
+  /// Every field; parameter groups differ in lr and weight_decay only (the GPU kernel shares the
+  /// rest).
+  static constexpr std::array<hyper_parameter_field<adam_options>, 7> fields() noexcept {
+    return {real_field("lr", &adam_options::lr, true),
+            real_field("beta1", &adam_options::beta1, false),
+            real_field("beta2", &adam_options::beta2, false),
+            real_field("eps", &adam_options::eps, false),
+            real_field("weight_decay", &adam_options::weight_decay, true),
+            flag_field("adamw_mode", &adam_options::adamw_mode, false),
+            flag_field("bias_correction", &adam_options::bias_correction, false)};
   }
 
   /// Throws `zenflow::error` naming the field: lr < 0 or not finite, betas outside [0, 1),
@@ -105,8 +111,12 @@ struct adam_options {
   }
 };
 
-/// Every option of the method. Field names follow DeepSpeed's `zenflow` block.
-struct zenflow_options {
+/// Every option of the method, with the hyper-parameters of its optimizer (HyperParameters: a
+/// type modelling optimizer_hyper_parameters, see hyper_parameters.hpp). Field names follow
+/// DeepSpeed's `zenflow` block. `zenflow_options` is the one for Adam.
+template <class HyperParameters>
+struct basic_zenflow_options {
+  using hyper_parameters = HyperParameters;
   offload_mode mode = offload_mode::zenflow;
   /// Fraction of each 2-D parameter's columns updated on the GPU: k = max(1, floor(topk_ratio * cols)),
   /// the ratio read as the decimal it prints as and multiplied in double, as Python does (topk_count:
@@ -147,13 +157,15 @@ struct zenflow_options {
   }
   /// Clip the global gradient norm (both paths together) to this value; 0 disables clipping.
   float max_grad_norm = 0.0f;
-  adam_options adam{};
+  /// The optimizer's hyper-parameters: every parameter's until a parameter group sets its own
+  /// per-group fields (basic_coordinator::set_hyper_parameters).
+  HyperParameters optimizer{};
 
   /// ZeRO-Offload: every column on the CPU, updated every step, synchronously. The same as
   /// setting `mode = offload_mode::zero_offload` on any options (the mode implies the rest); the
   /// other fields are set to what the mode runs so that the options read as what happens.
-  static zenflow_options zero_offload() {
-    zenflow_options o;
+  static basic_zenflow_options zero_offload() {
+    basic_zenflow_options o;
     o.mode = offload_mode::zero_offload;
     o.update_interval = interval_option::fixed(1);
     o.overlap_step = false;
@@ -161,8 +173,8 @@ struct zenflow_options {
   }
   /// Dense: every column on the GPU, no offload (the no-offload reference). The same as setting
   /// `mode = offload_mode::dense` on any options.
-  static zenflow_options dense() {
-    zenflow_options o;
+  static basic_zenflow_options dense() {
+    basic_zenflow_options o;
     o.mode = offload_mode::dense;
     o.topk_ratio = 1.0f;
     return o;
@@ -218,8 +230,11 @@ struct zenflow_options {
             "the interval's length)");
     expects(std::isfinite(max_grad_norm) && max_grad_norm >= 0.0f, "max_grad_norm",
             "must be finite and >= 0 (0 disables clipping), got ", max_grad_norm);
-    adam.validate();
+    optimizer.validate();
   }
 };
+
+/// The options of a coordinator whose optimizers are Adam/AdamW (cpu_adam and the sparse Adams).
+using zenflow_options = basic_zenflow_options<adam_options>;
 
 }  // namespace zenflow

@@ -46,6 +46,8 @@ class cuda_sparse_adam {
   /// Its state in fp32 slots (state_slots.hpp): master, exp_avg, exp_avg_sq; the packed format
   /// is their device exchange layout.
   using slots_type = adam_state_slots;
+  /// Its hyper-parameters (hyper_parameters.hpp).
+  using hyper_parameters = adam_options;
 
   /// Uses the current CUDA device. Allocates the device control block; synchronizes.
   explicit cuda_sparse_adam(const adam_options& options);

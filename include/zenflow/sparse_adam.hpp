@@ -66,6 +66,8 @@ class host_sparse_adam {
   /// Its state in fp32 slots (state_slots.hpp): master, exp_avg, exp_avg_sq; the packed format
   /// is their device exchange layout.
   using slots_type = adam_state_slots;
+  /// Its hyper-parameters (hyper_parameters.hpp).
+  using hyper_parameters = adam_options;
 
   /// Throws zenflow::error for invalid options.
   explicit host_sparse_adam(const adam_options& options);

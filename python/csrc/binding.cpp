@@ -153,7 +153,7 @@ zenflow::zenflow_options to_options(const py::dict& d) {
   o.max_update_interval = get<std::int64_t>(d, "max_update_interval");
   o.max_grad_norm = get<float>(d, "max_grad_norm");
   o.cover_cpu_update = get<bool>(d, "cover_cpu_update");
-  o.adam = to_adam(get<py::dict>(d, "adam"));
+  o.optimizer = to_adam(get<py::dict>(d, "adam"));
   o.validate();
   return o;
 }
@@ -414,7 +414,7 @@ class coordinator {
   }
   void set_adam_options(std::size_t i, const py::dict& adam) {
     zenflow::expects(i < layouts_.size(), "parameter", "index ", i, " out of range");
-    h().set_adam_options(i, to_adam(adam));
+    h().set_hyper_parameters(i, to_adam(adam));
   }
   py::dict metrics() const { return to_dict(h().metrics()); }
   /// None before the first step, else {"skipped", "grad_norm"} of the last step (waits for its

@@ -43,7 +43,7 @@ class handle {
   virtual void reload_parameter(std::size_t i, void* stream) = 0;
   virtual void save(const std::string& path, zenflow::checkpoint_contents contents, void* stream) = 0;
   virtual void load(const std::string& path, void* stream, zenflow::checkpoint_match match) = 0;
-  virtual void set_adam_options(std::size_t i, const zenflow::adam_options& adam) = 0;
+  virtual void set_hyper_parameters(std::size_t i, const zenflow::adam_options& adam) = 0;
   [[nodiscard]] virtual zenflow::step_metrics metrics() const = 0;
   /// basic_coordinator::last_step_gradients (waits for the last step's statistics).
   [[nodiscard]] virtual std::optional<zenflow::step_gradients> last_step_gradients() = 0;
@@ -89,13 +89,13 @@ class coordinator_handle final : public handle {
   std::size_t add_matrix(std::string name, zenflow::matrix_view param, zenflow::const_matrix_view initial,
                          zenflow::dtype grad_type, const zenflow::adam_options& adam) override {
     const std::size_t i = coordinator_.register_parameter(std::move(name), param, initial, grad_type);
-    coordinator_.set_adam_options(i, adam);
+    coordinator_.set_hyper_parameters(i, adam);
     return i;
   }
   std::size_t add_vector(std::string name, zenflow::vector_view param, std::span<const float> initial,
                          const zenflow::adam_options& adam) override {
     const std::size_t i = coordinator_.register_parameter(std::move(name), param, initial);
-    coordinator_.set_adam_options(i, adam);
+    coordinator_.set_hyper_parameters(i, adam);
     return i;
   }
   void submit(std::size_t i, zenflow::const_matrix_view grad, void* stream) override {
@@ -125,8 +125,8 @@ class coordinator_handle final : public handle {
   void load(const std::string& path, void* stream, zenflow::checkpoint_match match) override {
     coordinator_.load_checkpoint(path, to_stream(stream), match);
   }
-  void set_adam_options(std::size_t i, const zenflow::adam_options& adam) override {
-    coordinator_.set_adam_options(i, adam);
+  void set_hyper_parameters(std::size_t i, const zenflow::adam_options& adam) override {
+    coordinator_.set_hyper_parameters(i, adam);
   }
   [[nodiscard]] zenflow::step_metrics metrics() const override { return coordinator_.metrics(); }
   [[nodiscard]] std::optional<zenflow::step_gradients> last_step_gradients() override {

@@ -456,7 +456,7 @@ TEST_CASE("cuda_coordinator: the CPU columns get each step's own clip factor") {
   // norm may differ in its last bits) moves one term by 2^-8: 1% of the terms' magnitude allows
   // it; a factor from another step (30x to 7500x apart), a missing one, or a norm without the bias
   // (off by ~45%) does not fit.
-  const double beta1 = o.adam.beta1, beta2 = o.adam.beta2;
+  const double beta1 = o.optimizer.beta1, beta2 = o.optimizer.beta2;
   const std::size_t n = static_cast<std::size_t>(rows * cols);
   std::vector<double> m_want(n, 0.0), m_mass(n, 0.0), v_want(n, 0.0);
   for (std::int64_t s = 0; s < steps; ++s) {

@@ -105,7 +105,7 @@ TEST_CASE("ranks that registered different parameters fail at the first step, be
   }
   SUBCASE("different betas") {
     auto other = options;
-    if (world_rank() == last) other.adam.beta2 = 0.99f;
+    if (world_rank() == last) other.optimizer.beta2 = 0.99f;
     first_step_fails(
         other, [&](dp_coordinator& dp, model& m) { m.register_with(dp); }, "their options");
   }
@@ -135,9 +135,9 @@ TEST_CASE("ranks that registered different parameters fail at the first step, be
         [&](dp_coordinator& dp, model& m) {
           m.register_with(dp);
           if (world_rank() == last) {
-            auto adam = dp.adam_options_of(1);
+            auto adam = dp.hyper_parameters_of(1);
             adam.lr *= 2.0f;
-            dp.set_adam_options(1, adam);
+            dp.set_hyper_parameters(1, adam);
           }
         },
         "lr or weight decay");

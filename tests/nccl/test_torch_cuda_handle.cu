@@ -54,7 +54,7 @@ TEST_CASE("zenflow.torch's CUDA handle on NCCL (one rank) equals its one-process
   CHECK(std::string(dp->backend()) == "cuda");
   CHECK(dp->ranks() == 1);
   device_model dp_model, one_model;
-  handle_adapter a{*dp, options.adam}, b{*one, options.adam};
+  handle_adapter a{*dp, options.optimizer}, b{*one, options.optimizer};
   dp_model.register_with(a);
   one_model.register_with(b);
   zenflow_test::cuda_stream s_dp, s_one;

@@ -39,8 +39,8 @@ struct checkpoint_configuration {
 
 inline zenflow_options checkpoint_base_options() {
   zenflow_options o;
-  o.adam.lr = 0.01f;
-  o.adam.weight_decay = 0.01f;
+  o.optimizer.lr = 0.01f;
+  o.optimizer.weight_decay = 0.01f;
   o.topk_ratio = 0.25f;
   o.select_interval = interval_option::fixed(4);
   o.update_interval = interval_option::fixed(3);

@@ -34,8 +34,8 @@ inline zenflow::zenflow_options data_parallel_test_options(float max_grad_norm) 
   o.full_warm_up_rounds = 1;
   o.overlap_step = true;
   o.max_grad_norm = max_grad_norm;
-  o.adam.lr = 1e-2f;
-  o.adam.weight_decay = 0.01f;
+  o.optimizer.lr = 1e-2f;
+  o.optimizer.weight_decay = 0.01f;
   return o;
 }
 

@@ -152,17 +152,18 @@ struct basic_harness {
   host_stream stream;
   Coordinator coordinator;
 
-  basic_harness(const zenflow_options& o, coordinator_config config = small_config()) : coordinator(o, config) {
+  using options_type = typename Coordinator::options_type;
+
+  basic_harness(const options_type& o, coordinator_config config = small_config()) : coordinator(o, config) {
     register_model();
   }
-  basic_harness(const zenflow_options& o, coordinator_config config, toy_model m)
+  basic_harness(const options_type& o, coordinator_config config, toy_model m)
       : model(std::move(m)), coordinator(o, config) {
     register_model();
   }
   /// One rank of a data-parallel group on `comm`.
   template <class Communicator>
-  basic_harness(const zenflow_options& o, coordinator_config config, Communicator& comm)
-      : coordinator(comm, o, config) {
+  basic_harness(const options_type& o, coordinator_config config, Communicator& comm) : coordinator(comm, o, config) {
     register_model();
   }
   void register_model() {
@@ -283,8 +284,8 @@ class watchdog {
 
 inline zenflow_options base_options() {
   zenflow_options o;
-  o.adam.lr = 0.01f;
-  o.adam.weight_decay = 0.01f;
+  o.optimizer.lr = 0.01f;
+  o.optimizer.weight_decay = 0.01f;
   o.topk_ratio = 0.25f;
   o.select_interval = interval_option::fixed(6);
   o.update_interval = interval_option::fixed(2);

@@ -248,7 +248,7 @@ TEST_CASE("the optimizer state loads onto parameters the trainer restored before
   // run, then loads: registration must not write the parameters (the load reads their masters
   // from them), the 1-D parameter included.
   zenflow_options o = zenflow_options::dense();
-  o.adam.lr = 0.1f;
+  o.optimizer.lr = 0.1f;
   const std::vector<float> w_init(2 * 3, 1.0f), b_init(3, 1.0f);
   std::vector<float> w = w_init, b = b_init, g(6), gb(3);
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.1f * static_cast<float>(i + 1);

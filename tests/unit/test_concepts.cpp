@@ -82,6 +82,7 @@ struct queue_without_try_acquire {
 
 // Exactly what basic_coordinator calls on its CPU optimizer, with no optimizer behind it.
 struct model_host_optimizer {
+  using hyper_parameters = zenflow::adam_options;
   model_host_optimizer(const zenflow::adam_options&, const zenflow::cpu_adam_config&) {}
   std::size_t add_tensor(std::span<const float>, zenflow::index_t, zenflow::index_t) { return 0; }
   using slots_type = zenflow::adam_state_slots;
@@ -111,6 +112,28 @@ struct host_optimizer_with_unchecked_slots : model_host_optimizer {
 struct momentum_slots : slots_without_check {
   static bool valid(const float* own) noexcept { return std::isfinite(own[0]); }
 };
+// Hyper-parameters the coordinator could not store, check or save: no field table (it could not
+// save them or tell which may differ per parameter group), or no validation.
+struct hyper_parameters_without_fields {
+  float lr = 1e-3f;
+  static constexpr const char* name = "bare";
+  void validate() const {}
+  friend bool operator==(const hyper_parameters_without_fields&, const hyper_parameters_without_fields&) = default;
+};
+struct hyper_parameters_without_validate {
+  float lr = 1e-3f;
+  static constexpr const char* name = "unchecked";
+  static constexpr std::array<zenflow::hyper_parameter_field<hyper_parameters_without_validate>, 1> fields() {
+    return {zenflow::real_field("lr", &hyper_parameters_without_validate::lr, true)};
+  }
+  friend bool operator==(const hyper_parameters_without_validate&, const hyper_parameters_without_validate&) = default;
+};
+struct host_optimizer_with_unusable_hyper_parameters : model_host_optimizer {
+  using hyper_parameters = hyper_parameters_without_fields;
+  host_optimizer_with_unusable_hyper_parameters(const hyper_parameters&, const zenflow::cpu_adam_config& c)
+      : model_host_optimizer(zenflow::adam_options{}, c) {}
+  zenflow::cpu_step_result step(std::span<const zenflow::optimizer_task<hyper_parameters>>, float, bool) { return {}; }
+};
 struct optimizer_without_step_count {
   zenflow::adam_options opts;
   const zenflow::adam_options& options() const { return opts; }
@@ -131,6 +154,7 @@ struct optimizer_with_only_the_reading_side {
 // requirements, so a coordinator over it must train bit-identically to host_coordinator.
 class wrapped_cpu_adam {
  public:
+  using hyper_parameters = zenflow::adam_options;
   wrapped_cpu_adam(const zenflow::adam_options& adam, const zenflow::cpu_adam_config& config) : adam_(adam, config) {}
   std::size_t add_tensor(std::span<const float> initial, zenflow::index_t rows, zenflow::index_t cols) {
     return adam_.add_tensor(initial, rows, cols);
@@ -153,6 +177,7 @@ class wrapped_cpu_adam {
 };
 
 struct model_device_optimizer {
+  using hyper_parameters = zenflow::adam_options;
   zenflow::adam_options opts;
   std::vector<std::int32_t> sel;
   const zenflow::adam_options& options() const { return opts; }
@@ -162,6 +187,7 @@ struct model_device_optimizer {
   std::int64_t k(std::size_t) const { return static_cast<std::int64_t>(sel.size()); }
 };
 struct device_optimizer_without_selection {
+  using hyper_parameters = zenflow::adam_options;
   zenflow::adam_options opts;
   const zenflow::adam_options& options() const { return opts; }
   std::int64_t step_count() const { return 0; }
@@ -170,6 +196,7 @@ struct device_optimizer_without_selection {
 
 struct model_coordinator {
   using stream_type = int;
+  using options_type = zenflow::zenflow_options;
   zenflow::zenflow_options opts;
   const zenflow::zenflow_options& options() const { return opts; }
   void submit_gradient(std::size_t, zenflow::const_matrix_view, int) {}
@@ -179,6 +206,7 @@ struct model_coordinator {
 };
 struct coordinator_without_submit {
   using stream_type = int;
+  using options_type = zenflow::zenflow_options;
   zenflow::zenflow_options opts;
   const zenflow::zenflow_options& options() const { return opts; }
   void step(int) {}
@@ -353,6 +381,10 @@ static_assert(zenflow::importance_selector<model_selector>);
 static_assert(!zenflow::importance_selector<selector_without_k>);
 static_assert(zenflow::transfer_queue<model_queue>);
 static_assert(!zenflow::transfer_queue<queue_without_try_acquire>);
+static_assert(zenflow::optimizer_hyper_parameters<zenflow::adam_options>);
+static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_without_fields>);
+static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_without_validate>);
+static_assert(!zenflow::host_optimizer<host_optimizer_with_unusable_hyper_parameters>);
 static_assert(zenflow::host_optimizer<model_host_optimizer>);
 static_assert(!zenflow::host_optimizer<optimizer_without_step_count>);
 static_assert(!zenflow::host_optimizer<optimizer_with_only_the_reading_side>);

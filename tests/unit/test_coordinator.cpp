@@ -36,14 +36,14 @@ static_assert(!offload_coordinator<host_stream>);
 TEST_CASE("dense, ZeRO-Offload and ZenFlow with everything on the GPU are bit-identical") {
   const std::int64_t steps = 13;
   auto dense_opts = zenflow_options::dense();
-  dense_opts.adam = base_options().adam;
+  dense_opts.optimizer = base_options().optimizer;
   harness dense(dense_opts);
   dense.train(steps);
   const auto reference = dense.finish();
   CHECK(dense.model.loss() < toy_model().loss());  // it trains
 
   auto zero = zenflow_options::zero_offload();
-  zero.adam = base_options().adam;
+  zero.optimizer = base_options().optimizer;
   harness zero_offload(zero);
   zero_offload.train(steps);
   CHECK(zero_offload.finish() == reference);
@@ -71,7 +71,7 @@ TEST_CASE("the host backend's accumulation on its stream gives the staged offloa
   // path gathers them (at submit_gradient where it can) and the offload worker accumulates them.
   // Same bits, same trace and counts, with a skipped step and with clipping; no gradient staging.
   auto zero = zenflow_options::zero_offload();
-  zero.adam = base_options().adam;
+  zero.optimizer = base_options().optimizer;
   auto async = base_options();
   async.update_interval = interval_option::fixed(3);
   auto sync = base_options();
@@ -140,10 +140,10 @@ TEST_CASE("large gradients accumulated by several threads give the same bits for
     return h.finish();
   };
   auto dense = zenflow_options::dense();
-  dense.adam = base_options().adam;
+  dense.optimizer = base_options().optimizer;
   const auto reference = run(dense, 1);
   auto zero = zenflow_options::zero_offload();
-  zero.adam = base_options().adam;
+  zero.optimizer = base_options().optimizer;
   CHECK(run(zero, 1) == reference);
   CHECK(run(zero, 3) == reference);
   auto zen = base_options();
@@ -278,7 +278,7 @@ TEST_CASE("checkpoint and resume are bit-identical; bad checkpoints are rejected
   };
   for (const auto& [message, edit] : adam_edits) {
     auto changed = o;
-    edit(changed.adam);
+    edit(changed.optimizer);
     harness h(changed);
     CHECK_THROWS_WITH_AS(h.coordinator.load_checkpoint(path, &h.stream), doctest::Contains(message), zenflow::error);
     CHECK(h.coordinator.step_count() == 0);
@@ -338,7 +338,7 @@ template <class Coordinator>
 std::vector<float> clipped_fp16_run(zenflow_options o, std::vector<std::int64_t>* gathered_at_submit = nullptr) {
   const index_t rows = 8, cols = 24;
   o.max_grad_norm = 1e-3f;
-  o.adam.lr = 1e-2f;
+  o.optimizer.lr = 1e-2f;
   std::vector<float> w(static_cast<std::size_t>(rows * cols)), w0;
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(i % 17);
   w0 = w;

@@ -48,8 +48,8 @@ struct run_result {
 
 zenflow_options cpu_state_options() {
   zenflow_options o;
-  o.adam.lr = 0.01f;
-  o.adam.weight_decay = 0.01f;
+  o.optimizer.lr = 0.01f;
+  o.optimizer.weight_decay = 0.01f;
   o.topk_ratio = 0.25f;
   o.select_interval = interval_option::fixed(3);  // a reselection every 3 steps: state migrates often
   o.update_interval = interval_option::fixed(2);
@@ -148,7 +148,7 @@ TEST_CASE("compact CPU moments train through reselections as fp32 moments do, in
 
 TEST_CASE("state on disk trains bit-identically to state in RAM, through reselections, every mode and layout") {
   auto zero_offload = zenflow_options::zero_offload();
-  zero_offload.adam = cpu_state_options().adam;
+  zero_offload.optimizer = cpu_state_options().optimizer;
   constexpr auto fp32 = cpu_state_format::fp32, bf16 = cpu_state_format::bf16_moments;
   constexpr auto q8 = cpu_state_format::blockwise8_moments;
   for (const auto& [name, options, master_on_disk, format] :
@@ -185,7 +185,7 @@ TEST_CASE("state on disk trains bit-identically to state in RAM, through reselec
 
 TEST_CASE("host_memory: one accumulator without overlap_step, two with it; state on disk holds none in RAM") {
   auto zero_offload = zenflow_options::zero_offload();  // overlap_step false: every update completes in its step
-  zero_offload.adam = cpu_state_options().adam;
+  zero_offload.optimizer = cpu_state_options().optimizer;
   for (const auto& [name, options, disk] :
        {std::tuple{"zenflow", cpu_state_options(), false}, std::tuple{"zero_offload", zero_offload, false},
         std::tuple{"zenflow", cpu_state_options(), true}, std::tuple{"zero_offload", zero_offload, true}}) {
@@ -223,7 +223,7 @@ TEST_CASE("a CPU update uploaded in waves through a small copy-out window gives 
   // steps over parts of the columns: every state format, in RAM and on disk, must still give the
   // bits, counts and state of one step, with the window as the only copy-out memory.
   auto zero = zenflow_options::zero_offload();
-  zero.adam = cpu_state_options().adam;
+  zero.optimizer = cpu_state_options().optimizer;
   for (const auto& o : {zero, cpu_state_options()})
     for (const cpu_state_format format :
          {cpu_state_format::fp32, cpu_state_format::bf16_moments, cpu_state_format::blockwise8_moments})

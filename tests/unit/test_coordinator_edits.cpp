@@ -43,13 +43,13 @@ zenflow_options sync_options() {
 
 zenflow_options dense_options() {
   auto o = zenflow_options::dense();
-  o.adam = base_options().adam;
+  o.optimizer = base_options().optimizer;
   return o;
 }
 
 zenflow_options zero_offload_options() {
   auto o = zenflow_options::zero_offload();
-  o.adam = base_options().adam;
+  o.optimizer = base_options().optimizer;
   return o;
 }
 

@@ -150,8 +150,8 @@ run_result train(const zenflow_options& options, const coordinator_config& confi
 }
 
 zenflow_options clipped(zenflow_options o) {
-  o.adam.lr = 0.02f;
-  o.adam.weight_decay = 0.01f;
+  o.optimizer.lr = 0.02f;
+  o.optimizer.weight_decay = 0.01f;
   o.max_grad_norm = 0.5f;  // every step is clipped: the in-place update must apply the step's scale
   return o;
 }

@@ -140,12 +140,12 @@ struct adamw_reference {
 
 zenflow_options dense_options() {
   auto o = zenflow_options::dense();
-  o.adam = base_options().adam;
+  o.optimizer = base_options().optimizer;
   return o;
 }
 zenflow_options zero_offload_options() {
   auto o = zenflow_options::zero_offload();
-  o.adam = base_options().adam;
+  o.optimizer = base_options().optimizer;
   return o;
 }
 // ZenFlow with a synchronous one-step interval: migration on reselection is lossless, so it trains
@@ -223,7 +223,7 @@ TEST_CASE("a frozen layer stays bitwise as registered and gets no optimizer stat
     if (options.mode == offload_mode::zenflow) CHECK(h.coordinator.gpu_columns(1).empty());  // never selected
     if (options.mode != offload_mode::zenflow) {
       // Dense and ZeRO-Offload train every other parameter exactly as torch's AdamW does.
-      adamw_reference reference(options.adam);
+      adamw_reference reference(options.optimizer);
       CHECK(trained == reference.train(steps, frozen_w1));
     }
   }
@@ -231,7 +231,7 @@ TEST_CASE("a frozen layer stays bitwise as registered and gets no optimizer stat
 
 TEST_CASE("an unused branch trains as torch's per-parameter AdamW in dense, ZeRO-Offload and ZenFlow") {
   const std::int64_t steps = 14;
-  adamw_reference reference(base_options().adam);
+  adamw_reference reference(base_options().optimizer);
   const auto expected = reference.train(steps, unused_branches);
   CHECK(reference.steps == std::vector<std::int64_t>{9, 8, 11});  // the pattern does miss steps
 
@@ -291,7 +291,7 @@ TEST_CASE("the CPU path averages each parameter over its own steps; a whole inte
     REQUIRE(!cpu_columns.empty());
     // First CPU update of these columns: fp32 master from registration, zero moments, the mean over
     // this parameter's own count (not the interval's 2 steps).
-    const adam_step_constants c = make_adam_step_constants(o.adam, 1, 1.0f / static_cast<float>(count[i]));
+    const adam_step_constants c = make_adam_step_constants(o.optimizer, 1, 1.0f / static_cast<float>(count[i]));
     bool cpu_state_ok = true, weights_ok = true;
     for (std::int32_t col : cpu_columns)
       for (index_t r = 0; r < w.rows; ++r) {
@@ -339,7 +339,7 @@ TEST_CASE("the clip norm and the non-finite check see the given gradients only")
   o.max_grad_norm = 1.0f;
   harness h(o);
   train(h, steps, has);
-  adamw_reference reference(o.adam, o.max_grad_norm);
+  adamw_reference reference(o.optimizer, o.max_grad_norm);
   CHECK(h.finish() == reference.train(steps, has));
   CHECK(h.coordinator.gpu_step_count(0) == steps);  // no step was skipped
   CHECK(h.coordinator.gpu_step_count(1) == 3);

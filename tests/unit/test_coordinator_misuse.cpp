@@ -284,12 +284,12 @@ TEST_CASE("what a new user sets works as written") {
     auto by_mode = base_options();
     by_mode.mode = offload_mode::zero_offload;
     auto by_factory = zenflow_options::zero_offload();
-    by_factory.adam = by_mode.adam;
+    by_factory.optimizer = by_mode.optimizer;
     CHECK(reference_run(by_mode, 7) == reference_run(by_factory, 7));
     auto dense = base_options();
     dense.mode = offload_mode::dense;
     auto dense_factory = zenflow_options::dense();
-    dense_factory.adam = dense.adam;
+    dense_factory.optimizer = dense.optimizer;
     CHECK(reference_run(dense, 7) == reference_run(dense_factory, 7));
   }
   SUBCASE("a bf16 weight's initial value in bf16 is taken as it is (upcast)") {

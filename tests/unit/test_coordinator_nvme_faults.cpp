@@ -32,7 +32,7 @@ constexpr std::int64_t before_checkpoint = 6, after_checkpoint = 8;
 
 zenflow_options fault_options() {
   zenflow_options o;
-  o.adam.lr = 0.01f;
+  o.optimizer.lr = 0.01f;
   o.topk_ratio = 0.25f;
   o.select_interval = interval_option::fixed(3);
   o.update_interval = interval_option::fixed(2);

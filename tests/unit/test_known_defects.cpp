@@ -282,7 +282,7 @@ TEST_CASE("defect: optimizer state lost or truncated when columns move (fp64 ref
         if (std::binary_search(sel.begin(), sel.end(), static_cast<std::int32_t>(c))) continue;
         for (index_t r = 0; r < w.rows; ++r) {
           auto& a = ref[i].accumulator[c * w.rows + r];
-          ref[i].state[c * w.rows + r].step(a / static_cast<double>(accumulated), o.adam, cpu_t);
+          ref[i].state[c * w.rows + r].step(a / static_cast<double>(accumulated), o.optimizer, cpu_t);
           a = 0.0;
         }
       }
@@ -312,7 +312,7 @@ TEST_CASE("defect: optimizer state lost or truncated when columns move (fp64 ref
         for (index_t r = 0; r < w.rows; ++r) {
           const double g = toy_model::load(w.grad_view(), r, c);
           if (on_gpu)
-            ref[i].state[c * w.rows + r].step(g, o.adam, gpu_t);
+            ref[i].state[c * w.rows + r].step(g, o.optimizer, gpu_t);
           else
             ref[i].accumulator[c * w.rows + r] += g;
         }

@@ -39,12 +39,12 @@ TEST_CASE("defaults follow DeepSpeed's zenflow block and torch's AdamW") {
   CHECK(o.update_interval.is_auto);
   CHECK(o.full_warm_up_rounds == 0);
   CHECK(o.overlap_step);
-  CHECK(o.adam.lr == doctest::Approx(1e-3));
-  CHECK(o.adam.beta1 == doctest::Approx(0.9));
-  CHECK(o.adam.beta2 == doctest::Approx(0.999));
-  CHECK(o.adam.eps == doctest::Approx(1e-8));
-  CHECK(o.adam.adamw_mode);
-  CHECK(o.adam.bias_correction);
+  CHECK(o.optimizer.lr == doctest::Approx(1e-3));
+  CHECK(o.optimizer.beta1 == doctest::Approx(0.9));
+  CHECK(o.optimizer.beta2 == doctest::Approx(0.999));
+  CHECK(o.optimizer.eps == doctest::Approx(1e-8));
+  CHECK(o.optimizer.adamw_mode);
+  CHECK(o.optimizer.bias_correction);
   CHECK(o.max_grad_norm == 0.0f);
   CHECK_NOTHROW(o.validate());
 }
@@ -106,12 +106,12 @@ TEST_CASE("each bad value is rejected with the field's name") {
   CHECK(rejected_field([](auto& o) { o.mode = zenflow::offload_mode::dense; }) == "<accepted>");
   CHECK(rejected_field([](auto& o) { o.max_grad_norm = -1.0f; }) == "max_grad_norm");
   CHECK(rejected_field([&](auto& o) { o.max_grad_norm = nan; }) == "max_grad_norm");
-  CHECK(rejected_field([](auto& o) { o.adam.lr = -1e-3f; }) == "lr");
-  CHECK(rejected_field([](auto& o) { o.adam.beta1 = 1.0f; }) == "beta1");
-  CHECK(rejected_field([](auto& o) { o.adam.beta1 = -0.1f; }) == "beta1");
-  CHECK(rejected_field([](auto& o) { o.adam.beta2 = 1.0f; }) == "beta2");
-  CHECK(rejected_field([](auto& o) { o.adam.eps = 0.0f; }) == "eps");
-  CHECK(rejected_field([](auto& o) { o.adam.weight_decay = -0.01f; }) == "weight_decay");
+  CHECK(rejected_field([](auto& o) { o.optimizer.lr = -1e-3f; }) == "lr");
+  CHECK(rejected_field([](auto& o) { o.optimizer.beta1 = 1.0f; }) == "beta1");
+  CHECK(rejected_field([](auto& o) { o.optimizer.beta1 = -0.1f; }) == "beta1");
+  CHECK(rejected_field([](auto& o) { o.optimizer.beta2 = 1.0f; }) == "beta2");
+  CHECK(rejected_field([](auto& o) { o.optimizer.eps = 0.0f; }) == "eps");
+  CHECK(rejected_field([](auto& o) { o.optimizer.weight_decay = -0.01f; }) == "weight_decay");
 }
 
 TEST_CASE("auto resolution of the selection strategy and interval") {

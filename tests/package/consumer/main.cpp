@@ -14,7 +14,7 @@ int main() {
   zenflow::zenflow_options options;
   options.validate();
   float p = 1.0f, m = 0.0f, v = 0.0f;
-  zenflow::adam_update(p, 0.5f, m, v, zenflow::make_adam_step_constants(options.adam, 1));
+  zenflow::adam_update(p, 0.5f, m, v, zenflow::make_adam_step_constants(options.optimizer, 1));
   const float half = zenflow::to_float(zenflow::to_float16(p));
   std::printf("zenflow %d.%d.%d consumer: p after one step %.6f (fp16 %.6f)\n", zenflow::version_major,
               zenflow::version_minor, zenflow::version_patch, p, half);

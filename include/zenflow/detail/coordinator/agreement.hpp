@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "zenflow/error.hpp"
+#include "zenflow/hyper_parameters.hpp"
 #include "zenflow/types.hpp"
 #include "zenflow/view.hpp"
 
@@ -26,6 +27,14 @@ template <class T>
 std::uint64_t fingerprint(std::uint64_t h, const T& value) noexcept {
   const auto* bytes = reinterpret_cast<const unsigned char*>(&value);
   for (std::size_t i = 0; i < sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+/// `h` extended by the fields of hyper-parameters `hp` whose per_group flag is `per_group`, in
+/// table order.
+template <class HyperParameters>
+std::uint64_t fingerprint_fields(std::uint64_t h, const HyperParameters& hp, bool per_group) noexcept {
+  for_each_value(hp, per_group, [&](const auto& value) { h = fingerprint(h, value); });
   return h;
 }
 
@@ -80,17 +89,18 @@ struct agreement_position {
   std::int64_t interval_target = 1;
   std::int64_t pending_interval = -1;
   std::uint64_t selections = fingerprint_basis;        ///< every parameter's GPU columns
-  std::uint64_t hyper_parameters = fingerprint_basis;  ///< every parameter's lr and weight decay
+  std::uint64_t hyper_parameters = fingerprint_basis;  ///< every parameter's per-group hyper-parameters
   std::int64_t cpu_steps = 0;
   std::int64_t gpu_steps = 0;
   std::uint64_t parameter_steps = fingerprint_basis;  ///< every parameter's own CPU and GPU counts
 
-  /// Adds the next parameter's GPU columns, hyper-parameters and own step counts.
-  template <class Columns>
-  void add(const Columns& selection, float lr, float weight_decay, std::int64_t cpu, std::int64_t gpu) noexcept {
+  /// Adds the next parameter's GPU columns, per-group hyper-parameters (Adam: lr, weight_decay)
+  /// and own step counts.
+  template <class Columns, class HyperParameters>
+  void add(const Columns& selection, const HyperParameters& hp, std::int64_t cpu, std::int64_t gpu) noexcept {
     for (std::int32_t c : selection) selections = fingerprint(selections, c);
     selections = fingerprint(selections, std::int32_t{-1});
-    hyper_parameters = fingerprint(fingerprint(hyper_parameters, lr), weight_decay);
+    hyper_parameters = fingerprint_fields(hyper_parameters, hp, true);
     parameter_steps = fingerprint(fingerprint(parameter_steps, cpu), gpu);
   }
 };
@@ -147,10 +157,10 @@ struct agreement {
       case registration:
       case hyper_parameters:
         return concat("the ranks registered different parameters or set different options: ", who, " differ in ",
-                      f == options        ? "their options (zenflow_options, betas, eps, bias correction)"
+                      f == options        ? "their options (zenflow options, shared hyper-parameters)"
                       : f == parameters   ? concat("the number of parameters (", first, " and ", other, ")")
                       : f == registration ? "their parameters' names, shapes or dtypes"
-                                          : "their parameters' lr or weight decay",
+                                          : "their parameters' per-group hyper-parameters (Adam's lr or weight decay)",
                       "; every rank must build the same coordinator");
       case initial_values:
         return concat("the ranks registered different initial values: ", who,

@@ -187,23 +187,22 @@ class checkpoint_reader {
   std::size_t pos_ = 0;
 };
 
-/// The value of adam_options field `field` (a name differs_beyond_lr_and_weight_decay returns), a
-/// float as the shortest decimal that reads back as it.
-inline std::string adam_field_text(const adam_options& a, std::string_view field) {
-  const auto shortest = [](float x) {
-    char text[32];
-    return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
-  };
-  if (field == "beta1") return shortest(a.beta1);
-  if (field == "beta2") return shortest(a.beta2);
-  if (field == "eps") return shortest(a.eps);
-  if (field == "adamw_mode") return a.adamw_mode ? "true" : "false";
-  return a.bias_correction ? "true" : "false";
+/// The fields of hyper-parameters `h` whose per_group flag is `per_group`, in table order (the
+/// shared ones once per checkpoint, the per-group ones per parameter).
+template <class HyperParameters>
+void put_fields(checkpoint_writer& w, const HyperParameters& h, bool per_group) {
+  for_each_value(h, per_group, [&](const auto& value) { w.put(value); });
+}
+/// Reads what put_fields wrote into those fields of `h` (the others are left as they are).
+template <class HyperParameters>
+void get_fields(checkpoint_reader& r, HyperParameters& h, bool per_group) {
+  for_each_value(h, per_group, [&](auto& value) { value = r.get<std::remove_reference_t<decltype(value)>>(); });
 }
 
 /// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
 /// struct padding reaches the file).
-inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
+template <class HyperParameters>
+void put_options(checkpoint_writer& w, const basic_zenflow_options<HyperParameters>& o) {
   w.put(static_cast<std::uint8_t>(o.mode));
   w.put(o.topk_ratio);
   w.put(static_cast<std::uint8_t>(o.resolved_strategy()));
@@ -213,14 +212,12 @@ inline void put_options(checkpoint_writer& w, const zenflow_options& o) {
   w.put(o.full_warm_up_rounds);
   w.put(o.overlap_step);
   w.put(o.max_update_interval);
-  // The hyper-parameters every parameter shares (lr and weight_decay are per parameter, below).
-  w.put(o.adam.beta1);
-  w.put(o.adam.beta2);
-  w.put(o.adam.eps);
-  w.put(o.adam.adamw_mode);
-  w.put(o.adam.bias_correction);
+  // The hyper-parameters every parameter shares (Adam: beta1, beta2, eps, adamw_mode,
+  // bias_correction); the per-group ones are per parameter.
+  put_fields(w, o.optimizer, false);
 }
-inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
+template <class HyperParameters>
+void check_options(checkpoint_reader& r, const basic_zenflow_options<HyperParameters>& o) {
   // Every field is read (the reader's position); the first that differs is named with both values.
   std::string mismatch;
   const auto compare = [&](const char* field, const auto& saved, const auto& ours) {
@@ -258,16 +255,13 @@ inline void check_options(checkpoint_reader& r, const zenflow_options& o) {
           " (mode, topk_ratio, the intervals, warm-up and overlap_step must agree)");
   // The moments were computed with these: resuming with others would silently change the
   // optimizer (torch.optim would restore them; here they are fixed at construction).
-  adam_options saved = o.adam;
-  saved.beta1 = r.get<float>();
-  saved.beta2 = r.get<float>();
-  saved.eps = r.get<float>();
-  saved.adamw_mode = r.get<bool>();
-  saved.bias_correction = r.get<bool>();
-  if (const char* field = saved.differs_beyond_lr_and_weight_decay(o.adam))
-    throw error("checkpoint", concat("was written with adam ", field, " = ", adam_field_text(saved, field),
-                                     ", this coordinator's is ", adam_field_text(o.adam, field),
-                                     " (beta1, beta2, eps, adamw_mode and bias_correction must agree)"));
+  HyperParameters saved = o.optimizer;
+  get_fields(r, saved, false);
+  if (const char* field = shared_field_mismatch(saved, o.optimizer))
+    throw error("checkpoint",
+                concat("was written with ", HyperParameters::name, " ", field, " = ", field_text(saved, field),
+                       ", this coordinator's is ", field_text(o.optimizer, field), " (",
+                       field_names<HyperParameters>(false), " must agree)"));
 }
 
 /// Waits for `stream` if the scope is left by an exception, so that copies already enqueued

@@ -26,7 +26,8 @@
 //                 for an f32 parameter whose master is not exactly its values (outside the
 //                 columns of a pending result, whose master is that result); else the loader reads
 //                 it from the parameter.
-// Version 6 added beta1, beta2, eps, adamw_mode and bias_correction; version 5 the contents, the
+// Version 6 added beta1, beta2, eps, adamw_mode and bias_correction (the optimizer's shared
+// hyper-parameters, in the order of its fields() table); version 5 the contents, the
 // master flag and the per-column ownership; version 4 the rank and the number of ranks (data
 // parallel); version 3 the per-parameter counts (missing_gradients::skip). Older versions are not
 // read.
@@ -85,8 +86,8 @@ void expect_valid_state(Value value, const std::string& name, const char* holder
     return;
   std::string values;
   for (std::size_t s = 0; s < own.size(); ++s) values += concat(s > 0 ? ", " : "", Slots::names[s + 1], " ", own[s]);
-  throw error("checkpoint", concat("parameter '", name, "' holds ", holder, Slots::what, " (", values, ") ", where(),
-                                   " (", Slots::rule, ")"));
+  throw error("checkpoint", detail::concat("parameter '", name, "' holds ", holder, Slots::what, " (", values, ") ",
+                                           where(), " (", Slots::rule, ")"));
 }
 /// Whether `master` is exactly the values (elements of `type`, upcast), bit for bit.
 inline bool is_value_of(std::span<const std::byte> values, dtype type, std::span<const float> master) {
@@ -190,8 +191,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
   for (const auto& p : params_) {
     w.put_string(p.name);
     w.put(p.is_vector);
-    w.put(p.adam.lr);  // the rest of the hyper-parameters is options().adam
-    w.put(p.adam.weight_decay);
+    detail::put_fields(w, p.hyper, true);  // the rest of the hyper-parameters is options().optimizer
     if (p.is_vector) {
       const auto size = static_cast<std::size_t>(p.vector.size);
       w.put(p.vector.size);
@@ -306,7 +306,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     std::array<std::vector<float>, slots - 1> cpu_own;  // the CPU state's other slots
     std::vector<std::int32_t> gpu_columns;
     std::vector<std::byte> pending, values;
-    adam_options adam;
+    hyper_parameters_type hyper;
     std::int64_t host_steps = 0, device_steps = 0, current_count = 0, pending_count = 0;
     bool master = true;  // the fp32 master is in the file (else it is the parameter's values)
   };
@@ -348,12 +348,14 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
             saved_name, "', registered '", p.name, "'");
     const std::string& name = p.name;  // the messages below name the registered parameter
     expects(r.get<bool>() == p.is_vector, "checkpoint", "parameter '", name, "' changed between 1-D and 2-D");
-    s.adam = options_.adam;
-    s.adam.lr = r.get<float>();
-    s.adam.weight_decay = r.get<float>();
-    expects(std::isfinite(s.adam.lr) && s.adam.lr >= 0.0f && std::isfinite(s.adam.weight_decay) &&
-                s.adam.weight_decay >= 0.0f,
-            "checkpoint", "parameter '", name, "' has an invalid lr or weight_decay");
+    s.hyper = options_.optimizer;
+    detail::get_fields(r, s.hyper, true);
+    try {
+      s.hyper.validate();
+    } catch (const error& e) {
+      throw error("checkpoint",
+                  detail::concat("parameter '", name, "' has an invalid ", e.argument(), ": ", e.reason()));
+    }
     if (p.is_vector) {
       expects(r.get<index_t>() == p.vector.size && r.get<dtype>() == p.vector.type, "checkpoint", "parameter '", name,
               "' has a different size or dtype");
@@ -458,7 +460,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     detail::agreement_position at{step, started, interval.index, interval.first_step, target, pending};
     at.cpu_steps = host_steps;
     at.gpu_steps = device_steps;
-    for (const auto& x : saved) at.add(x.gpu_columns, x.adam.lr, x.adam.weight_decay, x.host_steps, x.device_steps);
+    for (const auto& x : saved) at.add(x.gpu_columns, x.hyper, x.host_steps, x.device_steps);
     stage = 1;
     agree(agreement_of(detail::agreement::checkpoint, at));
   }
@@ -483,8 +485,8 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     auto& s = saved[i];
-    p.adam = s.adam;
-    p.device_adam.reset();  // handed to the device optimizer at the next step
+    p.hyper = s.hyper;
+    p.device_hyper.reset();  // handed to the device optimizer at the next step
     if (p.is_vector) {
       const auto size = static_cast<std::size_t>(p.vector.size);
       if (everything) {

@@ -60,18 +60,17 @@ inline std::vector<int> worker_cpus(std::size_t reserved) {
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(
-    const zenflow_options& options,
-    const coordinator_config& config) requires std::same_as<Communicator, single_process>
+    const options_type& options, const coordinator_config& config) requires std::same_as<Communicator, single_process>
     : basic_coordinator(private_tag{}, nullptr, options, config) {}
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(
-    Communicator& comm, const zenflow_options& options,
+    Communicator& comm, const options_type& options,
     const coordinator_config& config) requires(!std::same_as<Communicator, single_process>)
     : basic_coordinator(private_tag{}, &comm, options, config) {}
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-auto basic_coordinator<Backend, HostOptimizer, Communicator>::make_selector(const zenflow_options& options,
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::make_selector(const options_type& options,
                                                                             Communicator* comm) -> selector_type {
   if constexpr (data_parallel)
     return selector_type(options.topk_ratio, score_norm::l1, detail::score_reducer<Communicator>(comm));
@@ -81,15 +80,15 @@ auto basic_coordinator<Backend, HostOptimizer, Communicator>::make_selector(cons
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 basic_coordinator<Backend, HostOptimizer, Communicator>::basic_coordinator(private_tag, Communicator* comm,
-                                                                           const zenflow_options& options,
+                                                                           const options_type& options,
                                                                            const coordinator_config& config)
     : device_(Backend::current_device()),
       options_(validated(options)),
       config_(validated(config)),
       worker_cpus_(detail::worker_cpus(config_.reserved_cpus)),
       comm_(comm),
-      host_opt_(make_host_optimizer(options.adam, config, worker_cpus_, comm)),
-      device_opt_(options.adam),
+      host_opt_(make_host_optimizer(options.optimizer, config, worker_cpus_, comm)),
+      device_opt_(options.optimizer),
       selector_(make_selector(options, comm)),
       offload_(shared_, config.d2h_slot_bytes, config.d2h_slots, config.cpu_threads, config.pin_threads, worker_cpus_),
       update_(shared_, host_opt_, config.h2d_slot_bytes, config.h2d_slots, config.copy_out_window_bytes),
@@ -150,7 +149,7 @@ basic_coordinator<Backend, HostOptimizer, Communicator>::~basic_coordinator() {
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-zenflow_options basic_coordinator<Backend, HostOptimizer, Communicator>::validated(const zenflow_options& options) {
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::validated(const options_type& options) -> options_type {
   options.validate();
   return options;
 }
@@ -179,7 +178,8 @@ coordinator_config basic_coordinator<Backend, HostOptimizer, Communicator>::vali
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
 HostOptimizer basic_coordinator<Backend, HostOptimizer, Communicator>::make_host_optimizer(
-    const adam_options& adam, const coordinator_config& config, const std::vector<int>& cpus, Communicator* comm) {
+    const hyper_parameters_type& hp, const coordinator_config& config, const std::vector<int>& cpus,
+    Communicator* comm) {
   try {
     cpu_adam_config c{config.cpu_threads, config.pin_threads};
     c.cpus = cpus;
@@ -188,7 +188,7 @@ HostOptimizer basic_coordinator<Backend, HostOptimizer, Communicator>::make_host
     (void)comm;
     if constexpr (data_parallel)
       if (c.nvme && comm != nullptr) c.nvme->file.rank = comm->rank();  // one file per rank
-    return HostOptimizer(adam, c);
+    return HostOptimizer(hp, c);
   } catch (const error& e) {
     // cpu_adam names its own config's fields; the trainer set coordinator_config's.
     if (e.argument() == "config.threads") throw error("cpu_threads", e.reason());
@@ -294,9 +294,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::run_step(stream_ty
     if (p.is_vector) vectors.push_back(p.has_grad ? p.grad_vector : const_vector_view{});  // null: skipped
     if (p.device_index == npos) continue;
     if (!p.is_vector) device_matrices.push_back(p.has_grad ? p.grad_matrix : const_matrix_view{});  // null: skipped
-    if (p.device_adam != p.adam) {
-      Backend::set_options(device_opt_, p.device_index, p.adam, stream);
-      p.device_adam = p.adam;
+    if (p.device_hyper != p.hyper) {
+      Backend::set_options(device_opt_, p.device_index, p.hyper, stream);
+      p.device_hyper = p.hyper;
     }
   }
   if (device_opt_.parameter_count() > 0) Backend::device_step(device_opt_, device_matrices, vectors, flags_dev, stream);

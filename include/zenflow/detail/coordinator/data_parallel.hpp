@@ -120,7 +120,7 @@ detail::agreement basic_coordinator<Backend, HostOptimizer, Communicator>::agree
   detail::agreement a;
   a.w[detail::agreement::kind] = kind;
   std::uint64_t h = detail::fingerprint_basis;
-  const zenflow_options& o = options_;
+  const options_type& o = options_;
   h = fingerprint(h, o.mode);
   h = fingerprint(h, o.topk_ratio);
   h = fingerprint(h, o.select_interval_steps());
@@ -131,11 +131,7 @@ detail::agreement basic_coordinator<Backend, HostOptimizer, Communicator>::agree
   h = fingerprint(h, o.max_update_interval);
   h = fingerprint(h, o.cover_cpu_update);
   h = fingerprint(h, o.max_grad_norm);
-  h = fingerprint(h, o.adam.beta1);
-  h = fingerprint(h, o.adam.beta2);
-  h = fingerprint(h, o.adam.eps);
-  h = fingerprint(h, o.adam.adamw_mode);
-  h = fingerprint(h, o.adam.bias_correction);
+  h = detail::fingerprint_fields(h, o.optimizer, false);
   a.w[detail::agreement::options] = static_cast<std::int64_t>(h);
   a.w[detail::agreement::parameters] = static_cast<std::int64_t>(params_.size());
   h = detail::fingerprint_basis;
@@ -176,7 +172,7 @@ detail::agreement_position basic_coordinator<Backend, HostOptimizer, Communicato
   at.interval_target = s.target;
   at.pending_interval = s.pending;
   // Before the first step no parameter has a GPU step count (gpu_step_count would synchronize).
-  for (const auto& p : params_) at.add(p.gpu_columns, p.adam.lr, p.adam.weight_decay, p.cpu_steps, 0);
+  for (const auto& p : params_) at.add(p.gpu_columns, p.hyper, p.cpu_steps, 0);
   at.cpu_steps = host_opt_.step_count();
   return at;
 }

@@ -25,12 +25,19 @@
 
 namespace zenflow {
 
-/// The host execution backend of basic_coordinator (models coordinator_backend).
-struct host_backend {
+/// The host execution backend of basic_coordinator (models coordinator_backend), over the
+/// "device" optimizer DeviceOptimizer: host_sparse_adam (`host_backend`), or another optimizer's
+/// sparse-column twin with the same members, which the backend calls on the stream:
+/// `step(matrices, vectors, grad_scale, scale, skip, check_finite, exec)`, `set_options(i, hp)`,
+/// `reselect(i, selection, entering, leaving, exec)`, `add_matrix(param, selection, packed, exec)`
+/// and `add_vector(param, initial)` (sparse_adam.hpp says what each does), besides
+/// device_optimizer's requirements (concepts.hpp, R3).
+template <class DeviceOptimizer>
+struct basic_host_backend {
   using stream_type = host_stream*;
   using event_type = host_event;
   using selector_type = host_importance_selector<>;
-  using device_optimizer_type = host_sparse_adam;
+  using device_optimizer_type = DeviceOptimizer;
   using queue_type = host_transfer_queue;
   static constexpr memory_space device_space = memory_space::host;
 
@@ -55,7 +62,7 @@ struct host_backend {
   class host_buffer : public device_buffer {
    public:
     using device_buffer::device_buffer;
-    [[nodiscard]] std::byte* device_data() const noexcept { return data(); }
+    [[nodiscard]] std::byte* device_data() const noexcept { return this->data(); }
   };
 
   /// An owned stream of the backend (the coordinator's offload and write-back streams).
@@ -105,8 +112,8 @@ struct host_backend {
   }
 
   /// Parameter `index`'s hyper-parameters for the device steps enqueued after this call.
-  static void set_options(device_optimizer_type& opt, std::size_t index, const adam_options& options,
-                          stream_type stream) {
+  static void set_options(device_optimizer_type& opt, std::size_t index,
+                          const typename device_optimizer_type::hyper_parameters& options, stream_type stream) {
     stream->enqueue([&opt, index, options] { opt.set_options(index, options); });
   }
 
@@ -185,5 +192,8 @@ struct host_backend {
     return opt.add_vector(param, initial);
   }
 };
+
+/// The host execution backend with the library's sparse-column Adam.
+using host_backend = basic_host_backend<host_sparse_adam>;
 
 }  // namespace zenflow

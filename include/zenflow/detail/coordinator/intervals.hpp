@@ -119,13 +119,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::end_interval(strea
   const std::int64_t i = schedule_.interval();
   const int b = static_cast<int>(i % 2);
   // The CPU update of every parameter with CPU columns, with the hyper-parameters in effect now.
-  detail::update_job<Backend> job;
+  detail::update_job<Backend, hyper_parameters_type> job;
   job.interval = i;
   job.written_back = &written_back_of(i);
   for (auto& p : params_) {
     if (p.is_vector || p.cpu_columns.empty()) continue;
-    detail::update_item item;
-    item.adam = p.adam;
+    detail::update_item<hyper_parameters_type> item;
+    item.hyper = p.hyper;
     item.tensor = p.cpu_tensor;
     item.columns = p.owned_local;  // this rank's CPU columns (all of them in one process)
     item.rows = static_cast<std::size_t>(p.matrix.rows);

@@ -38,9 +38,10 @@ struct offload_job {
   bool on_stream = false;
 };
 
-/// One parameter's share of a CPU update.
+/// One parameter's share of a CPU update (HyperParameters: the host optimizer's).
+template <class HyperParameters>
 struct update_item {
-  adam_options adam;                      ///< its hyper-parameters as the interval ended
+  HyperParameters hyper;                  ///< its hyper-parameters as the interval ended
   std::size_t tensor = 0;                 ///< its tensor in the host optimizer
   std::span<const std::int32_t> columns;  ///< its CPU columns this rank updates, as columns of the tensor (ascending)
   std::size_t rows = 0;                   ///< the tensor's rows (elements per column)
@@ -60,10 +61,10 @@ struct update_item {
 };
 
 /// Work for the update worker: the CPU update of one interval.
-template <class Backend>
+template <class Backend, class HyperParameters>
 struct update_job {
   std::int64_t interval = 0;
-  std::vector<update_item> items;  ///< the parameters with CPU columns
+  std::vector<update_item<HyperParameters>> items;  ///< the parameters with CPU columns
   /// The write-back that last read this interval's device staging (interval - 2's with overlap_step,
   /// else interval - 1's: basic_coordinator::writeback_of): it must have run before the staging is
   /// refilled.

@@ -49,7 +49,7 @@ inline parameter_memory memory_of(const const_vector_view& v) {
 // --- accessors -----------------------------------------------------------------------------------
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-const zenflow_options& basic_coordinator<Backend, HostOptimizer, Communicator>::options() const noexcept {
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::options() const noexcept -> const options_type& {
   return options_;
 }
 
@@ -135,8 +135,9 @@ const std::string& basic_coordinator<Backend, HostOptimizer, Communicator>::name
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-const adam_options& basic_coordinator<Backend, HostOptimizer, Communicator>::adam_options_of(std::size_t i) const {
-  return at(i).adam;
+auto basic_coordinator<Backend, HostOptimizer, Communicator>::hyper_parameters_of(std::size_t i) const
+    -> const hyper_parameters_type& {
+  return at(i).hyper;
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
@@ -148,19 +149,19 @@ std::span<const std::int32_t> basic_coordinator<Backend, HostOptimizer, Communic
 // --- hyper-parameters and registration -----------------------------------------------------------
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-void basic_coordinator<Backend, HostOptimizer, Communicator>::set_adam_options(const adam_options& adam) {
+void basic_coordinator<Backend, HostOptimizer, Communicator>::set_hyper_parameters(const hyper_parameters_type& hp) {
   rethrow_worker_error();
-  check_adam(adam);
-  for (auto& p : params_) p.adam = adam;
+  check_hyper_parameters(hp);
+  for (auto& p : params_) p.hyper = hp;
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-void basic_coordinator<Backend, HostOptimizer, Communicator>::set_adam_options(std::size_t i,
-                                                                               const adam_options& adam) {
+void basic_coordinator<Backend, HostOptimizer, Communicator>::set_hyper_parameters(std::size_t i,
+                                                                                   const hyper_parameters_type& hp) {
   rethrow_worker_error();
   auto& p = at(i);
-  check_adam(adam);
-  p.adam = adam;
+  check_hyper_parameters(hp);
+  p.hyper = hp;
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
@@ -198,7 +199,7 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
     initial_values_ = detail::fingerprint(initial_values_, detail::values_fingerprint_of(initial));
   parameter p;
   p.name = std::move(name);
-  p.adam = options_.adam;
+  p.hyper = options_.optimizer;
   p.matrix = param;
   p.grad_type = grad_type;
   p.owned = owned;
@@ -223,7 +224,7 @@ std::size_t basic_coordinator<Backend, HostOptimizer, Communicator>::register_pa
     initial_values_ = detail::fingerprint(initial_values_, detail::values_fingerprint_of(initial));
   parameter p;
   p.name = std::move(name);
-  p.adam = options_.adam;
+  p.hyper = options_.optimizer;
   p.is_vector = true;
   p.vector = param;
   p.device_index = Backend::add_vector(device_opt_, param, initial);
@@ -294,11 +295,14 @@ auto basic_coordinator<Backend, HostOptimizer, Communicator>::at(std::size_t i) 
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-void basic_coordinator<Backend, HostOptimizer, Communicator>::check_adam(const adam_options& adam) const {
-  adam.validate();
-  const char* field = adam.differs_beyond_lr_and_weight_decay(options_.adam);
-  expects(field == nullptr, field ? field : "adam", "must stay as in options().adam: parameter groups and schedules ",
-          "change lr and weight_decay only");
+void basic_coordinator<Backend, HostOptimizer, Communicator>::check_hyper_parameters(
+    const hyper_parameters_type& hp) const {
+  hp.validate();
+  const char* field = shared_field_mismatch(hp, options_.optimizer);
+  if (field != nullptr)
+    throw error(field, detail::concat("must stay as in options().optimizer (", field_text(options_.optimizer, field),
+                                      "), got ", field_text(hp, field), ": parameter groups and schedules change ",
+                                      field_names<hyper_parameters_type>(true), " only"));
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>

@@ -48,7 +48,8 @@ struct selection_facts {
 class schedule {
  public:
   /// `options` validated (the coordinator's).
-  explicit schedule(const zenflow_options& options)
+  template <class HyperParameters>
+  explicit schedule(const basic_zenflow_options<HyperParameters>& options)
       : mode_(options.mode),
         warm_up_(options.full_warm_up_rounds),
         overlap_(options.overlap_step),

@@ -34,8 +34,11 @@ namespace zenflow::detail {
 /// or destroys it. The items of a job stay valid until the job is done: the coordinator changes no
 /// parameter's CPU columns or buffers while a CPU update is launched and not written back.
 template <class Backend, class HostOptimizer>
-class update_worker : public worker_thread<Backend, update_job<Backend>> {
-  using base = worker_thread<Backend, update_job<Backend>>;
+class update_worker : public worker_thread<Backend, update_job<Backend, typename HostOptimizer::hyper_parameters>> {
+  using hyper_parameters = typename HostOptimizer::hyper_parameters;
+  using base = worker_thread<Backend, update_job<Backend, hyper_parameters>>;
+  using task = optimizer_task<hyper_parameters>;
+  using item_type = update_item<hyper_parameters>;
   using base::jobs_;
   using base::queue_;
   using base::state_;
@@ -79,7 +82,7 @@ class update_worker : public worker_thread<Backend, update_job<Backend>> {
 
   void loop();
   void run(job& j);
-  void step_in_waves(std::span<const cpu_adam_task> tasks, std::span<const update_item* const> items);
+  void step_in_waves(std::span<const task> tasks, std::span<const item_type* const> items);
 
   HostOptimizer& optimizer_;
   std::vector<update_record> trace_;  // guarded by state_.mutex
@@ -118,8 +121,8 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
     Backend::synchronize(*j.written_back);
     // Each parameter with its own mean: over the steps that gave it a gradient (none: no update,
     // and the trainer writes nothing back for it).
-    std::vector<cpu_adam_task> tasks;
-    std::vector<const update_item*> updated;
+    std::vector<task> tasks;
+    std::vector<const item_type*> updated;
     for (const auto& item : j.items) {
       const std::int64_t accumulated = *item.accumulated;
       if (accumulated == 0) continue;
@@ -128,8 +131,8 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
         ++*item.cpu_steps;
         continue;
       }
-      cpu_adam_task t{};
-      t.options = &item.adam;
+      task t{};
+      t.options = &item.hyper;
       t.tensor = item.tensor;
       t.grad = item.accumulator.data();
       t.grad_type = dtype::f32;
@@ -155,7 +158,7 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
     }
     auto update = [&] {
       if constexpr (in_place)
-        optimizer_.step(std::span<const cpu_adam_task>(tasks), 1.0f, /*check_finite=*/false);
+        optimizer_.step(std::span<const task>(tasks), 1.0f, /*check_finite=*/false);
       else
         step_in_waves(tasks, updated);
     };
@@ -177,7 +180,7 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
         update();
       }
     }
-    for (const update_item* item : updated) ++*item->cpu_steps;
+    for (const item_type* x : updated) ++*x->cpu_steps;
     Backend::synchronize(stream_.get());
   }
   std::lock_guard lock(state_.mutex);
@@ -194,8 +197,8 @@ void update_worker<Backend, HostOptimizer>::run(job& j) {
 // task keeps its step and scale); the optimizer's count is set to one more than before, as one
 // step leaves it.
 template <class Backend, class HostOptimizer>
-void update_worker<Backend, HostOptimizer>::step_in_waves(std::span<const cpu_adam_task> tasks,
-                                                          std::span<const update_item* const> items) {
+void update_worker<Backend, HostOptimizer>::step_in_waves(std::span<const task> tasks,
+                                                          std::span<const item_type* const> items) {
   std::size_t total = 0, widest = 0;
   for (std::size_t k = 0; k < tasks.size(); ++k) {
     const std::size_t column = items[k]->rows * dtype_size(tasks[k].copy_out_type);
@@ -212,11 +215,11 @@ void update_worker<Backend, HostOptimizer>::step_in_waves(std::span<const cpu_ad
     const std::byte* src;
     std::size_t bytes;
   };
-  std::vector<cpu_adam_task> wave;
+  std::vector<task> wave;
   std::vector<upload> uploads;
   std::size_t used = 0;
   auto flush = [&] {
-    optimizer_.step(std::span<const cpu_adam_task>(wave), 1.0f, /*check_finite=*/false);
+    optimizer_.step(std::span<const task>(wave), 1.0f, /*check_finite=*/false);
     for (const upload& u : uploads)
       pipelined_copy_to_device(queue_, u.dst, u.src, u.bytes, Backend::queue_stream(stream_.get()));
     wave.clear();
@@ -225,7 +228,7 @@ void update_worker<Backend, HostOptimizer>::step_in_waves(std::span<const cpu_ad
   };
   const std::int64_t count = optimizer_.step_count();
   for (std::size_t k = 0; k < tasks.size(); ++k) {
-    const cpu_adam_task& t = tasks[k];
+    const task& t = tasks[k];
     const std::size_t rows = items[k]->rows;
     const std::size_t column = rows * dtype_size(t.copy_out_type);
     for (std::size_t c = 0; c < t.columns.size();) {
@@ -234,7 +237,7 @@ void update_worker<Backend, HostOptimizer>::step_in_waves(std::span<const cpu_ad
         flush();  // not empty: the window holds at least one column
         continue;
       }
-      cpu_adam_task w = t;
+      task w = t;
       w.columns = t.columns.subspan(c, fit);
       w.grad = static_cast<const float*>(t.grad) + c * rows;
       w.copy_out = window_.data() + used;

@@ -91,7 +91,7 @@ inline const adam_options& cuda_sparse_adam::options(std::size_t i) const {
 inline void cuda_sparse_adam::set_options(std::size_t i, const adam_options& options) {
   expects(i < entries_.size(), "i", "parameter index ", i, " out of range (", entries_.size(), " registered)");
   options.validate();
-  const char* field = options.differs_beyond_lr_and_weight_decay(options_);
+  const char* field = shared_field_mismatch(options, options_);
   expects(field == nullptr, field ? field : "options", "parameter groups differ in lr and weight_decay only");
   entries_[i].options = options;
   params_dirty_ = true;  // the tables carry lr and weight_decay

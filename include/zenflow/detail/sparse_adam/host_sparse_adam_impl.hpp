@@ -119,7 +119,7 @@ inline const adam_options& host_sparse_adam::options(std::size_t i) const {
 inline void host_sparse_adam::set_options(std::size_t i, const adam_options& options) {
   entry& e = at(i);
   options.validate();
-  const char* field = options.differs_beyond_lr_and_weight_decay(options_);
+  const char* field = shared_field_mismatch(options, options_);
   expects(field == nullptr, field ? field : "options", "parameter groups differ in lr and weight_decay only");
   e.options = options;
 }
