@@ -93,8 +93,7 @@ static_assert(score_communicator<identity_communicator>);
 class selection_policy {
  public:
   /// Throws `zenflow::error` naming the option if `options.validate()` fails.
-  template <class HyperParameters>
-  explicit selection_policy(const basic_zenflow_options<HyperParameters>& options)
+  explicit selection_policy(const schedule_options& options)
       : strategy_((options.validate(), options.resolved_strategy())), interval_(options.select_interval_steps()) {}
 
   /// True when a selection is due before the optimizer step of training step `step` (0-based).

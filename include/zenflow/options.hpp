@@ -111,12 +111,9 @@ struct adam_options {
   }
 };
 
-/// Every option of the method, with the hyper-parameters of its optimizer (HyperParameters: a
-/// type modelling optimizer_hyper_parameters, see hyper_parameters.hpp). Field names follow
-/// DeepSpeed's `zenflow` block. `zenflow_options` is the one for Adam.
-template <class HyperParameters>
-struct basic_zenflow_options {
-  using hyper_parameters = HyperParameters;
+/// The method's schedule options, whatever the optimizer (basic_zenflow_options adds its
+/// hyper-parameters). Field names follow DeepSpeed's `zenflow` block.
+struct schedule_options {
   offload_mode mode = offload_mode::zenflow;
   /// Fraction of each 2-D parameter's columns updated on the GPU: k = max(1, floor(topk_ratio * cols)),
   /// the ratio read as the decimal it prints as and multiplied in double, as Python does (topk_count:
@@ -157,29 +154,6 @@ struct basic_zenflow_options {
   }
   /// Clip the global gradient norm (both paths together) to this value; 0 disables clipping.
   float max_grad_norm = 0.0f;
-  /// The optimizer's hyper-parameters: every parameter's until a parameter group sets its own
-  /// per-group fields (basic_coordinator::set_hyper_parameters).
-  HyperParameters optimizer{};
-
-  /// ZeRO-Offload: every column on the CPU, updated every step, synchronously. The same as
-  /// setting `mode = offload_mode::zero_offload` on any options (the mode implies the rest); the
-  /// other fields are set to what the mode runs so that the options read as what happens.
-  static basic_zenflow_options zero_offload() {
-    basic_zenflow_options o;
-    o.mode = offload_mode::zero_offload;
-    o.update_interval = interval_option::fixed(1);
-    o.overlap_step = false;
-    return o;
-  }
-  /// Dense: every column on the GPU, no offload (the no-offload reference). The same as setting
-  /// `mode = offload_mode::dense` on any options.
-  static basic_zenflow_options dense() {
-    basic_zenflow_options o;
-    o.mode = offload_mode::dense;
-    o.topk_ratio = 1.0f;
-    return o;
-  }
-
   /// The strategy after resolving "auto".
   [[nodiscard]] selection_strategy resolved_strategy() const noexcept {
     if (select_strategy != selection_strategy::automatic) return select_strategy;
@@ -230,6 +204,52 @@ struct basic_zenflow_options {
             "the interval's length)");
     expects(std::isfinite(max_grad_norm) && max_grad_norm >= 0.0f, "max_grad_norm",
             "must be finite and >= 0 (0 disables clipping), got ", max_grad_norm);
+  }
+};
+
+/// Every option of the method: the schedule's, and the hyper-parameters of its optimizer
+/// (HyperParameters: a type modelling optimizer_hyper_parameters, see hyper_parameters.hpp).
+/// `zenflow_options` is the one for Adam; `with_optimizer` gives the same schedule to another
+/// optimizer.
+template <class HyperParameters>
+struct basic_zenflow_options : schedule_options {
+  using hyper_parameters = HyperParameters;
+  /// The optimizer's hyper-parameters: every parameter's until a parameter group sets its own
+  /// per-group fields (basic_coordinator::set_hyper_parameters).
+  HyperParameters optimizer{};
+
+  /// ZeRO-Offload: every column on the CPU, updated every step, synchronously. The same as
+  /// setting `mode = offload_mode::zero_offload` on any options (the mode implies the rest); the
+  /// other fields are set to what the mode runs so that the options read as what happens.
+  static basic_zenflow_options zero_offload() {
+    basic_zenflow_options o;
+    o.mode = offload_mode::zero_offload;
+    o.update_interval = interval_option::fixed(1);
+    o.overlap_step = false;
+    return o;
+  }
+  /// Dense: every column on the GPU, no offload (the no-offload reference). The same as setting
+  /// `mode = offload_mode::dense` on any options.
+  static basic_zenflow_options dense() {
+    basic_zenflow_options o;
+    o.mode = offload_mode::dense;
+    o.topk_ratio = 1.0f;
+    return o;
+  }
+
+  /// These schedule options with another optimizer's hyper-parameters.
+  template <class Other>
+  [[nodiscard]] basic_zenflow_options<Other> with_optimizer(const Other& hp) const {
+    basic_zenflow_options<Other> o;
+    static_cast<schedule_options&>(o) = *this;
+    o.optimizer = hp;
+    return o;
+  }
+
+  /// Throws `zenflow::error` naming the first field that is out of range or contradicts another
+  /// (the schedule's first, then the hyper-parameters').
+  void validate() const {
+    schedule_options::validate();
     optimizer.validate();
   }
 };

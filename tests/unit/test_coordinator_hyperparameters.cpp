@@ -134,21 +134,7 @@ static_assert(coordinator_backend<scaled_backend>);
 using scaled_harness = basic_harness<basic_coordinator<scaled_backend, scaled_cpu_adam>>;
 
 basic_zenflow_options<scaled_adam_options> scaled(const zenflow_options& o, float lr_scale) {
-  basic_zenflow_options<scaled_adam_options> s;
-  s.mode = o.mode;
-  s.topk_ratio = o.topk_ratio;
-  s.select_strategy = o.select_strategy;
-  s.select_interval = o.select_interval;
-  s.update_interval = o.update_interval;
-  s.full_warm_up_rounds = o.full_warm_up_rounds;
-  s.overlap_step = o.overlap_step;
-  s.steps_per_epoch = o.steps_per_epoch;
-  s.auto_select_steps = o.auto_select_steps;
-  s.max_update_interval = o.max_update_interval;
-  s.cover_cpu_update = o.cover_cpu_update;
-  s.max_grad_norm = o.max_grad_norm;
-  s.optimizer = scaled_adam_options::from(o.optimizer, lr_scale);
-  return s;
+  return o.with_optimizer(scaled_adam_options::from(o.optimizer, lr_scale));
 }
 
 }  // namespace

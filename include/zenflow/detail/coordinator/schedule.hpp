@@ -48,8 +48,7 @@ struct selection_facts {
 class schedule {
  public:
   /// `options` validated (the coordinator's).
-  template <class HyperParameters>
-  explicit schedule(const basic_zenflow_options<HyperParameters>& options)
+  explicit schedule(const schedule_options& options)
       : mode_(options.mode),
         warm_up_(options.full_warm_up_rounds),
         overlap_(options.overlap_step),
