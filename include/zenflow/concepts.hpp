@@ -27,6 +27,7 @@ namespace zenflow {
 // Vocabulary of the components that the requirements below name (declared here so that this
 // header stays light; check a concept where the component's header is included).
 struct cpu_adam_config;                        // cpu_adam.hpp
+struct host_execution;                         // host_stream.hpp
 enum class transfer_direction : std::uint8_t;  // transfer_queue.hpp
 
 /// 1. importance_selector: owns column scores and the current selection of every registered
@@ -93,14 +94,16 @@ concept transfer_queue = requires(Q& q, const Q& cq, typename Q::slot_type slot,
 ///    H3 `H::fields()` — every float and bool field as hyper_parameter_field<H> (a name, the member,
 ///       per_group): parameter groups may set the per_group fields per parameter; the others are
 ///       one value for every parameter of a coordinator. Checkpoints store them in table order.
-///    H4 `H::name` — its name in messages and in formatted options ("adam").
+///    H4 `H::name` — its name in messages, in formatted options and in checkpoints ("adam").
+///    H5 The table is well formed, checked at compile time (`fields()` is constexpr): every entry
+///       has a non-empty name, unique in the table, and exactly one member (a float or a bool).
 template <class H>
 concept optimizer_hyper_parameters = std::regular<H> && requires(const H& h) {
   h.validate();
   { H::name } -> std::convertible_to<const char*>;
   { H::fields() } -> std::ranges::range;
   requires std::same_as<std::ranges::range_value_t<decltype(H::fields())>, hyper_parameter_field<H>>;
-};
+} && detail::well_formed_fields<H>();
 
 /// 3. host_optimizer: the CPU optimizer that owns the fp32 master and the rest of the state of
 ///    every column (cpu_adam, the CPU Adam/AdamW, is the library's model). The requirements are
@@ -126,6 +129,8 @@ concept optimizer_hyper_parameters = std::regular<H> && requires(const H& h) {
 ///       every gradient element multiplied by grad_scale. Synchronous.
 ///    R5 `step_count()` — the number of updates it has applied (64-bit); `set_step_count(n)`
 ///       restores it (checkpoints).
+///    docs/OPTIMIZERS.md says what the coordinator hands a step (scales, layouts, counts) and when
+///    it calls the optimizer.
 ///    The coordinator accumulates the offloaded gradients itself (into buffers it owns, with the
 ///    library's SIMD accumulate kernel, on its offload thread while this optimizer may be running
 ///    a step): accumulation is not part of the contract.
@@ -399,6 +404,31 @@ concept data_parallel_backend = coordinator_backend<B> &&
   B::partial_statistics(matrices, vectors, out, scratch, stream);
   B::mean_step_flags(stats, ranks, max_norm, flags, flags, stream);
   B::select(selector, matrices, stream);
+};
+
+/// 10. host_column_optimizer: the sparse-column optimizer that basic_host_backend runs on the host
+///    (host_sparse_adam is the library's model; a second optimizer brings its own twin of its GPU
+///    kernel, tests/unit/test_coordinator_hyperparameters.cpp). Besides R3 of
+///    coordinator_backend (a migratable device_optimizer), what the backend calls on its stream:
+///    C1 `step(matrices, vectors, grad_scale, scale, skip, check_finite, exec)` — one step of every
+///       parameter (sparse_adam.hpp: a gradient view without data leaves its parameter as it is;
+///       the effective scale is grad_scale * *scale; nothing changes while *skip != 0).
+///    C2 `set_options(i, hp)` — parameter i's hyper-parameters for the next steps.
+///    C3 `reselect(i, selection, entering, leaving, exec)` — a new selection with state migration
+///       in the device exchange layout.
+///    C4 `add_matrix(param, selection, packed, exec)` and `add_vector(param, initial)` — register
+///       a parameter (returns its index).
+template <class D>
+concept host_column_optimizer = detail::migratable_device_optimizer<D> &&
+    requires(D& d, std::span<const const_matrix_view> matrices, std::span<const const_vector_view> vectors,
+             float grad_scale, const float* scale, const int* skip, bool check_finite, const host_execution& exec,
+             std::size_t i, const typename D::hyper_parameters& hp, std::span<const std::int32_t> selection,
+             std::span<const float> in, std::span<float> out, matrix_view param, vector_view vector) {
+  d.step(matrices, vectors, grad_scale, scale, skip, check_finite, exec);
+  d.set_options(i, hp);
+  d.reselect(i, selection, in, out, exec);
+  { d.add_matrix(param, selection, in, exec) } -> std::convertible_to<std::size_t>;
+  { d.add_vector(vector, in) } -> std::convertible_to<std::size_t>;
 };
 
 }  // namespace zenflow

@@ -11,6 +11,7 @@
 // resolved in translation units which include the CUDA runtime.
 #pragma once
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,16 +56,23 @@ class cuda_error : public error {
 };
 
 namespace detail {
-/// Joins values into a message without <format> (g++ 12 lacks it) or a third-party dependency.
+/// Joins values (strings, numbers, bools) into a message without <format> (g++ 12 lacks it) or a third-party
+/// dependency.
 template <class... Ts>
 std::string concat(const Ts&... parts) {
   std::string out;
   auto append = [&out](const auto& part) {
     if constexpr (std::is_arithmetic_v<std::decay_t<decltype(part)>>) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(part)>, bool>)
+      if constexpr (std::is_same_v<std::decay_t<decltype(part)>, bool>) {
         out += part ? "true" : "false";
-      else
+      } else if constexpr (std::is_floating_point_v<std::decay_t<decltype(part)>>) {
+        // The shortest decimal that reads back as the value: "-1e-09", "1.0000001", "0.001"
+        // (std::to_string's six fixed decimals would print them "-0.000000", "1.000000", "0.001000").
+        char text[64];
+        out.append(text, std::to_chars(text, text + sizeof text, part).ptr);
+      } else {
         out += std::to_string(part);
+      }
     } else {
       out += part;
     }

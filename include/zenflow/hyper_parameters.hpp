@@ -9,12 +9,13 @@
 // whole contract, and tests/unit/test_coordinator_hyperparameters.cpp for a second optimizer's.
 #pragma once
 
-#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
+
+#include "zenflow/error.hpp"
 
 namespace zenflow {
 
@@ -37,6 +38,22 @@ template <class H>
 constexpr hyper_parameter_field<H> flag_field(const char* name, bool H::*member, bool per_group) noexcept {
   return {name, nullptr, member, per_group};
 }
+
+namespace detail {
+/// Whether H's field table is well formed (optimizer_hyper_parameters, H5): every entry has a
+/// non-empty name, unique in the table, and exactly one member.
+template <class H>
+consteval bool well_formed_fields() {
+  const auto table = H::fields();
+  for (auto f = table.begin(); f != table.end(); ++f) {
+    if (f->name == nullptr || std::string_view(f->name).empty()) return false;
+    if ((f->real == nullptr) == (f->flag == nullptr)) return false;
+    for (auto g = table.begin(); g != f; ++g)
+      if (std::string_view(g->name) == f->name) return false;
+  }
+  return true;
+}
+}  // namespace detail
 
 /// Calls fn(field) for each field of H whose per_group flag is `per_group`, in table order.
 template <class H, class Fn>
@@ -75,11 +92,24 @@ template <class H>
 [[nodiscard]] std::string field_text(const H& h, std::string_view name) {
   for (const hyper_parameter_field<H>& f : H::fields()) {
     if (name != f.name) continue;
-    if (f.flag != nullptr) return h.*f.flag ? "true" : "false";
-    char text[32];
-    return std::string(text, std::to_chars(text, text + sizeof text, h.*f.real).ptr);
+    return f.flag != nullptr ? detail::concat(h.*f.flag) : detail::concat(h.*f.real);
   }
   return "?";
+}
+
+/// H's field table as text, in table order: for adam_options "lr (float, per group), beta1 (float),
+/// ..., bias_correction (bool)". A checkpoint records it beside H::name, so that a checkpoint is
+/// only read by an optimizer whose table is the one it was written with.
+template <class H>
+[[nodiscard]] std::string field_table_text() {
+  std::string out;
+  for (const hyper_parameter_field<H>& f : H::fields()) {
+    if (!out.empty()) out += ", ";
+    out += f.name;
+    out += f.real != nullptr ? " (float" : " (bool";
+    out += f.per_group ? ", per group)" : ")";
+  }
+  return out;
 }
 
 /// The names of H's fields with the given per_group flag as prose: for adam_options, "lr and
@@ -95,6 +125,17 @@ template <class H>
     ++i;
   });
   return out;
+}
+
+/// What parameter groups and schedules may change, as the end of a rejection's message: for
+/// adam_options "parameter groups and schedules change lr and weight_decay only"; for an H with no
+/// per-group field, "H::name has no per-group field (every parameter shares options().optimizer)".
+template <class H>
+[[nodiscard]] std::string per_group_rule() {
+  const std::string names = field_names<H>(true);
+  if (names.empty())
+    return detail::concat(H::name, " has no per-group field (every parameter shares options().optimizer)");
+  return detail::concat("parameter groups and schedules change ", names, " only");
 }
 
 }  // namespace zenflow

@@ -218,20 +218,24 @@ struct basic_zenflow_options : schedule_options {
   /// per-group fields (basic_coordinator::set_hyper_parameters).
   HyperParameters optimizer{};
 
-  /// ZeRO-Offload: every column on the CPU, updated every step, synchronously. The same as
+  /// ZeRO-Offload: every column on the CPU, updated every step, synchronously, with `optimizer`'s
+  /// hyper-parameters (default: the type's defaults). The same as
   /// setting `mode = offload_mode::zero_offload` on any options (the mode implies the rest); the
   /// other fields are set to what the mode runs so that the options read as what happens.
-  static basic_zenflow_options zero_offload() {
+  static basic_zenflow_options zero_offload(const HyperParameters& optimizer = {}) {
     basic_zenflow_options o;
+    o.optimizer = optimizer;
     o.mode = offload_mode::zero_offload;
     o.update_interval = interval_option::fixed(1);
     o.overlap_step = false;
     return o;
   }
-  /// Dense: every column on the GPU, no offload (the no-offload reference). The same as setting
+  /// Dense: every column on the GPU, no offload (the no-offload reference), with `optimizer`'s
+  /// hyper-parameters. The same as setting
   /// `mode = offload_mode::dense` on any options.
-  static basic_zenflow_options dense() {
+  static basic_zenflow_options dense(const HyperParameters& optimizer = {}) {
     basic_zenflow_options o;
+    o.optimizer = optimizer;
     o.mode = offload_mode::dense;
     o.topk_ratio = 1.0f;
     return o;

@@ -252,11 +252,12 @@ inline void reseal_checkpoint(std::vector<char>& bytes) {
 
 /// A checkpoint's payload as named fields, in file order, that a test can change and write back
 /// (with a matching header). Scalars keep their raw bytes; arrays their elements' raw bytes.
-/// Names: "options", "contents", "rank", "ranks", "step", "started", "interval", "first_step", "steps", "target",
-/// "pending", "overlap", "host_steps", "device_steps", "current_count", "pending_count", "parameters", then per
-/// parameter "<name>.<field>" with the fields of checkpoint_io.hpp (host_steps, device_steps,
-/// current_count, pending_count, master, cpu_p, cpu_m, cpu_v, selection, compact, accumulator,
-/// pending, values; a 1-D parameter: device_steps, master, state, values).
+/// Names: "options" (the schedule's), "optimizer" (its name), "optimizer_fields" (its field table as
+/// text), "shared_hyper_parameters", "contents", "rank", "ranks", "step", "started", "interval", "first_step", "steps",
+/// "target", "pending", "overlap", "host_steps", "device_steps", "current_count", "pending_count", "parameters", then
+/// per parameter "<name>.<field>" with the fields of checkpoint_io.hpp (host_steps, device_steps, current_count,
+/// pending_count, master, cpu_p, cpu_m, cpu_v, selection, compact, accumulator, pending, values; a 1-D parameter:
+/// device_steps, master, state, values).
 class checkpoint_document {
  public:
   struct field {
@@ -283,7 +284,10 @@ class checkpoint_document {
       pos += n * element;
       return fields_.back().bytes;
     };
-    scalar("options", 54);  // the method's options (40 bytes), then beta1, beta2, eps, adamw_mode, bias_correction
+    scalar("options", 40);
+    array("optimizer", 1);
+    array("optimizer_fields", 1);
+    scalar("shared_hyper_parameters", 14);  // Adam's beta1, beta2, eps, adamw_mode, bias_correction
     scalar("contents", 1);
     scalar("rank", 4);
     scalar("ranks", 4);

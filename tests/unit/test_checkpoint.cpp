@@ -43,6 +43,11 @@ void set_float(std::vector<char>& bytes, std::size_t i, float x) {
   std::memcpy(bytes.data() + i * sizeof(float), &x, sizeof(float));
 }
 
+// A string field's bytes (an array of chars).
+void set_text(std::vector<char>& bytes, const std::string& text) {
+  bytes.assign(text.begin(), text.end());
+}
+
 // Index of row `row` of selected column `column`'s first (which 0) or second (1) moment in
 // parameter `name`'s compact GPU state ([master,] m, v per selected column).
 std::size_t compact_moment(checkpoint_document& d, const std::string& name, std::size_t column, std::size_t which,
@@ -459,6 +464,17 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
        "same number of ranks"},
       {"pending", "a flag holding 2", [](auto& d) { d["started"].bytes[0] = 2; }, "flag"},
       {"pending", "update_interval's auto flag holding 2", [](auto& d) { d["options"].bytes[14] = 2; }, "flag"},
+      // Another optimizer's checkpoint, or this optimizer's with another field table, would read
+      // its per-parameter values as other fields.
+      {"pending", "written for another optimizer", [](auto& d) { set_text(d["optimizer"].bytes, "sgd"); },
+       "was written for optimizer 'sgd', this coordinator's is 'adam'"},
+      {"pending", "written with another field table (lr no longer per group)",
+       [](auto& d) {
+         auto text = zenflow::field_table_text<zenflow::adam_options>();
+         text.replace(text.find("lr (float, per group)"), 21, "lr (float)");
+         set_text(d["optimizer_fields"].bytes, text);
+       },
+       "adam's hyper-parameter fields [lr (float), beta1"},
       {"pending", "a NaN selection overlap",
        [](auto& d) { d.template set<double>("overlap", std::numeric_limits<double>::quiet_NaN()); }, "overlap"},
       {"pending", "more CPU updates than ended intervals",

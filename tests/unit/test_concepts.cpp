@@ -128,6 +128,25 @@ struct hyper_parameters_without_validate {
   }
   friend bool operator==(const hyper_parameters_without_validate&, const hyper_parameters_without_validate&) = default;
 };
+// Field tables the coordinator could not read back (H5): an entry with both members, one with
+// none, a name given twice, an empty name.
+template <int Defect>
+struct hyper_parameters_with_a_bad_table {
+  float lr = 1e-3f, momentum = 0.9f;
+  bool nesterov = false;
+  static constexpr const char* name = "bad_table";
+  using self = hyper_parameters_with_a_bad_table;
+  static constexpr std::array<zenflow::hyper_parameter_field<self>, 2> fields() {
+    zenflow::hyper_parameter_field<self> second = zenflow::real_field("momentum", &self::momentum, false);
+    if (Defect == 1) second.flag = &self::nesterov;
+    if (Defect == 2) second.real = nullptr;
+    if (Defect == 3) second.name = "lr";
+    if (Defect == 4) second.name = "";
+    return {zenflow::real_field("lr", &self::lr, true), second};
+  }
+  void validate() const {}
+  friend bool operator==(const self&, const self&) = default;
+};
 struct host_optimizer_with_unusable_hyper_parameters : model_host_optimizer {
   using hyper_parameters = hyper_parameters_without_fields;
   host_optimizer_with_unusable_hyper_parameters(const hyper_parameters&, const zenflow::cpu_adam_config& c)
@@ -234,6 +253,28 @@ struct device_optimizer_without_slots : model_device_optimizer {
 struct backend_device_optimizer : device_optimizer_without_slots {
   using slots_type = zenflow::adam_state_slots;
   using device_optimizer_without_slots::device_optimizer_without_slots;
+};
+// A sparse-column twin for the host backend whose hyper-parameters are not the ones its
+// set_options takes (host_sparse_adam's take adam_options): basic_host_backend would fail deep in
+// an instantiation; host_column_optimizer rejects it (C2).
+struct other_hyper_parameters {
+  float lr = 1e-3f;
+  static constexpr const char* name = "other";
+  static constexpr std::array<zenflow::hyper_parameter_field<other_hyper_parameters>, 1> fields() {
+    return {zenflow::real_field("lr", &other_hyper_parameters::lr, true)};
+  }
+  void validate() const {}
+  friend bool operator==(const other_hyper_parameters&, const other_hyper_parameters&) = default;
+};
+struct twin_without_its_set_options : zenflow::host_sparse_adam {
+  using hyper_parameters = other_hyper_parameters;
+  explicit twin_without_its_set_options(const other_hyper_parameters&) : host_sparse_adam(zenflow::adam_options{}) {}
+  const other_hyper_parameters& options() const { return hp; }
+  other_hyper_parameters hp;
+};
+struct twin_with_its_set_options : twin_without_its_set_options {
+  using twin_without_its_set_options::twin_without_its_set_options;
+  void set_options(std::size_t, const other_hyper_parameters&) {}
 };
 // Counts its steps only as a whole: the coordinator could not skip one parameter's step.
 struct device_optimizer_without_parameter_counts : model_device_optimizer {
@@ -384,6 +425,15 @@ static_assert(!zenflow::transfer_queue<queue_without_try_acquire>);
 static_assert(zenflow::optimizer_hyper_parameters<zenflow::adam_options>);
 static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_without_fields>);
 static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_without_validate>);
+static_assert(zenflow::optimizer_hyper_parameters<hyper_parameters_with_a_bad_table<0>>);
+static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_with_a_bad_table<1>>);
+static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_with_a_bad_table<2>>);
+static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_with_a_bad_table<3>>);
+static_assert(!zenflow::optimizer_hyper_parameters<hyper_parameters_with_a_bad_table<4>>);
+static_assert(zenflow::host_column_optimizer<zenflow::host_sparse_adam>);
+static_assert(zenflow::host_column_optimizer<twin_with_its_set_options>);
+static_assert(!zenflow::host_column_optimizer<twin_without_its_set_options>);
+static_assert(!zenflow::host_column_optimizer<backend_device_optimizer>);  // no step, reselect, add_*
 static_assert(!zenflow::host_optimizer<host_optimizer_with_unusable_hyper_parameters>);
 static_assert(zenflow::host_optimizer<model_host_optimizer>);
 static_assert(!zenflow::host_optimizer<optimizer_without_step_count>);

@@ -304,6 +304,22 @@ TEST_CASE("a second optimizer's own hyper-parameters: stored per parameter, chec
   CHECK_THROWS_WITH_AS(third.coordinator.load_checkpoint(path, &third.stream),
                        doctest::Contains("was written with scaled_adam eps = 1e-08, this coordinator's is 1e-06"),
                        zenflow::error);
+
+  // Another optimizer's checkpoint is refused by name, both ways, before its per-parameter
+  // fields (three here, two for Adam) are read as this optimizer's, and nothing changes: the
+  // coordinator then trains as one that never saw the file.
+  harness adam_coordinator(o), untouched(o);
+  CHECK_THROWS_WITH_AS(adam_coordinator.coordinator.load_checkpoint(path, &adam_coordinator.stream),
+                       doctest::Contains("was written for optimizer 'scaled_adam', this coordinator's is 'adam'"),
+                       zenflow::error);
+  adam_coordinator.train(2);
+  untouched.train(2);
+  adam_coordinator.coordinator.save_checkpoint(path, &adam_coordinator.stream);
+  CHECK(adam_coordinator.finish() == untouched.finish());
+  scaled_harness fourth(scaled(o, 0.5f));
+  CHECK_THROWS_WITH_AS(fourth.coordinator.load_checkpoint(path, &fourth.stream),
+                       doctest::Contains("was written for optimizer 'adam', this coordinator's is 'scaled_adam'"),
+                       zenflow::error);
   std::filesystem::remove(path);
 }
 

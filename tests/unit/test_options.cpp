@@ -1,8 +1,12 @@
-// zenflow_options::validate() rejects every out-of-range or contradictory value, naming the field.
+// zenflow_options::validate() rejects every out-of-range or contradictory value, naming the field
+// and printing the value given; the field table's text helpers (hyper_parameters.hpp).
+#include <zenflow/concepts.hpp>
+#include <zenflow/hyper_parameters.hpp>
 #include <zenflow/options.hpp>
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -129,6 +133,61 @@ TEST_CASE("auto resolution of the selection strategy and interval") {
   CHECK(o.select_interval_steps() == 150);
   o.select_strategy = selection_strategy::step;
   CHECK(o.select_interval_steps() == 3);
+}
+
+TEST_CASE("a rejected value is printed as the shortest decimal that reads back as it") {
+  // Six fixed decimals would print these "-0.000000", "1.000000" and "0.000000": the value that
+  // was wrong would not show.
+  const auto message = [](const std::function<void(zenflow_options&)>& edit) {
+    zenflow_options o;
+    edit(o);
+    try {
+      o.validate();
+    } catch (const zenflow::error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<accepted>");
+  };
+  CHECK(message([](auto& o) { o.optimizer.eps = -1e-9f; }).find("got -1e-09") != std::string::npos);
+  CHECK(message([](auto& o) { o.topk_ratio = 1.0000001f; }).find("got 1.0000001") != std::string::npos);
+  CHECK(message([](auto& o) { o.optimizer.weight_decay = -1e-7f; }).find("got -1e-07") != std::string::npos);
+  CHECK(zenflow::detail::concat(0.001f, " ", 2.5, " ", -3, " ", true) == "0.001 2.5 -3 true");
+}
+
+namespace {
+// An optimizer whose every hyper-parameter is shared by all parameters.
+struct fixed_sgd_options {
+  float lr = 0.1f;
+  bool nesterov = false;
+  friend bool operator==(const fixed_sgd_options&, const fixed_sgd_options&) = default;
+  static constexpr const char* name = "fixed_sgd";
+  static constexpr std::array<zenflow::hyper_parameter_field<fixed_sgd_options>, 2> fields() noexcept {
+    return {zenflow::real_field("lr", &fixed_sgd_options::lr, false),
+            zenflow::flag_field("nesterov", &fixed_sgd_options::nesterov, false)};
+  }
+  void validate() const {}
+};
+static_assert(zenflow::optimizer_hyper_parameters<fixed_sgd_options>);
+}  // namespace
+
+TEST_CASE("the field table as text: names, the per-group rule, the table a checkpoint records") {
+  using zenflow::adam_options;
+  CHECK(zenflow::field_names<adam_options>(true) == "lr and weight_decay");
+  CHECK(zenflow::field_names<adam_options>(false) == "beta1, beta2, eps, adamw_mode and bias_correction");
+  CHECK(zenflow::per_group_rule<adam_options>() == "parameter groups and schedules change lr and weight_decay only");
+  CHECK(zenflow::field_table_text<adam_options>() ==
+        "lr (float, per group), beta1 (float), beta2 (float), eps (float), weight_decay (float, per group), "
+        "adamw_mode (bool), bias_correction (bool)");
+  adam_options a;
+  a.eps = 1e-6f;
+  CHECK(zenflow::field_text(a, "eps") == "1e-06");
+  CHECK(zenflow::field_text(a, "adamw_mode") == "true");
+  CHECK(zenflow::field_text(a, "momentum") == "?");
+  // No per-group field: the rule says so instead of "change  only".
+  CHECK(zenflow::field_names<fixed_sgd_options>(true).empty());
+  CHECK(zenflow::per_group_rule<fixed_sgd_options>() ==
+        "fixed_sgd has no per-group field (every parameter shares options().optimizer)");
+  CHECK(zenflow::field_table_text<fixed_sgd_options>() == "lr (float), nesterov (bool)");
 }
 
 }  // namespace ZENFLOW_TEST_FILE_ID

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +26,7 @@
 namespace zenflow::detail {
 
 inline constexpr char checkpoint_magic[8] = {'Z', 'E', 'N', 'F', 'L', 'O', 'W', '\x01'};
-inline constexpr std::uint32_t checkpoint_version = 6;
+inline constexpr std::uint32_t checkpoint_version = 7;
 inline constexpr std::size_t checkpoint_header_bytes = 32;
 
 /// What a checkpoint scalar may be: a number or an enum (never a struct: its padding would reach the file).
@@ -212,8 +211,11 @@ void put_options(checkpoint_writer& w, const basic_zenflow_options<HyperParamete
   w.put(o.full_warm_up_rounds);
   w.put(o.overlap_step);
   w.put(o.max_update_interval);
-  // The hyper-parameters every parameter shares (Adam: beta1, beta2, eps, adamw_mode,
-  // bias_correction); the per-group ones are per parameter.
+  // Which optimizer, and its field table (names, kinds and order of the values below and of the
+  // per-parameter ones); then the hyper-parameters every parameter shares (Adam: beta1, beta2,
+  // eps, adamw_mode, bias_correction). The per-group ones are per parameter.
+  w.put_string(HyperParameters::name);
+  w.put_string(field_table_text<HyperParameters>());
   put_fields(w, o.optimizer, false);
 }
 template <class HyperParameters>
@@ -228,15 +230,8 @@ void check_options(checkpoint_reader& r, const basic_zenflow_options<HyperParame
         return std::string(offload_mode_name(v));
       else if constexpr (std::is_same_v<V, selection_strategy>)
         return std::string(selection_strategy_name(v));
-      else if constexpr (std::is_same_v<V, bool>)
-        return v ? "true" : "false";
-      else if constexpr (std::is_same_v<V, std::string>)
-        return v;
-      else if constexpr (std::is_same_v<V, float>) {
-        char t[32];
-        return std::string(t, std::to_chars(t, t + sizeof t, v).ptr);
-      } else
-        return std::to_string(v);
+      else
+        return concat(v);
     };
     mismatch = concat(field, " = ", text(saved), ", this coordinator's is ", text(ours));
   };
@@ -251,6 +246,14 @@ void check_options(checkpoint_reader& r, const basic_zenflow_options<HyperParame
   compare("full_warm_up_rounds", r.get<std::int64_t>(), o.full_warm_up_rounds);
   compare("overlap_step", r.get<bool>(), o.overlap_step);
   compare("max_update_interval", r.get<std::int64_t>(), o.max_update_interval);
+  // Another optimizer's state, or this optimizer's from a build whose field table differs, is
+  // read no further: its values would be read as other fields.
+  const std::string optimizer = r.get_string(), table = r.get_string();
+  expects(optimizer == HyperParameters::name, "checkpoint", "was written for optimizer '", optimizer,
+          "', this coordinator's is '", HyperParameters::name, "'");
+  expects(table == field_table_text<HyperParameters>(), "checkpoint", "was written with ", optimizer,
+          "'s hyper-parameter fields [", table, "], this coordinator's ", optimizer, " has [",
+          field_table_text<HyperParameters>(), "]");
   expects(mismatch.empty(), "checkpoint", "was written with zenflow option ", mismatch,
           " (mode, topk_ratio, the intervals, warm-up and overlap_step must agree)");
   // The moments were computed with these: resuming with others would silently change the

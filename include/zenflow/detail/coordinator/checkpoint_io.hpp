@@ -3,17 +3,19 @@
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"
-//   8       4     format version (uint32, little endian) = 6
+//   8       4     format version (uint32, little endian) = 7
 //   12      4     reserved (0)
 //   16      8     payload size in bytes (uint64)
 //   24      8     FNV-1a 64-bit hash of the payload
 //   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
 //                 order written by basic_coordinator::save_checkpoint (below):
-//                 options fingerprint (with the Adam hyper-parameters every parameter shares),
+//                 the schedule's options, the optimizer's name (H::name) and field table
+//                 (field_table_text), the hyper-parameters every parameter shares,
 //                 checkpoint_contents, rank and number of ranks (data parallel: each rank writes
-//                 its own file), step and interval position,
-//                 optimizer step counts, then per parameter its name, shape, dtypes, its own step
-//                 counts (CPU and GPU: the steps that had its gradient) and accumulated-step counts
+//                 its own file), step and interval position, optimizer step counts, then per
+//                 parameter its name, its per-group hyper-parameters (in table order), shape,
+//                 dtypes, its own step counts (CPU and GPU: the steps that had its gradient) and
+//                 accumulated-step counts
 //                 (current and pending interval), whether its fp32 master is written, the CPU
 //                 state of this rank's CPU columns (its columns not on the GPU) in fp32, one array
 //                 per slot of the optimizers' state_slots (state_slots.hpp: the master, then for
@@ -26,8 +28,9 @@
 //                 for an f32 parameter whose master is not exactly its values (outside the
 //                 columns of a pending result, whose master is that result); else the loader reads
 //                 it from the parameter.
-// Version 6 added beta1, beta2, eps, adamw_mode and bias_correction (the optimizer's shared
-// hyper-parameters, in the order of its fields() table); version 5 the contents, the
+// Version 7 added the optimizer's name and field table, so that a checkpoint is read only by the
+// optimizer it was written for (each parameter's per-group fields follow its table); version 6
+// the shared hyper-parameters (in the order of the fields() table); version 5 the contents, the
 // master flag and the per-column ownership; version 4 the rank and the number of ranks (data
 // parallel); version 3 the per-parameter counts (missing_gradients::skip). Older versions are not
 // read.

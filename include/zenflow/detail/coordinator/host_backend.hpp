@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "zenflow/concepts.hpp"
 #include "zenflow/detail/coordinator/step_flags.hpp"
 #include "zenflow/detail/host_device/columns.hpp"
 #include "zenflow/gradient_stats.hpp"
@@ -27,12 +28,8 @@ namespace zenflow {
 
 /// The host execution backend of basic_coordinator (models coordinator_backend), over the
 /// "device" optimizer DeviceOptimizer: host_sparse_adam (`host_backend`), or another optimizer's
-/// sparse-column twin with the same members, which the backend calls on the stream:
-/// `step(matrices, vectors, grad_scale, scale, skip, check_finite, exec)`, `set_options(i, hp)`,
-/// `reselect(i, selection, entering, leaving, exec)`, `add_matrix(param, selection, packed, exec)`
-/// and `add_vector(param, initial)` (sparse_adam.hpp says what each does), besides
-/// device_optimizer's requirements (concepts.hpp, R3).
-template <class DeviceOptimizer>
+/// sparse-column twin (concepts.hpp: host_column_optimizer, what the backend calls on it).
+template <host_column_optimizer DeviceOptimizer>
 struct basic_host_backend {
   using stream_type = host_stream*;
   using event_type = host_event;

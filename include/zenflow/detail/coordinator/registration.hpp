@@ -301,8 +301,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::check_hyper_parame
   const char* field = shared_field_mismatch(hp, options_.optimizer);
   if (field != nullptr)
     throw error(field, detail::concat("must stay as in options().optimizer (", field_text(options_.optimizer, field),
-                                      "), got ", field_text(hp, field), ": parameter groups and schedules change ",
-                                      field_names<hyper_parameters_type>(true), " only"));
+                                      "), got ", field_text(hp, field), ": ", per_group_rule<hyper_parameters_type>()));
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
