@@ -21,6 +21,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "zenflow/adam_math.hpp"
@@ -55,5 +56,16 @@ concept state_slots = requires(const float* own) {
 };
 
 static_assert(state_slots<adam_state_slots>);
+
+/// The slots' names in order, as a checkpoint records them: "master, exp_avg, exp_avg_sq".
+template <state_slots S>
+[[nodiscard]] std::string slot_names() {
+  std::string out;
+  for (std::string_view name : S::names) {
+    if (!out.empty()) out += ", ";
+    out += name;
+  }
+  return out;
+}
 
 }  // namespace zenflow

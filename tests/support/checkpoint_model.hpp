@@ -253,11 +253,11 @@ inline void reseal_checkpoint(std::vector<char>& bytes) {
 /// A checkpoint's payload as named fields, in file order, that a test can change and write back
 /// (with a matching header). Scalars keep their raw bytes; arrays their elements' raw bytes.
 /// Names: "options" (the schedule's), "optimizer" (its name), "optimizer_fields" (its field table as
-/// text), "shared_hyper_parameters", "contents", "rank", "ranks", "step", "started", "interval", "first_step", "steps",
-/// "target", "pending", "overlap", "host_steps", "device_steps", "current_count", "pending_count", "parameters", then
-/// per parameter "<name>.<field>" with the fields of checkpoint_io.hpp (host_steps, device_steps, current_count,
-/// pending_count, master, cpu_p, cpu_m, cpu_v, selection, compact, accumulator, pending, values; a 1-D parameter:
-/// device_steps, master, state, values).
+/// text), "optimizer_slots" (its state slots' names), "shared_hyper_parameters", "contents", "rank", "ranks", "step",
+/// "started", "interval", "first_step", "steps", "target", "pending", "overlap", "host_steps", "device_steps",
+/// "current_count", "pending_count", "parameters", then per parameter "<name>.<field>" with the fields of
+/// checkpoint_io.hpp (host_steps, device_steps, current_count, pending_count, master, cpu_p, cpu_m, cpu_v, selection,
+/// compact, accumulator, pending, values; a 1-D parameter: device_steps, master, state, values).
 class checkpoint_document {
  public:
   struct field {
@@ -287,6 +287,7 @@ class checkpoint_document {
     scalar("options", 40);
     array("optimizer", 1);
     array("optimizer_fields", 1);
+    array("optimizer_slots", 1);
     scalar("shared_hyper_parameters", 14);  // Adam's beta1, beta2, eps, adamw_mode, bias_correction
     scalar("contents", 1);
     scalar("rank", 4);

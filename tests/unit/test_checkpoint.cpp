@@ -475,6 +475,10 @@ TEST_CASE("crafted checkpoints with a valid checksum are rejected before anythin
          set_text(d["optimizer_fields"].bytes, text);
        },
        "adam's hyper-parameter fields [lr (float), beta1"},
+      {"pending", "written by an optimizer with other state slots",
+       [](auto& d) { set_text(d["optimizer_slots"].bytes, "master, momentum_buffer"); },
+       "holds adam state in slots [master, momentum_buffer], this coordinator's optimizers keep [master, exp_avg, "
+       "exp_avg_sq]"},
       {"pending", "a NaN selection overlap",
        [](auto& d) { d.template set<double>("overlap", std::numeric_limits<double>::quiet_NaN()); }, "overlap"},
       {"pending", "more CPU updates than ended intervals",

@@ -1,5 +1,6 @@
 // A second optimizer of another kind through the coordinator: SGD with momentum (torch.optim.SGD,
-// dampening 0), with two state slots (master, momentum_buffer) where Adam has three, its own
+// dampening 0), with two state slots (master, momentum_buffer) where Adam has three, or without
+// momentum with the master alone (one slot), its own
 // hyper-parameters (lr and weight_decay per group; momentum and nesterov shared), a CPU optimizer
 // and a sparse-column twin for the host backend, and no line of the coordinator written for it
 // (docs/OPTIMIZERS.md). Dense and ZeRO-Offload train bit for bit like a plain SGD loop, ZenFlow
@@ -57,6 +58,25 @@ struct sgd_state_slots {
   static bool valid(const float* own) noexcept { return std::isfinite(own[0]); }
 };
 static_assert(state_slots<sgd_state_slots>);
+// SGD without momentum keeps no state of its own: the master is its only slot.
+struct plain_sgd_slots {
+  static constexpr std::array<std::string_view, 1> names{"master"};
+  static constexpr std::size_t count = names.size();
+  static constexpr std::string_view what = "no state";
+  static constexpr std::string_view rule = "nothing";
+  static bool valid(const float*) noexcept { return true; }
+};
+static_assert(state_slots<plain_sgd_slots>);
+
+// Whether an optimizer over these slots keeps the momentum buffer in its exchange form; without it
+// momentum must be 0 (the buffer is then the step's gradient and carries nothing over).
+template <class Slots>
+constexpr bool buffered = Slots::count == 2;
+template <class Slots>
+void check_momentum(const sgd_options& o) {
+  expects(buffered<Slots> || o.momentum == 0.0f, "momentum", "must be 0 without a momentum_buffer slot, got ",
+          o.momentum);
+}
 
 // One element: torch.optim.SGD (dampening 0; a zero buffer on the first step equals torch's clone).
 void sgd_update(float& p, float& buf, float g, const sgd_options& o) {
@@ -79,11 +99,15 @@ void store(void* base, dtype t, index_t off, float x) {
 int full_layout_tasks = 0;  // CPU tasks on the in-place path (a gradient in the whole layout)
 
 // ---- the CPU optimizer (host_optimizer) ----
+template <class Slots>
 class cpu_sgd {
  public:
   using hyper_parameters = sgd_options;
-  using slots_type = sgd_state_slots;
-  cpu_sgd(const sgd_options& hp, const cpu_adam_config& = {}) : options_(hp) { hp.validate(); }
+  using slots_type = Slots;
+  cpu_sgd(const sgd_options& hp, const cpu_adam_config& = {}) : options_(hp) {
+    hp.validate();
+    check_momentum<Slots>(hp);
+  }
 
   std::size_t add_tensor(std::span<const float> initial, index_t rows, index_t cols) {
     expects(rows >= 1 && cols >= 1 && initial.size() == static_cast<std::size_t>(rows * cols), "initial",
@@ -94,23 +118,24 @@ class cpu_sgd {
   void export_state(std::size_t t, std::span<const std::int32_t> columns, std::span<float> out) const {
     const tensor& x = at(t);
     const std::size_t n = columns.size() * x.rows;
-    expects(out.size() == 2 * n, "out", "holds ", out.size(), " floats, needs ", 2 * n);
+    expects(out.size() == Slots::count * n, "out", "holds ", out.size(), " floats, needs ", Slots::count * n);
     for (std::size_t j = 0; j < columns.size(); ++j)
       for (index_t r = 0; r < x.rows; ++r) {
         out[j * x.rows + r] = x.master[columns[j] * x.rows + r];
-        out[n + j * x.rows + r] = x.buf[columns[j] * x.rows + r];
+        if constexpr (buffered<Slots>) out[n + j * x.rows + r] = x.buf[columns[j] * x.rows + r];
       }
   }
   void import_state(std::size_t t, std::span<const std::int32_t> columns, std::span<const float> in) {
     tensor& x = at(t);
     const std::size_t n = columns.size() * x.rows;
-    expects(in.size() == 2 * n, "in", "holds ", in.size(), " floats, needs ", 2 * n);
-    for (std::size_t e = 0; e < n; ++e)
-      expects(slots_type::valid(&in[n + e]), "in", "momentum_buffer not finite at ", e);
+    expects(in.size() == Slots::count * n, "in", "holds ", in.size(), " floats, needs ", Slots::count * n);
+    if constexpr (buffered<Slots>)
+      for (std::size_t e = 0; e < n; ++e)
+        expects(slots_type::valid(&in[n + e]), "in", "momentum_buffer not finite at ", e);
     for (std::size_t j = 0; j < columns.size(); ++j)
       for (index_t r = 0; r < x.rows; ++r) {
         x.master[columns[j] * x.rows + r] = in[j * x.rows + r];
-        x.buf[columns[j] * x.rows + r] = in[n + j * x.rows + r];
+        if constexpr (buffered<Slots>) x.buf[columns[j] * x.rows + r] = in[n + j * x.rows + r];
       }
   }
   bool step(std::span<const optimizer_task<sgd_options>> tasks, float grad_scale, bool check_finite) {
@@ -162,14 +187,18 @@ class cpu_sgd {
   std::int64_t step_ = 0;
   std::vector<tensor> tensors_;
 };
-static_assert(host_optimizer<cpu_sgd>);
 
 // ---- the sparse-column "device" optimizer (basic_host_backend<sparse_sgd>) ----
+template <class Slots>
 class sparse_sgd {
  public:
   using hyper_parameters = sgd_options;
-  using slots_type = sgd_state_slots;
-  explicit sparse_sgd(const sgd_options& o) : options_(o) { o.validate(); }
+  using slots_type = Slots;
+  static constexpr std::size_t S = Slots::count;  // floats per element in the exchange layout
+  explicit sparse_sgd(const sgd_options& o) : options_(o) {
+    o.validate();
+    check_momentum<Slots>(o);
+  }
 
   std::size_t add_matrix(matrix_view param, std::span<const std::int32_t> selection, std::span<const float> packed,
                          const host_execution& = {}) {
@@ -280,18 +309,18 @@ class sparse_sgd {
         std::copy_n(&e.master[o * rows], rows, &master[j * rows]);
         std::copy_n(&e.buf[o * rows], rows, &buf[j * rows]);
       } else {
-        expects(entering_in.size() >= (in + 1) * 2 * rows, "entering_in", "too small");
-        std::copy_n(&entering_in[(2 * in) * rows], rows, &master[j * rows]);
-        std::copy_n(&entering_in[(2 * in + 1) * rows], rows, &buf[j * rows]);
+        expects(entering_in.size() >= (in + 1) * S * rows, "entering_in", "too small");
+        std::copy_n(&entering_in[(S * in) * rows], rows, &master[j * rows]);
+        if constexpr (buffered<Slots>) std::copy_n(&entering_in[(S * in + 1) * rows], rows, &buf[j * rows]);
         ++in;
       }
     }
     std::size_t out = 0;
     for (std::size_t o = 0; o < k; ++o) {
       if (std::binary_search(sel.begin(), sel.end(), e.selection[o])) continue;
-      expects(leaving_out.size() >= (out + 1) * 2 * rows, "leaving_out", "too small");
-      std::copy_n(&e.master[o * rows], rows, &leaving_out[(2 * out) * rows]);
-      std::copy_n(&e.buf[o * rows], rows, &leaving_out[(2 * out + 1) * rows]);
+      expects(leaving_out.size() >= (out + 1) * S * rows, "leaving_out", "too small");
+      std::copy_n(&e.master[o * rows], rows, &leaving_out[(S * out) * rows]);
+      if constexpr (buffered<Slots>) std::copy_n(&e.buf[o * rows], rows, &leaving_out[(S * out + 1) * rows]);
       ++out;
     }
     e.master.swap(master);
@@ -301,19 +330,19 @@ class sparse_sgd {
   void export_state(std::size_t i, std::span<float> out, const host_execution& = {}) const {
     const entry& e = at(i);
     const std::size_t rows = static_cast<std::size_t>(e.rows);
-    expects(out.size() >= 2 * rows * e.selection.size(), "packed_out", "too small");
+    expects(out.size() >= S * rows * e.selection.size(), "packed_out", "too small");
     for (std::size_t j = 0; j < e.selection.size(); ++j) {
-      std::copy_n(&e.master[j * rows], rows, &out[(2 * j) * rows]);
-      std::copy_n(&e.buf[j * rows], rows, &out[(2 * j + 1) * rows]);
+      std::copy_n(&e.master[j * rows], rows, &out[(S * j) * rows]);
+      if constexpr (buffered<Slots>) std::copy_n(&e.buf[j * rows], rows, &out[(S * j + 1) * rows]);
     }
   }
   void import_state(std::size_t i, std::span<const float> in, const host_execution& = {}) {
     entry& e = at(i);
     const std::size_t rows = static_cast<std::size_t>(e.rows);
-    expects(in.size() >= 2 * rows * e.selection.size(), "packed_in", "too small");
+    expects(in.size() >= S * rows * e.selection.size(), "packed_in", "too small");
     for (std::size_t j = 0; j < e.selection.size(); ++j) {
-      std::copy_n(&in[(2 * j) * rows], rows, &e.master[j * rows]);
-      std::copy_n(&in[(2 * j + 1) * rows], rows, &e.buf[j * rows]);
+      std::copy_n(&in[(S * j) * rows], rows, &e.master[j * rows]);
+      if constexpr (buffered<Slots>) std::copy_n(&in[(S * j + 1) * rows], rows, &e.buf[j * rows]);
     }
   }
 
@@ -344,10 +373,12 @@ class sparse_sgd {
   std::size_t matrix_count_ = 0;
 };
 
-using sgd_coordinator = basic_coordinator<basic_host_backend<sparse_sgd>, cpu_sgd>;
+template <class Slots>
+using sgd_coordinator = basic_coordinator<basic_host_backend<sparse_sgd<Slots>>, cpu_sgd<Slots>>;
 using sgd_zenflow_options = basic_zenflow_options<sgd_options>;
-static_assert(host_column_optimizer<sparse_sgd>);
-static_assert(coordinator_backend<basic_host_backend<sparse_sgd>>);
+static_assert(host_optimizer<cpu_sgd<sgd_state_slots>> && host_optimizer<cpu_sgd<plain_sgd_slots>>);
+static_assert(host_column_optimizer<sparse_sgd<sgd_state_slots>> && host_column_optimizer<sparse_sgd<plain_sgd_slots>>);
+static_assert(coordinator_backend<basic_host_backend<sparse_sgd<plain_sgd_slots>>>);
 
 constexpr index_t R = 16, C = 32;
 
@@ -373,10 +404,11 @@ struct model {
   }
 };
 
+template <class Slots = sgd_state_slots>
 struct run {
   model m;
   host_stream stream;
-  sgd_coordinator zf;
+  sgd_coordinator<Slots> zf;
   bool column_contiguous = false;  // W and its gradient column-contiguous: the CPU's in-place path
   explicit run(const sgd_zenflow_options& o, bool cc = false) : zf(o), column_contiguous(cc) {
     const model initial;
@@ -453,7 +485,7 @@ TEST_CASE("SGD with momentum: dense and ZeRO-Offload are the plain loop bit for 
   zero.train(steps);
   in_place.train(steps);
   zenflow.train(2 * steps);  // its CPU columns: one update per 2 steps, one interval stale
-  for (run* r : {&dense, &zero, &in_place, &zenflow}) r->finish();
+  for (run<>* r : {&dense, &zero, &in_place, &zenflow}) r->finish();
   CHECK(dense.m.w == expected.w);
   CHECK(dense.m.b == expected.b);
   CHECK(zero.m.w == expected.w);
@@ -546,6 +578,58 @@ TEST_CASE("SGD with momentum: checkpoints resume bit-identically mid-interval, w
     CHECK(fifth.m.b == uninterrupted.m.b);
     std::filesystem::remove(path);
   }
+}
+
+TEST_CASE("SGD without momentum: the master as its only slot, through the paths, migration and checkpoints") {
+  sgd_options hp = base_hp();
+  hp.momentum = 0.0f;
+  constexpr int steps = 200;
+  const model expected = reference(steps, hp, hp);
+  auto schedule = zenflow_schedule();
+  schedule.optimizer = hp;
+  using plain = run<plain_sgd_slots>;
+  plain dense(sgd_zenflow_options::dense(hp)), zero(sgd_zenflow_options::zero_offload(hp));
+  plain in_place(sgd_zenflow_options::zero_offload(hp), true), zenflow(schedule);
+  dense.train(steps);
+  zero.train(steps);
+  in_place.train(steps);
+  zenflow.train(2 * steps);  // reselections every 6 steps move one-slot state both ways
+  for (plain* r : {&dense, &zero, &in_place, &zenflow}) r->finish();
+  CHECK(dense.m.w == expected.w);
+  CHECK(zero.m.w == expected.w);
+  CHECK(zero.m.b == expected.b);
+  CHECK(in_place.m.w == expected.w);
+  CHECK(zenflow.m.error() < 1e-3f);
+
+  schedule.optimizer.weight_decay = 0.01f;
+  const std::string path = (std::filesystem::temp_directory_path() / "zenflow_test_sgd_plain.bin").string();
+  plain uninterrupted(schedule);
+  uninterrupted.train(41, true);
+  uninterrupted.finish();
+  plain first(schedule);
+  first.train(17, true);  // mid-interval, a CPU update in flight
+  first.zf.save_checkpoint(path, &first.stream);
+  plain second(schedule);
+  second.zf.load_checkpoint(path, &second.stream);
+  second.train(24, true);
+  second.finish();
+  CHECK(second.m.w == uninterrupted.m.w);
+  CHECK(second.m.b == uninterrupted.m.b);
+  // The two-slot optimizer's checkpoint, with the same name, table and values (momentum 0), holds
+  // two state arrays per element: refused by its slots, not read out of step.
+  run<> buffered_run(schedule);
+  buffered_run.train(17, true);
+  buffered_run.zf.save_checkpoint(path, &buffered_run.stream);
+  plain third(schedule);
+  CHECK_THROWS_WITH_AS(
+      third.zf.load_checkpoint(path, &third.stream),
+      doctest::Contains(
+          "holds sgd state in slots [master, momentum_buffer], this coordinator's optimizers keep [master]"),
+      zenflow::error);
+  std::filesystem::remove(path);
+
+  // Momentum needs the buffer's slot: refused at construction, naming the field.
+  CHECK_THROWS_WITH_AS(plain{zenflow_schedule()}, doctest::Contains("momentum"), zenflow::error);
 }
 
 }  // namespace ZENFLOW_TEST_FILE_ID

@@ -22,6 +22,7 @@
 
 #include "zenflow/error.hpp"
 #include "zenflow/options.hpp"
+#include "zenflow/state_slots.hpp"
 
 namespace zenflow::detail {
 
@@ -199,8 +200,8 @@ void get_fields(checkpoint_reader& r, HyperParameters& h, bool per_group) {
 }
 
 /// The options a checkpoint must be resumed with (a mismatch is rejected), field by field (no
-/// struct padding reaches the file).
-template <class HyperParameters>
+/// struct padding reaches the file), and the optimizers' state slots (Slots).
+template <state_slots Slots, class HyperParameters>
 void put_options(checkpoint_writer& w, const basic_zenflow_options<HyperParameters>& o) {
   w.put(static_cast<std::uint8_t>(o.mode));
   w.put(o.topk_ratio);
@@ -211,14 +212,16 @@ void put_options(checkpoint_writer& w, const basic_zenflow_options<HyperParamete
   w.put(o.full_warm_up_rounds);
   w.put(o.overlap_step);
   w.put(o.max_update_interval);
-  // Which optimizer, and its field table (names, kinds and order of the values below and of the
-  // per-parameter ones); then the hyper-parameters every parameter shares (Adam: beta1, beta2,
-  // eps, adamw_mode, bias_correction). The per-group ones are per parameter.
+  // Which optimizer, its field table (names, kinds and order of the values below and of the
+  // per-parameter ones) and its state slots (the state arrays of every parameter); then the
+  // hyper-parameters every parameter shares (Adam: beta1, beta2, eps, adamw_mode,
+  // bias_correction). The per-group ones are per parameter.
   w.put_string(HyperParameters::name);
   w.put_string(field_table_text<HyperParameters>());
+  w.put_string(slot_names<Slots>());
   put_fields(w, o.optimizer, false);
 }
-template <class HyperParameters>
+template <state_slots Slots, class HyperParameters>
 void check_options(checkpoint_reader& r, const basic_zenflow_options<HyperParameters>& o) {
   // Every field is read (the reader's position); the first that differs is named with both values.
   std::string mismatch;
@@ -248,12 +251,14 @@ void check_options(checkpoint_reader& r, const basic_zenflow_options<HyperParame
   compare("max_update_interval", r.get<std::int64_t>(), o.max_update_interval);
   // Another optimizer's state, or this optimizer's from a build whose field table differs, is
   // read no further: its values would be read as other fields.
-  const std::string optimizer = r.get_string(), table = r.get_string();
+  const std::string optimizer = r.get_string(), table = r.get_string(), slots = r.get_string();
   expects(optimizer == HyperParameters::name, "checkpoint", "was written for optimizer '", optimizer,
           "', this coordinator's is '", HyperParameters::name, "'");
   expects(table == field_table_text<HyperParameters>(), "checkpoint", "was written with ", optimizer,
           "'s hyper-parameter fields [", table, "], this coordinator's ", optimizer, " has [",
           field_table_text<HyperParameters>(), "]");
+  expects(slots == slot_names<Slots>(), "checkpoint", "holds ", optimizer, " state in slots [", slots,
+          "], this coordinator's optimizers keep [", slot_names<Slots>(), "]");
   expects(mismatch.empty(), "checkpoint", "was written with zenflow option ", mismatch,
           " (mode, topk_ratio, the intervals, warm-up and overlap_step must agree)");
   // The moments were computed with these: resuming with others would silently change the

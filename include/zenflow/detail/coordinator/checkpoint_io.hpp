@@ -9,8 +9,9 @@
 //   24      8     FNV-1a 64-bit hash of the payload
 //   32      ...   payload: a sequence of little-endian scalars and length-prefixed arrays, in the
 //                 order written by basic_coordinator::save_checkpoint (below):
-//                 the schedule's options, the optimizer's name (H::name) and field table
-//                 (field_table_text), the hyper-parameters every parameter shares,
+//                 the schedule's options, the optimizer's name (H::name), field table
+//                 (field_table_text) and state slots (slot_names), the hyper-parameters every
+//                 parameter shares,
 //                 checkpoint_contents, rank and number of ranks (data parallel: each rank writes
 //                 its own file), step and interval position, optimizer step counts, then per
 //                 parameter its name, its per-group hyper-parameters (in table order), shape,
@@ -28,8 +29,9 @@
 //                 for an f32 parameter whose master is not exactly its values (outside the
 //                 columns of a pending result, whose master is that result); else the loader reads
 //                 it from the parameter.
-// Version 7 added the optimizer's name and field table, so that a checkpoint is read only by the
-// optimizer it was written for (each parameter's per-group fields follow its table); version 6
+// Version 7 added the optimizer's name, field table and state slots, so that a checkpoint is read
+// only by the optimizer it was written for (each parameter's per-group fields follow its table,
+// its state arrays its slots); version 6
 // the shared hyper-parameters (in the order of the fields() table); version 5 the contents, the
 // master flag and the per-column ownership; version 4 the rank and the number of ranks (data
 // parallel); version 3 the per-parameter counts (missing_gradients::skip). Older versions are not
@@ -167,7 +169,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
       "checkpoint");
   Backend::synchronize(stream);
   detail::checkpoint_writer w;
-  detail::put_options(w, options_);
+  detail::put_options<slots_type>(w, options_);
   w.put(contents);
   w.put<std::int32_t>(rank_);
   w.put<std::int32_t>(ranks_);
@@ -292,7 +294,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   // Parse and validate everything first: nothing changes unless the whole file is good, and what
   // follows the validation cannot fail on the file's content (only on a backend error).
   detail::checkpoint_reader r(path);
-  detail::check_options(r, options_);
+  detail::check_options<slots_type>(r, options_);
   const auto contents = r.get<checkpoint_contents>();
   expects(contents == checkpoint_contents::everything || contents == checkpoint_contents::optimizer_state, "checkpoint",
           "holds contents ", static_cast<int>(contents), " (0: everything, 1: optimizer state)");
