@@ -407,8 +407,8 @@ concept data_parallel_backend = coordinator_backend<B> &&
 };
 
 /// 10. host_column_optimizer: the sparse-column optimizer that basic_host_backend runs on the host
-///    (host_sparse_adam is the library's model; a second optimizer brings its own twin of its GPU
-///    kernel, tests/unit/test_coordinator_hyperparameters.cpp). Besides R3 of
+///    (host_sparse_adam is the library's model; another optimizer brings its own twin of its GPU
+///    kernel: tests/unit/test_coordinator_sgd.cpp, docs/OPTIMIZERS.md). Besides R3 of
 ///    coordinator_backend (a migratable device_optimizer), what the backend calls on its stream:
 ///    C1 `step(matrices, vectors, grad_scale, scale, skip, check_finite, exec)` — one step of every
 ///       parameter (sparse_adam.hpp: a gradient view without data leaves its parameter as it is;

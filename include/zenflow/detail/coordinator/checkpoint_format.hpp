@@ -249,8 +249,8 @@ void check_options(checkpoint_reader& r, const basic_zenflow_options<HyperParame
   compare("full_warm_up_rounds", r.get<std::int64_t>(), o.full_warm_up_rounds);
   compare("overlap_step", r.get<bool>(), o.overlap_step);
   compare("max_update_interval", r.get<std::int64_t>(), o.max_update_interval);
-  // Another optimizer's state, or this optimizer's from a build whose field table differs, is
-  // read no further: its values would be read as other fields.
+  // Another optimizer's state, or this optimizer's from a build whose field table or state slots
+  // differ, is read no further: its values would be read as other fields.
   const std::string optimizer = r.get_string(), table = r.get_string(), slots = r.get_string();
   expects(optimizer == HyperParameters::name, "checkpoint", "was written for optimizer '", optimizer,
           "', this coordinator's is '", HyperParameters::name, "'");

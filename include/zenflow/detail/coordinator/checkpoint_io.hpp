@@ -11,31 +11,29 @@
 //                 order written by basic_coordinator::save_checkpoint (below):
 //                 the schedule's options, the optimizer's name (H::name), field table
 //                 (field_table_text) and state slots (slot_names), the hyper-parameters every
-//                 parameter shares,
-//                 checkpoint_contents, rank and number of ranks (data parallel: each rank writes
-//                 its own file), step and interval position, optimizer step counts, then per
-//                 parameter its name, its per-group hyper-parameters (in table order), shape,
-//                 dtypes, its own step counts (CPU and GPU: the steps that had its gradient) and
-//                 accumulated-step counts
-//                 (current and pending interval), whether its fp32 master is written, the CPU
-//                 state of this rank's CPU columns (its columns not on the GPU) in fp32, one array
-//                 per slot of the optimizers' state_slots (state_slots.hpp: the master, then for
-//                 Adam exp_avg and exp_avg_sq), the selection, the GPU compact state ([master,] the
-//                 other slots, per selected column), the accumulator of this rank's CPU columns
-//                 (empty while the interval has no counted step: all zeros), their pending
-//                 write-back, and with checkpoint_contents::everything the model's parameter bytes.
-//                 Each column's state is written once, from the optimizer that owns it. The master
-//                 is written with checkpoint_contents::everything, for a bf16/fp16 parameter, and
-//                 for an f32 parameter whose master is not exactly its values (outside the
-//                 columns of a pending result, whose master is that result); else the loader reads
-//                 it from the parameter.
+//                 parameter shares, checkpoint_contents, rank and number of ranks (data parallel:
+//                 each rank writes its own file), step and interval position, optimizer step
+//                 counts, then per parameter its name, its per-group hyper-parameters (in table
+//                 order), shape, dtypes, its own step counts (CPU and GPU: the steps that had its
+//                 gradient) and accumulated-step counts (current and pending interval), whether its
+//                 fp32 master is written, the CPU state of this rank's CPU columns (its columns not
+//                 on the GPU) in fp32, one array per slot of the optimizers' state_slots
+//                 (state_slots.hpp: the master, then for Adam exp_avg and exp_avg_sq), the
+//                 selection, the GPU compact state ([master,] the other slots, per selected
+//                 column), the accumulator of this rank's CPU columns (empty while the interval has
+//                 no counted step: all zeros), their pending write-back, and with
+//                 checkpoint_contents::everything the model's parameter bytes. Each column's state
+//                 is written once, from the optimizer that owns it. The master is written with
+//                 checkpoint_contents::everything, for a bf16/fp16 parameter, and for an f32
+//                 parameter whose master is not exactly its values (outside the columns of a
+//                 pending result, whose master is that result); else the loader reads it from the
+//                 parameter.
 // Version 7 added the optimizer's name, field table and state slots, so that a checkpoint is read
 // only by the optimizer it was written for (each parameter's per-group fields follow its table,
-// its state arrays its slots); version 6
-// the shared hyper-parameters (in the order of the fields() table); version 5 the contents, the
-// master flag and the per-column ownership; version 4 the rank and the number of ranks (data
-// parallel); version 3 the per-parameter counts (missing_gradients::skip). Older versions are not
-// read.
+// its state arrays its slots); version 6 the shared hyper-parameters (in the order of the
+// fields() table); version 5 the contents, the master flag and the per-column ownership; version 4
+// the rank and the number of ranks (data parallel); version 3 the per-parameter counts
+// (missing_gradients::skip). Older versions are not read.
 // Scalars are arithmetic or enum types only (no structs: no padding bytes reach the file); a bool
 // is one byte, 0 or 1 (any other value is rejected, never loaded as a bool).
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
