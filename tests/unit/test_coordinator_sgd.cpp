@@ -86,15 +86,8 @@ void sgd_update(float& p, float& buf, float g, const sgd_options& o) {
   p = p - o.lr * d;
 }
 
-float load(const void* base, dtype t, index_t off) {
-  return dispatch_dtype(t, [&](auto tag) { return to_float(static_cast<const decltype(tag)*>(base)[off]); });
-}
-void store(void* base, dtype t, index_t off, float x) {
-  dispatch_dtype(t, [&](auto tag) {
-    using T = decltype(tag);
-    static_cast<T*>(base)[off] = from_float<T>(x);
-  });
-}
+using detail::sparse_adam::load_as_float;     // an element of any dtype as float
+using detail::sparse_adam::store_from_float;  // rounded to nearest even to the buffer's dtype
 
 int full_layout_tasks = 0;  // CPU tasks on the in-place path (a gradient in the whole layout)
 
@@ -149,7 +142,7 @@ class cpu_sgd {
           for (index_t r = 0; r < x.rows; ++r) {
             const index_t gi = (task.grad_compact ? static_cast<index_t>(j) : c) * x.rows + r;
             const index_t oi = (task.out_compact ? static_cast<index_t>(j) : c) * x.rows + r;
-            fn(task, x, c * x.rows + r, load(task.grad, task.grad_type, gi) * scale, oi);
+            fn(task, x, c * x.rows + r, load_as_float(task.grad, task.grad_type, gi) * scale, oi);
           }
         }
       }
@@ -160,7 +153,7 @@ class cpu_sgd {
     if (!finite) return false;
     each([&](const optimizer_task<sgd_options>& task, tensor& x, index_t e, float g, index_t oi) {
       sgd_update(x.master[e], x.buf[e], g, task.options ? *task.options : options_);
-      if (task.copy_out) store(task.copy_out, task.copy_out_type, oi, x.master[e]);
+      if (task.copy_out) store_from_float(task.copy_out, task.copy_out_type, oi, x.master[e]);
     });
     ++step_;
     return true;
@@ -233,8 +226,7 @@ class sparse_sgd {
   void set_options(std::size_t i, const sgd_options& o) {
     o.validate();
     const char* field = shared_field_mismatch(o, options_);
-    expects(field == nullptr, field ? field : "options", "parameter groups differ in ", field_names<sgd_options>(true),
-            " only");
+    expects(field == nullptr, field ? field : "options", per_group_rule<sgd_options>());
     at(i).options = o;
   }
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_; }
@@ -276,7 +268,8 @@ class sparse_sgd {
         entry& e = entries_[i];
         for (std::size_t j = 0; j < e.selection.size(); ++j)
           for (index_t r = 0; r < e.rows; ++r)
-            fn(e, j * e.rows + r, load(grads[i].data, grads[i].type, grads[i].offset(r, e.selection[j])) * scale,
+            fn(e, j * e.rows + r,
+               load_as_float(grads[i].data, grads[i].type, grads[i].offset(r, e.selection[j])) * scale,
                e.param.offset(r, e.selection[j]));
       }
     };
@@ -285,7 +278,7 @@ class sparse_sgd {
     if (!finite) return false;
     each([&](entry& e, std::size_t s, float g, index_t po) {
       sgd_update(e.master[s], e.buf[s], g, e.options);
-      store(e.param.data, e.param.type, po, e.master[s]);
+      store_from_float(e.param.data, e.param.type, po, e.master[s]);
     });
     for (std::size_t i = 0; i < entries_.size(); ++i)
       if (grads[i].data != nullptr) ++entries_[i].steps;
@@ -472,6 +465,38 @@ sgd_zenflow_options zenflow_schedule() {
   return o;
 }
 
+// The uninterrupted run of check_resume: 41 scheduled steps.
+template <class Slots>
+model uninterrupted_run(const sgd_zenflow_options& o) {
+  run<Slots> r(o);
+  r.train(41, true);
+  r.finish();
+  return r.m;
+}
+
+// Trains 17 scheduled steps (mid-interval, a CPU update in flight), saves `contents` to `path`,
+// resumes in a fresh coordinator (the trainer restoring its values first when the checkpoint holds
+// the optimizer state only) and trains 24 more: bit for bit the uninterrupted run. Leaves the file.
+template <class Slots>
+void check_resume(const sgd_zenflow_options& o, const model& uninterrupted, const std::string& path,
+                  checkpoint_contents contents) {
+  run<Slots> first(o);
+  first.train(17, true);
+  first.zf.save_checkpoint(path, &first.stream, contents);
+  run<Slots> second(o);
+  if (contents == checkpoint_contents::optimizer_state) {
+    std::copy(first.m.w.begin(), first.m.w.end(), second.m.w.begin());
+    std::copy(first.m.b.begin(), first.m.b.end(), second.m.b.begin());
+  }
+  second.zf.load_checkpoint(path, &second.stream);
+  CHECK(second.zf.hyper_parameters_of(1) == first.zf.hyper_parameters_of(1));
+  CHECK(second.zf.step_count() == 17);
+  second.train(24, true);
+  second.finish();
+  CHECK(second.m.w == uninterrupted.w);
+  CHECK(second.m.b == uninterrupted.b);
+}
+
 }  // namespace
 
 TEST_CASE("SGD with momentum: dense and ZeRO-Offload are the plain loop bit for bit, ZenFlow converges") {
@@ -542,21 +567,8 @@ TEST_CASE("SGD with momentum: checkpoints resume bit-identically mid-interval, w
     o.optimizer.weight_decay = 0.01f;
     const std::string path =
         (std::filesystem::temp_directory_path() / ("zenflow_test_sgd_" + std::to_string(nesterov) + ".bin")).string();
-    run uninterrupted(o);
-    uninterrupted.train(41, true);
-    uninterrupted.finish();
-
-    run first(o);
-    first.train(17, true);  // mid-interval, a CPU update in flight
-    first.zf.save_checkpoint(path, &first.stream);
-    run second(o);
-    second.zf.load_checkpoint(path, &second.stream);
-    CHECK(second.zf.hyper_parameters_of(1) == first.zf.hyper_parameters_of(1));
-    CHECK(second.zf.step_count() == 17);
-    second.train(24, true);
-    second.finish();
-    CHECK(second.m.w == uninterrupted.m.w);
-    CHECK(second.m.b == uninterrupted.m.b);
+    const model uninterrupted = uninterrupted_run<sgd_state_slots>(o);
+    check_resume<sgd_state_slots>(o, uninterrupted, path, checkpoint_contents::everything);
 
     auto other = o;
     other.optimizer.momentum = 0.8f;
@@ -565,17 +577,7 @@ TEST_CASE("SGD with momentum: checkpoints resume bit-identically mid-interval, w
                          doctest::Contains("was written with sgd momentum = 0.9, this coordinator's is 0.8"),
                          zenflow::error);
 
-    run fourth(o);
-    fourth.train(17, true);
-    fourth.zf.save_checkpoint(path, &fourth.stream, checkpoint_contents::optimizer_state);
-    run fifth(o);
-    std::copy(fourth.m.w.begin(), fourth.m.w.end(), fifth.m.w.begin());  // the trainer restores its values
-    std::copy(fourth.m.b.begin(), fourth.m.b.end(), fifth.m.b.begin());
-    fifth.zf.load_checkpoint(path, &fifth.stream);
-    fifth.train(24, true);
-    fifth.finish();
-    CHECK(fifth.m.w == uninterrupted.m.w);
-    CHECK(fifth.m.b == uninterrupted.m.b);
+    check_resume<sgd_state_slots>(o, uninterrupted, path, checkpoint_contents::optimizer_state);
     std::filesystem::remove(path);
   }
 }
@@ -603,18 +605,8 @@ TEST_CASE("SGD without momentum: the master as its only slot, through the paths,
 
   schedule.optimizer.weight_decay = 0.01f;
   const std::string path = (std::filesystem::temp_directory_path() / "zenflow_test_sgd_plain.bin").string();
-  plain uninterrupted(schedule);
-  uninterrupted.train(41, true);
-  uninterrupted.finish();
-  plain first(schedule);
-  first.train(17, true);  // mid-interval, a CPU update in flight
-  first.zf.save_checkpoint(path, &first.stream);
-  plain second(schedule);
-  second.zf.load_checkpoint(path, &second.stream);
-  second.train(24, true);
-  second.finish();
-  CHECK(second.m.w == uninterrupted.m.w);
-  CHECK(second.m.b == uninterrupted.m.b);
+  check_resume<plain_sgd_slots>(schedule, uninterrupted_run<plain_sgd_slots>(schedule), path,
+                                checkpoint_contents::everything);
   // The two-slot optimizer's checkpoint, with the same name, table and values (momentum 0), holds
   // two state arrays per element: refused by its slots, not read out of step.
   run<> buffered_run(schedule);

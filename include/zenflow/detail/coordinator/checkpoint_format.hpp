@@ -252,13 +252,13 @@ void check_options(checkpoint_reader& r, const basic_zenflow_options<HyperParame
   // Another optimizer's state, or this optimizer's from a build whose field table or state slots
   // differ, is read no further: its values would be read as other fields.
   const std::string optimizer = r.get_string(), table = r.get_string(), slots = r.get_string();
+  const std::string our_table = field_table_text<HyperParameters>(), our_slots = slot_names<Slots>();
   expects(optimizer == HyperParameters::name, "checkpoint", "was written for optimizer '", optimizer,
           "', this coordinator's is '", HyperParameters::name, "'");
-  expects(table == field_table_text<HyperParameters>(), "checkpoint", "was written with ", optimizer,
-          "'s hyper-parameter fields [", table, "], this coordinator's ", optimizer, " has [",
-          field_table_text<HyperParameters>(), "]");
-  expects(slots == slot_names<Slots>(), "checkpoint", "holds ", optimizer, " state in slots [", slots,
-          "], this coordinator's optimizers keep [", slot_names<Slots>(), "]");
+  expects(table == our_table, "checkpoint", "was written with ", optimizer, "'s hyper-parameter fields [", table,
+          "], this coordinator's ", optimizer, " has [", our_table, "]");
+  expects(slots == our_slots, "checkpoint", "holds ", optimizer, " state in slots [", slots,
+          "], this coordinator's optimizers keep [", our_slots, "]");
   expects(mismatch.empty(), "checkpoint", "was written with zenflow option ", mismatch,
           " (mode, topk_ratio, the intervals, warm-up and overlap_step must agree)");
   // The moments were computed with these: resuming with others would silently change the
