@@ -228,7 +228,7 @@ class basic_coordinator {
   /// step(); the CPU update of an interval uses those in effect when the interval ended (at the
   /// step() that ends it, at a reselection or in finish()), in sync and async mode alike. They may
   /// differ from options().optimizer in their per-group fields only (hyper_parameter_field; Adam:
-  /// lr and weight_decay), else throws naming the first other field that differs; they are
+  /// lr, beta1, beta2, eps and weight_decay), else throws naming the first other field that differs; they are
   /// validated here, once. Saved in checkpoints. Does not synchronize.
   void set_hyper_parameters(const hyper_parameters_type& hp);
   void set_hyper_parameters(std::size_t i, const hyper_parameters_type& hp);
@@ -325,8 +325,9 @@ class basic_coordinator {
                        checkpoint_contents contents = checkpoint_contents::everything);
   /// Restores a checkpoint written by save_checkpoint into a freshly constructed coordinator (no
   /// step() or load yet) with the same options and registered parameters; resumes bit-identically.
-  /// The schedule's options, betas, eps and the Adam variant must match (a difference is rejected,
-  /// naming it); each parameter's lr and weight_decay (the per-group fields) come from the checkpoint
+  /// The schedule's options and the optimizer's shared fields (Adam: its variant and bias correction) must match (a
+  /// difference is rejected, naming it); each parameter's per-group fields (Adam: lr, betas, eps, weight_decay) come
+  /// from the checkpoint
   /// (hyper_parameters_of; options().optimizer stays the constructor's), and max_grad_norm is this coordinator's. A
   /// checkpoint of checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them first. A
   /// truncated, corrupted or mismatched file is rejected before any state changes. `match`: whether the parameters'

@@ -3,8 +3,8 @@
 // Each optimizer has its own hyper-parameter type (cpu_adam and the sparse Adams:
 // `adam_options`). The coordinator, its checkpoints and its data-parallel agreement handle any of
 // them through the type's `fields()` table: the name of each field, where it is, and whether
-// parameter groups may set it per parameter (torch.optim's lr and weight decay) or it is shared by
-// every parameter of one coordinator (the GPU kernel's constants: Adam's betas and eps). The type
+// parameter groups may set it per parameter (torch.optim's lr, betas, eps and weight decay) or it is
+// shared by every parameter of one coordinator (Adam's variant and bias correction). The type
 // checks its own ranges (`validate()`). See concepts.hpp (optimizer_hyper_parameters) for the
 // whole contract, and tests/unit/test_coordinator_hyperparameters.cpp for a second optimizer's.
 #pragma once
@@ -97,7 +97,7 @@ template <class H>
   return "?";
 }
 
-/// H's field table as text, in table order: for adam_options "lr (float, per group), beta1 (float),
+/// H's field table as text, in table order: for adam_options "lr (float, per group), beta1 (float, per group),
 /// ..., bias_correction (bool)". A checkpoint records it beside H::name, so that a checkpoint is
 /// only read by an optimizer whose table is the one it was written with.
 template <class H>
@@ -112,8 +112,8 @@ template <class H>
   return out;
 }
 
-/// The names of H's fields with the given per_group flag as prose: for adam_options, "lr and
-/// weight_decay" (per group) and "beta1, beta2, eps, adamw_mode and bias_correction" (shared).
+/// The names of H's fields with the given per_group flag as prose: for adam_options, "lr, beta1,
+/// beta2, eps and weight_decay" (per group) and "adamw_mode and bias_correction" (shared).
 template <class H>
 [[nodiscard]] std::string field_names(bool per_group) {
   std::size_t n = 0, i = 0;
@@ -128,8 +128,9 @@ template <class H>
 }
 
 /// What parameter groups and schedules may change, as the end of a rejection's message: for
-/// adam_options "parameter groups and schedules change lr and weight_decay only"; for an H with no
-/// per-group field, "H::name has no per-group field (every parameter shares options().optimizer)".
+/// adam_options "parameter groups and schedules change lr, beta1, beta2, eps and weight_decay only";
+/// for an H with no per-group field, "H::name has no per-group field (every parameter shares
+/// options().optimizer)".
 template <class H>
 [[nodiscard]] std::string per_group_rule() {
   const std::string names = field_names<H>(true);

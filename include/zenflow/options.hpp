@@ -87,13 +87,14 @@ struct adam_options {
 
   /// The name printed before the fields (format.hpp) and in messages.
   static constexpr const char* name = "adam";
-  /// Every field; parameter groups differ in lr and weight_decay only (the GPU kernel shares the
-  /// rest).
+  /// Every field. Parameter groups and schedules may set lr, the betas, eps and weight_decay per
+  /// parameter (torch.optim's AdamW keeps them per group: OneCycleLR cycles beta1); the Adam variant
+  /// and the bias correction are one for every parameter of an optimizer.
   static constexpr std::array<hyper_parameter_field<adam_options>, 7> fields() noexcept {
     return {real_field("lr", &adam_options::lr, true),
-            real_field("beta1", &adam_options::beta1, false),
-            real_field("beta2", &adam_options::beta2, false),
-            real_field("eps", &adam_options::eps, false),
+            real_field("beta1", &adam_options::beta1, true),
+            real_field("beta2", &adam_options::beta2, true),
+            real_field("eps", &adam_options::eps, true),
             real_field("weight_decay", &adam_options::weight_decay, true),
             flag_field("adamw_mode", &adam_options::adamw_mode, false),
             flag_field("bias_correction", &adam_options::bias_correction, false)};

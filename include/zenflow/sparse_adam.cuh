@@ -89,7 +89,8 @@ class cuda_sparse_adam {
   /// Parameter i's hyper-parameters (options() unless set_options(i, ...) changed them).
   [[nodiscard]] const adam_options& options(std::size_t i) const;
   /// Parameter groups: parameter i's hyper-parameters for the following steps. They may differ
-  /// from options() in lr and weight_decay only (throws naming the first other field that differs).
+  /// from options() in the per-group fields only (lr, beta1, beta2, eps, weight_decay; throws naming
+  /// the first other field that differs).
   void set_options(std::size_t i, const adam_options& options);
   /// Applied steps. Reads the device counter back on the stream of the last call and
   /// synchronizes with that stream.
@@ -180,6 +181,7 @@ class cuda_sparse_adam {
   detail::cuda_device_buffer control_;  // control_block
   // Launch tables: params_ rebuilt when parameters are added; grads uploaded when they change.
   bool params_dirty_ = true;
+  bool betas_differ_ = false;  // some parameters' beta1, beta2 or eps differ (the step kernel's constants)
   std::int64_t tiles_ = 0;
   detail::cuda_device_buffer params_dev_, grads_dev_;
   std::vector<detail::sparse_adam::grad_desc> grads_host_;

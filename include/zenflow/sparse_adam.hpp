@@ -99,7 +99,8 @@ class host_sparse_adam {
   /// Parameter i's hyper-parameters (options() unless set_options(i, ...) changed them).
   [[nodiscard]] const adam_options& options(std::size_t i) const;
   /// Parameter groups: parameter i's hyper-parameters for the next steps. They may differ from
-  /// options() in lr and weight_decay only (throws naming the first other field that differs).
+  /// options() in the per-group fields only (lr, beta1, beta2, eps, weight_decay; throws naming the
+  /// first other field that differs).
   void set_options(std::size_t i, const adam_options& options);
   /// Number of applied steps (skipped steps do not count).
   [[nodiscard]] std::int64_t step_count() const noexcept { return step_; }

@@ -349,25 +349,6 @@ def test_bad_values_are_rejected_at_construction_naming_the_option(kwargs, match
         ZenFlowAdamW(model().parameters(), **kwargs)
 
 
-@pytest.mark.parametrize("group,match", [
-    (dict(betas=(0.8, 0.999)), r"^param_groups\[1\]\.betas\[0\]: is 0\.8.*param_groups\[0\]'s 0\.9"),
-    (dict(betas=(0.9, 0.99)), r"^param_groups\[1\]\.betas\[1\]: is 0\.99"),
-    (dict(eps=1e-6), r"^param_groups\[1\]\.eps: is 1e-06"),
-])
-def test_a_group_with_other_betas_or_eps_is_rejected_when_added(group, match):
-    # The device kernel shares betas and eps: rejected at construction, naming the group, not at
-    # the first step with a library message.
-    m = model()
-    params = list(m.parameters())
-    with pytest.raises(ValueError, match=match):
-        ZenFlowAdamW([{"params": params[:1]}, dict(group, params=params[1:])], **HYPER)
-    opt = ZenFlowAdamW([{"params": params[:1]}], **HYPER)
-    with pytest.raises(ValueError, match=match):
-        opt.add_param_group(dict(group, params=params[1:]))
-    assert len(opt.param_groups) == 1
-    opt.close()
-
-
 @pytest.mark.parametrize("convert,match", [
     (lambda m: m.double(), r"^params: param_groups\[0\]\.params\[0\] has dtype torch\.float64"),
     (lambda m: m.to(memory_format=torch.channels_last), r"^params: param_groups\[0\]\.params\[0\] is not contiguous"),

@@ -278,15 +278,25 @@ def test_a_state_dict_loads_by_position_whatever_the_parameter_names():
     opt.close()
 
 
+SCHEDULES = {
+    # lr only: a warm-up and a linear decay
+    "warm_up_decay": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / 120)),
+    # lr and beta1: OneCycleLR with its default cycle_momentum (beta1 from 0.95 down to 0.85 and back)
+    "one_cycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=3e-3, total_steps=120),
+}
+
+
+@pytest.mark.parametrize("schedule", ["warm_up_decay", "one_cycle"])
 @pytest.mark.parametrize("mode", ["dense", "zero_offload", "zenflow"])
-def test_a_resume_in_the_middle_of_an_lr_schedule_is_bit_identical(mode):
-    # A scheduler steps after opt.step(), so the saved param_groups hold the next step's lr while
-    # the checkpoint's coordinator state holds the last step's: the loaded groups must win.
+def test_a_resume_in_the_middle_of_an_lr_schedule_is_bit_identical(mode, schedule):
+    # A scheduler steps after opt.step(), so the saved param_groups hold the next step's lr (and
+    # beta1) while the checkpoint's coordinator state holds the last step's: the loaded groups must
+    # win.
     def run():
         model = make_model()
         opt = ZenFlowAdamW(groups(model), mode=mode, topk_ratio=0.25, update_interval=3, select_interval=9,
                            **HYPER)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        sched = SCHEDULES[schedule](opt)
         return model, opt, sched
 
     model, opt, sched = run()
@@ -594,18 +604,38 @@ def test_param_groups_track_torch():
 
 
 @pytest.mark.parametrize("mode", ["dense", "zero_offload"])
-def test_lr_scheduler_tracks_torch(mode):
+def test_groups_with_their_own_betas_and_eps_track_torch(mode):
+    # torch.optim keeps betas and eps per group, as lr and weight decay.
+    def own(model):
+        gs = param_groups(model, weight_decay=0.1)
+        gs[0].update(betas=(0.8, 0.99), eps=1e-6)
+        return gs
+    ref, ours = make_model(), make_model()
+    ref_opt = torch.optim.AdamW(own(ref), lr=3e-3)
+    with ZenFlowAdamW(own(ours), lr=3e-3, mode=mode) as opt:
+        assert opt.param_groups[0]["betas"] == (0.8, 0.99) and opt.param_groups[1]["betas"] == (0.9, 0.999)
+        for step in range(100):
+            train_step(ref, ref_opt, step)
+            train_step(ours, opt, step)
+            assert max_diff(ref, ours) <= TRACK_TOL, f"step {step}"
+
+
+@pytest.mark.parametrize("schedule", ["warm_up_decay", "one_cycle"])
+@pytest.mark.parametrize("mode", ["dense", "zero_offload"])
+def test_lr_scheduler_tracks_torch(mode, schedule):
     ref, ours = make_model(), make_model()
     ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)
     opt = ZenFlowAdamW(groups(ours), mode=mode, **HYPER)
-    sched = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / 120))
-             for o in (ref_opt, opt)]
+    sched = [SCHEDULES[schedule](o) for o in (ref_opt, opt)]
+    betas = set()
     for step in range(100):
+        betas.add(opt.param_groups[0]["betas"][0])
         train_step(ref, ref_opt, step)
         train_step(ours, opt, step)
         for s in sched:
             s.step()
         assert max_diff(ref, ours) <= TRACK_TOL, f"step {step}"
+    assert (len(betas) == 1) if schedule == "warm_up_decay" else (len(betas) > 50)  # OneCycleLR moves beta1
     opt.close()
 
 

@@ -8,7 +8,7 @@
 //   - gather/scatter past 2^21 rows (row-major) and 65535 row tiles (column-contiguous), where
 //     blocks walk several row tiles;
 //   - many parameters whose tiles one block walks at different step counts (missing gradients),
-//     each with its own lr and weight decay.
+//     each with its own lr, betas, eps and weight decay.
 // Uploads go through zenflow_test::upload (a pageable cudaMemcpy has not landed when it returns).
 #include <zenflow/concepts.hpp>
 #include <zenflow/sparse_adam.cuh>
@@ -639,12 +639,15 @@ TEST_CASE("a parameter without a gradient is skipped with its own step count, as
   CHECK(host.step_count(2) == 9);
 }
 
-TEST_CASE("many parameters over many blocks: per-parameter step counts, lr and weight decay, as on the host") {
+TEST_CASE(
+    "many parameters over many blocks: per-parameter step counts, lr, betas, eps and weight decay, as on the "
+    "host") {
   // 40 parameters whose tiles add up to more than 4x the blocks of 256 threads the device can keep
   // resident, so every block of the persistent grid walks tiles of several parameters. They miss
   // their gradient in different steps (their step counts, hence their bias corrections, differ
   // from one parameter to the next, including between the parameters one block walks), and each
-  // has its own lr and weight decay (parameter groups). Device and host must agree on every state
+  // has its own lr, betas, eps and weight decay (parameter groups; neighbours at the same step
+  // differ in their betas or eps). Device and host must agree on every state
   // value (within the device's last-bit pow difference) and on every count.
   // Mutations this test is to be seen failing on a GPU (compiled here, not run):
   //   1. kernels.cuh, sparse_adam_step_kernel: delete the __syncthreads() before thread 0 counts
@@ -652,7 +655,9 @@ TEST_CASE("many parameters over many blocks: per-parameter step counts, lr and w
   //      already advanced, and a barrier inside the tile loop is reached by some warps only);
   //      also run under `compute-sanitizer --tool synccheck`;
   //   2. kernels.cuh: hand set_lr_and_weight_decay ctl.options.lr and ctl.options.weight_decay
-  //      instead of the parameter's d.lr and d.weight_decay.
+  //      instead of the parameter's d.lr and d.weight_decay;
+  //   3. cuda_sparse_adam_impl.cuh: leave ctl.betas_differ false (the kernel then recomputes a
+  //      block's constants at a new step only, and neighbours at one step share the first's betas).
   const long long resident = zenflow_test::max_resident_blocks(sa::kThreads);
   const int count = 40, vectors = 4, steps = 12;
   const index_t rows = 1024;
@@ -718,6 +723,9 @@ TEST_CASE("many parameters over many blocks: per-parameter step counts, lr and w
     zenflow::adam_options own = base;
     own.lr = 1e-3f * static_cast<float>(1 + i % 7);
     own.weight_decay = 0.02f * static_cast<float>(i % 4);
+    own.beta1 = i % 3 == 0 ? 0.8f : 0.9f;
+    own.beta2 = i % 4 == 1 ? 0.99f : 0.999f;
+    own.eps = i % 5 == 2 ? 1e-6f : 1e-8f;
     host.set_options(static_cast<std::size_t>(i), own);
     device.set_options(static_cast<std::size_t>(i), own);
   }

@@ -103,9 +103,15 @@ TEST_CASE("ranks that registered different parameters fail at the first step, be
         options, [&](dp_coordinator& dp, model& m) { m.register_with(dp, world_rank() == last ? "w1_renamed" : "w1"); },
         "registered different parameters");
   }
-  SUBCASE("different betas") {
+  SUBCASE("different betas") {  // per-group fields: every parameter's differ
     auto other = options;
     if (world_rank() == last) other.optimizer.beta2 = 0.99f;
+    first_step_fails(
+        other, [&](dp_coordinator& dp, model& m) { m.register_with(dp); }, "per-group hyper-parameters");
+  }
+  SUBCASE("a different Adam variant") {  // a field every parameter shares: the options differ
+    auto other = options;
+    if (world_rank() == last) other.optimizer.adamw_mode = false;
     first_step_fails(
         other, [&](dp_coordinator& dp, model& m) { m.register_with(dp); }, "their options");
   }
@@ -140,7 +146,7 @@ TEST_CASE("ranks that registered different parameters fail at the first step, be
             dp.set_hyper_parameters(1, adam);
           }
         },
-        "lr or weight decay");
+        "per-group hyper-parameters (lr, beta1, beta2, eps and weight_decay)");
   }
 }
 

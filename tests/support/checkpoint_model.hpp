@@ -288,7 +288,7 @@ class checkpoint_document {
     array("optimizer", 1);
     array("optimizer_fields", 1);
     array("optimizer_slots", 1);
-    scalar("shared_hyper_parameters", 14);  // Adam's beta1, beta2, eps, adamw_mode, bias_correction
+    scalar("shared_hyper_parameters", 2);  // Adam's adamw_mode, bias_correction
     scalar("contents", 1);
     scalar("rank", 4);
     scalar("ranks", 4);
@@ -303,8 +303,7 @@ class checkpoint_document {
       const std::string name(name_chars.begin(), name_chars.end());
       fields_.back().name = name + ".name";
       const bool is_vector = scalar(name + ".is_vector", 1)[0] != 0;
-      scalar(name + ".lr", 4);
-      scalar(name + ".weight_decay", 4);
+      for (const char* f : {"lr", "beta1", "beta2", "eps", "weight_decay"}) scalar(name + "." + f, 4);  // per group
       if (is_vector) {
         scalar(name + ".size", 8);
         scalar(name + ".type", 1);

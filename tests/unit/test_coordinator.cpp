@@ -268,11 +268,9 @@ TEST_CASE("checkpoint and resume are bit-identical; bad checkpoints are rejected
     CHECK_THROWS_WITH_AS(h.coordinator.load_checkpoint(path, &h.stream), doctest::Contains(message), zenflow::error);
     CHECK(h.coordinator.step_count() == 0);
   }
-  // The Adam hyper-parameters the moments were computed with: each one that differs is named.
+  // The Adam variant the moments were computed with (the fields every parameter shares): each one
+  // that differs is named.
   const std::pair<const char*, void (*)(adam_options&)> adam_edits[] = {
-      {"adam beta1 = 0.9, this coordinator's is 0.8", [](adam_options& a) { a.beta1 = 0.8f; }},
-      {"adam beta2 = 0.999, this coordinator's is 0.99", [](adam_options& a) { a.beta2 = 0.99f; }},
-      {"adam eps", [](adam_options& a) { a.eps = 1e-6f; }},
       {"adam adamw_mode = true, this coordinator's is false", [](adam_options& a) { a.adamw_mode = false; }},
       {"adam bias_correction", [](adam_options& a) { a.bias_correction = false; }},
   };
@@ -282,6 +280,18 @@ TEST_CASE("checkpoint and resume are bit-identical; bad checkpoints are rejected
     harness h(changed);
     CHECK_THROWS_WITH_AS(h.coordinator.load_checkpoint(path, &h.stream), doctest::Contains(message), zenflow::error);
     CHECK(h.coordinator.step_count() == 0);
+  }
+  // The per-group fields (lr, betas, eps, weight decay) are each parameter's, saved with it: a
+  // coordinator built with other betas and eps takes the checkpoint's, as it takes its lr.
+  {
+    auto changed = o;
+    changed.optimizer.beta1 = 0.8f;
+    changed.optimizer.beta2 = 0.99f;
+    changed.optimizer.eps = 1e-6f;
+    harness h(changed);
+    h.coordinator.load_checkpoint(path, &h.stream);
+    for (std::size_t i = 0; i < h.coordinator.parameter_count(); ++i)
+      CHECK(h.coordinator.hyper_parameters_of(i) == o.optimizer);
   }
   // The untouched coordinator still accepts the good file.
   CHECK_NOTHROW(fresh.coordinator.load_checkpoint(path, &fresh.stream));

@@ -222,7 +222,10 @@ TEST_CASE("the CPU update of an interval uses the hyper-parameters in effect whe
 TEST_CASE("hyper-parameters: bad values are rejected before anything changes; checkpoints keep them") {
   harness h(base_options());
   adam_options a = base_options().optimizer;
-  a.beta1 = 0.8f;
+  a.adamw_mode = false;  // shared by every parameter
+  CHECK_THROWS_WITH_AS(h.coordinator.set_hyper_parameters(1, a), doctest::Contains("adamw_mode"), zenflow::error);
+  a = base_options().optimizer;
+  a.beta1 = 1.0f;
   CHECK_THROWS_WITH_AS(h.coordinator.set_hyper_parameters(1, a), doctest::Contains("beta1"), zenflow::error);
   a = base_options().optimizer;
   a.lr = -1.0f;

@@ -172,12 +172,13 @@ static_assert(zenflow::optimizer_hyper_parameters<fixed_sgd_options>);
 
 TEST_CASE("the field table as text: names, the per-group rule, the table a checkpoint records") {
   using zenflow::adam_options;
-  CHECK(zenflow::field_names<adam_options>(true) == "lr and weight_decay");
-  CHECK(zenflow::field_names<adam_options>(false) == "beta1, beta2, eps, adamw_mode and bias_correction");
-  CHECK(zenflow::per_group_rule<adam_options>() == "parameter groups and schedules change lr and weight_decay only");
+  CHECK(zenflow::field_names<adam_options>(true) == "lr, beta1, beta2, eps and weight_decay");
+  CHECK(zenflow::field_names<adam_options>(false) == "adamw_mode and bias_correction");
+  CHECK(zenflow::per_group_rule<adam_options>() ==
+        "parameter groups and schedules change lr, beta1, beta2, eps and weight_decay only");
   CHECK(zenflow::field_table_text<adam_options>() ==
-        "lr (float, per group), beta1 (float), beta2 (float), eps (float), weight_decay (float, per group), "
-        "adamw_mode (bool), bias_correction (bool)");
+        "lr (float, per group), beta1 (float, per group), beta2 (float, per group), eps (float, per group), "
+        "weight_decay (float, per group), adamw_mode (bool), bias_correction (bool)");
   adam_options a;
   a.eps = 1e-6f;
   CHECK(zenflow::field_text(a, "eps") == "1e-06");

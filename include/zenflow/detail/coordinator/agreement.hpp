@@ -94,8 +94,8 @@ struct agreement_position {
   std::int64_t gpu_steps = 0;
   std::uint64_t parameter_steps = fingerprint_basis;  ///< every parameter's own CPU and GPU counts
 
-  /// Adds the next parameter's GPU columns, per-group hyper-parameters (Adam: lr, weight_decay)
-  /// and own step counts.
+  /// Adds the next parameter's GPU columns, per-group hyper-parameters (Adam: lr, beta1, beta2,
+  /// eps, weight_decay) and own step counts.
   template <class Columns, class HyperParameters>
   void add(const Columns& selection, const HyperParameters& hp, std::int64_t cpu, std::int64_t gpu) noexcept {
     for (std::int32_t c : selection) selections = fingerprint(selections, c);
@@ -144,8 +144,10 @@ struct agreement {
     std::memcpy(text.data(), record.data() + count, text.size());
     return std::string(text.data(), strnlen(text.data(), text.size()));
   }
-  /// Why rank `r` differs from rank 0 in field `f` (f != status).
-  static std::string disagreement(std::size_t f, int r, int ranks, std::int64_t first, std::int64_t other) {
+  /// Why rank `r` differs from rank 0 in field `f` (f != status); `per_group`: the optimizer's
+  /// per-group fields as prose (field_names), e.g. "lr, beta1, beta2, eps and weight_decay".
+  static std::string disagreement(std::size_t f, int r, int ranks, std::int64_t first, std::int64_t other,
+                                  const std::string& per_group) {
     const std::string who = concat("rank 0 and rank ", r, " of ", ranks);
     switch (f) {
       case kind:
@@ -160,7 +162,7 @@ struct agreement {
                       f == options        ? "their options (zenflow options, shared hyper-parameters)"
                       : f == parameters   ? concat("the number of parameters (", first, " and ", other, ")")
                       : f == registration ? "their parameters' names, shapes or dtypes"
-                                          : "their parameters' per-group hyper-parameters (Adam's lr or weight decay)",
+                                          : concat("their parameters' per-group hyper-parameters (", per_group, ")"),
                       "; every rank must build the same coordinator");
       case initial_values:
         return concat("the ranks registered different initial values: ", who,

@@ -214,8 +214,8 @@ void put_options(checkpoint_writer& w, const basic_zenflow_options<HyperParamete
   w.put(o.max_update_interval);
   // Which optimizer, its field table (names, kinds and order of the values below and of the
   // per-parameter ones) and its state slots (the state arrays of every parameter); then the
-  // hyper-parameters every parameter shares (Adam: beta1, beta2, eps, adamw_mode,
-  // bias_correction). The per-group ones are per parameter.
+  // hyper-parameters every parameter shares (Adam: adamw_mode, bias_correction). The per-group
+  // ones (Adam: lr, beta1, beta2, eps, weight_decay) are per parameter.
   w.put_string(HyperParameters::name);
   w.put_string(field_table_text<HyperParameters>());
   w.put_string(slot_names<Slots>());

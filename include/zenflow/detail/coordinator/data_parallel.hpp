@@ -249,7 +249,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::agree(const detail
               A::reason_of(std::span<const std::int64_t>(all).subspan(static_cast<std::size_t>(r) * n, n)));
     for (std::size_t f = 0; f < A::count; ++f)
       for (int r = 1; r < ranks_; ++r)
-        if (at(r, f) != at(0, f)) throw error("data parallel", A::disagreement(f, r, ranks_, at(0, f), at(r, f)));
+        if (at(r, f) != at(0, f))
+          throw error("data parallel",
+                      A::disagreement(f, r, ranks_, at(0, f), at(r, f), field_names<hyper_parameters_type>(true)));
   } else {
     (void)mine;
   }

@@ -92,9 +92,9 @@ inline void cuda_sparse_adam::set_options(std::size_t i, const adam_options& opt
   expects(i < entries_.size(), "i", "parameter index ", i, " out of range (", entries_.size(), " registered)");
   options.validate();
   const char* field = shared_field_mismatch(options, options_);
-  expects(field == nullptr, field ? field : "options", "parameter groups differ in lr and weight_decay only");
+  expects(field == nullptr, field ? field : "options", "must be as in options(): ", per_group_rule<adam_options>());
   entries_[i].options = options;
-  params_dirty_ = true;  // the tables carry lr and weight_decay
+  params_dirty_ = true;  // the tables carry the per-group fields
 }
 inline void cuda_sparse_adam::set_options(const adam_options& options) {
   options.validate();
@@ -216,8 +216,12 @@ inline void cuda_sparse_adam::rebuild_tables(cudaStream_t stream) {
   namespace sa = detail::sparse_adam;
   std::vector<sa::param_desc> table(entries_.size());
   std::int64_t tiles = 0;
+  betas_differ_ = false;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const entry& e = entries_[i];
+    const adam_options& first = entries_[0].options;
+    betas_differ_ =
+        betas_differ_ || e.options.beta1 != first.beta1 || e.options.beta2 != first.beta2 || e.options.eps != first.eps;
     sa::param_desc& d = table[i];
     d.param = e.param.data;
     d.row_stride = e.param.row_stride;
@@ -232,6 +236,9 @@ inline void cuda_sparse_adam::rebuild_tables(cudaStream_t stream) {
     d.tile_begin = tiles;
     d.step = e.step.data<std::int64_t>();
     d.lr = e.options.lr;
+    d.beta1 = e.options.beta1;
+    d.beta2 = e.options.beta2;
+    d.eps = e.options.eps;
     d.weight_decay = e.options.weight_decay;
     d.type = e.param.type;
     d.state_row_major = e.state_row_major;
@@ -297,6 +304,7 @@ inline void cuda_sparse_adam::step(std::span<const const_matrix_view> matrix_gra
   }
   sa::step_control ctl;
   ctl.options = options_;
+  ctl.betas_differ = betas_differ_;
   ctl.grad_scale = grad_scale;
   ctl.scale_ptr = scale_ptr_device;
   ctl.skip_flag = skip_flag_device;

@@ -120,7 +120,7 @@ inline void host_sparse_adam::set_options(std::size_t i, const adam_options& opt
   entry& e = at(i);
   options.validate();
   const char* field = shared_field_mismatch(options, options_);
-  expects(field == nullptr, field ? field : "options", "parameter groups differ in lr and weight_decay only");
+  expects(field == nullptr, field ? field : "options", "must be as in options(): ", per_group_rule<adam_options>());
   e.options = options;
 }
 inline std::int64_t host_sparse_adam::step_count(std::size_t i) const {

@@ -57,7 +57,10 @@ struct param_desc {
   std::uint32_t k = 0;
   std::int64_t tile_begin = 0;   // first tile of this parameter in the launch
   std::int64_t* step = nullptr;  // this parameter's applied steps (device): its bias correction
-  float lr = 0.0f;               // this parameter's hyper-parameters (parameter groups differ in these)
+  float lr = 0.0f;               // this parameter's per-group hyper-parameters (adam_options::fields)
+  float beta1 = 0.0f;
+  float beta2 = 0.0f;
+  float eps = 0.0f;
   float weight_decay = 0.0f;
   dtype type = dtype::f32;
   bool state_row_major = false;
@@ -83,7 +86,8 @@ struct control_block {
 
 /// What the update kernel needs besides the tables.
 struct step_control {
-  adam_options options;
+  adam_options options;       // the fields every parameter shares (the per-group ones are in param_desc)
+  bool betas_differ = false;  // some parameter's beta1, beta2 or eps differs from another's
   float grad_scale = 1.0f;
   const float* scale_ptr = nullptr;
   const int* skip_flag = nullptr;
@@ -222,11 +226,14 @@ __device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, float& 
 /// the block's other warps already load their first tile (loads have no effect; nothing is written
 /// before the decision), so the decision's latency hides behind those loads. The decision is the
 /// same in every block. Each parameter's constants come from its own step counter (torch's
-/// per-parameter `step`), computed in double by one thread when the block reaches a parameter at
-/// another step than the last one (usually once per block: parameters step together); then only
-/// the parameter's lr and weight decay are set. A parameter without a gradient is skipped. The
-/// last block to finish advances the counters (the optimizer's, and those of the parameters with
-/// a gradient), after every block has read them: a block counts itself done only once all its
+/// per-parameter `step`) and its betas and eps, computed in double by one thread when the block
+/// reaches a parameter at another step than the last one (usually once per block: parameters step
+/// together), or at every parameter it reaches when the betas or eps differ between parameters
+/// (ctl.betas_differ: a launch-wide flag costs no register, where comparing each parameter's with
+/// the last one's took 10 more and a resident block less per SM); then only the parameter's lr and
+/// weight decay are set. A parameter without a gradient is skipped. The last block to finish
+/// advances the counters (the optimizer's, and those of the parameters with a gradient), after
+/// every block has read them: a block counts itself done only once all its
 /// warps left the tile loop (a barrier every thread reaches), so no lagging warp of another block
 /// reads a count the last block has already advanced.
 static __global__ void ZENFLOW_DETAIL_SPARSE_ADAM_STEP_BOUNDS sparse_adam_step_kernel(const param_desc* params,
@@ -259,11 +266,16 @@ static __global__ void ZENFLOW_DETAIL_SPARSE_ADAM_STEP_BOUNDS sparse_adam_step_k
     }
     if (p != current) {                       // uniform over the block
       const std::int64_t step = *d.step + 1;  // one counter, read by every thread: uniform too
-      if (step != c_step) {                   // parameters at the same step share the constants
-        __syncthreads();                      // every thread has copied the previous constants
+      // Parameters at the same step share the constants, unless their betas or eps may differ.
+      if (step != c_step || ctl.betas_differ) {
+        __syncthreads();  // every thread has copied the previous constants
         if (threadIdx.x == 0) {
-          constants = adam_step_constants_unchecked(ctl.options, step, scale);
-          bc1 = adam_bias_correction1(ctl.options, step);
+          adam_options o = ctl.options;  // the shared fields, with the parameter's betas and eps
+          o.beta1 = params[p].beta1;
+          o.beta2 = params[p].beta2;
+          o.eps = params[p].eps;
+          constants = adam_step_constants_unchecked(o, step, scale);
+          bc1 = adam_bias_correction1(o, step);
         }
         __syncthreads();
         c = constants;

@@ -318,8 +318,6 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         g = self.param_groups[gi]
         try:
             _check_hyper(g, f"param_groups[{gi}].")
-            if gi > 0:
-                _check_shared_hyper(g, self.param_groups[0], f"param_groups[{gi}].")
             names = g.get("param_names")
             new_names = [names[k] if names else f"param_groups[{gi}].params[{k}]" for k in range(len(g["params"]))]
             self._check_params(list(g["params"]), new_names)
@@ -486,10 +484,6 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 raise ValueError(f"state_dict: param_groups[{gi}] is a {type(s).__name__}, not a dict")
             merged = dict(g, **{k: v for k, v in s.items() if k != "params"})
             _check_hyper(merged, f"param_groups[{gi}].")
-            if gi == 0:
-                first = merged
-            else:
-                _check_shared_hyper(merged, first, f"state_dict: param_groups[{gi}].")
             if s.get("column_dim", 1) != g.get("column_dim", 1):
                 raise ValueError(f"state_dict: param_groups[{gi}].column_dim is {s.get('column_dim', 1)!r}, this "
                                  f"optimizer's {g.get('column_dim', 1)!r}")
@@ -512,7 +506,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     # By position, as torch.optim's load_state_dict: a model wrapped since the
                     # save (torch.compile, DDP) or a module renamed has other names.
                     core.load(path, self._stream(), "positions")
-                # The checkpoint brings back each parameter's lr and weight_decay as they were
+                # The checkpoint brings back each parameter's lr, betas, eps and weight_decay as they were
                 # when it was saved; the loaded param_groups are what the next step uses (torch's
                 # rule: a scheduler saved one step ahead, or a group edited in the state dict).
                 for gi, g in enumerate(self.param_groups):
@@ -796,19 +790,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                           f"a new optimizer")
 
     def _hyper_changes(self):
-        changes = []
-        for gi, g in enumerate(self.param_groups):
-            adam = _adam(g)
-            if adam == self._pushed[gi]:
-                continue
-            first = self._pushed[0]
-            for key, field in (("beta1", "betas"), ("beta2", "betas"), ("eps", "eps")):
-                if adam[key] != first[key]:
-                    raise ValueError(f"param_groups[{gi}].{field}: {key} changed to {adam[key]!r} (was {first[key]!r}); "
-                                     f"betas and eps are fixed for the run and every group (the device kernel shares "
-                                     f"them): only lr and weight_decay may change (OneCycleLR: cycle_momentum=False)")
-            changes.append((gi, adam))
-        return changes
+        """The groups whose hyper-parameters changed since they were last handed to the core (a
+        schedule's lr, OneCycleLR's beta1, a group edited by hand), with their new values."""
+        return [(gi, adam) for gi, adam in ((gi, _adam(g)) for gi, g in enumerate(self.param_groups))
+                if adam != self._pushed[gi]]
 
     def _record_versions(self):
         self._versions = [p._version for p in self._params]
@@ -1085,18 +1070,6 @@ def _check_hyper(g, where):
     cd = g.get("column_dim", 1)
     if isinstance(cd, bool) or cd not in (0, 1):
         raise ValueError(f"{where}column_dim: must be 0 or 1, got {cd!r}")
-
-
-def _check_shared_hyper(g, first, where):
-    """betas and eps are one for every group (the device kernel shares them): a group that differs
-    from the first is named with both values."""
-    a, b = _adam(g), _adam(first)
-    as_float32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]  # noqa: E731 -- as the library compares
-    for key, field in (("beta1", "betas[0]"), ("beta2", "betas[1]"), ("eps", "eps")):
-        if as_float32(a[key]) != as_float32(b[key]):
-            raise ValueError(f"{where}{field}: is {a[key]!r}, param_groups[0]'s {b[key]!r}; betas and eps must be "
-                             f"the same in every group (the device kernel shares them): only lr and weight_decay "
-                             f"may differ")
 
 
 def _adam(g):
