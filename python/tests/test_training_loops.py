@@ -1,6 +1,6 @@
 """The loops users run, on CPU torch, with ZenFlowAdamW where torch.optim.AdamW was:
 transformers.Trainer (default arguments, clipping on; gradient accumulation; a linear warm-up
-schedule), an accelerate loop (prepare, clip_grad_norm_, accumulate), a Lightning module, fp16
+schedule; a run resumed from its own checkpoint), an accelerate loop (prepare, clip_grad_norm_, accumulate), a Lightning module, fp16
 autocast with torch.amp.GradScaler skipping steps, iterations interrupted between backward and
 step, and torch.distributed.checkpoint's optimizer state dict taken mid-run. In dense and ZeRO-Offload mode ZenFlowAdamW follows torch's AdamW within reference.py's
 tolerance (torch's own foreach-vs-fused difference, measured in each test) over a short run (fp16:
@@ -102,6 +102,38 @@ def test_trainer_with_a_linear_warm_up_schedule():
     def warming_up(make, steps, build=model):
         return trainer_loop(make, steps, build, warmup_steps=10)
     check_loop(warming_up, dict(lr=3e-3, weight_decay=0.01), 30, 30, zenflow=("zenflow_async", "zenflow_sync"))
+
+
+@pytest.mark.parametrize("mode", ["torch", "dense", "zero_offload", "zenflow_async", "zenflow_sync"])
+def test_trainer_resumed_from_its_checkpoint_ends_where_the_uninterrupted_run_ends(mode):
+    # Trainer(save_strategy="steps") writes the model, then optimizer.state_dict() and the
+    # scheduler's; train(resume_from_checkpoint=...) with a new model and optimizer loads all three
+    # and skips the batches already seen. Saved at step 6, in the middle
+    # of a ZenFlow interval (update_interval 4) with a CPU update pending: the resumed run must end
+    # on the uninterrupted run's weights, bit for bit, as torch's AdamW does.
+    from transformers import Trainer, TrainingArguments
+    options = {"dense": dict(mode="dense"), "zero_offload": dict(mode="zero_offload"),
+               "zenflow_async": dict(ZENFLOW["zenflow_async"], select_interval=5),
+               "zenflow_sync": dict(ZENFLOW["zenflow_sync"], select_interval=5)}
+
+    def run(output_dir, resume=None):
+        m = model()
+        gs = param_groups(m, weight_decay=0.01)
+        opt = torch_adamw(gs, "foreach", lr=3e-3) if mode == "torch" else ZenFlowAdamW(gs, lr=3e-3, **options[mode])
+        args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=8, report_to="none",
+                                 save_strategy="steps", save_steps=6, logging_strategy="no", disable_tqdm=True,
+                                 use_cpu=True, max_steps=15, warmup_steps=3)
+        Trainer(model=m, args=args, train_dataset=Dataset(), optimizers=(opt, None)).train(
+            resume_from_checkpoint=resume)
+        close(opt)
+        return m
+
+    with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
+        uninterrupted = run(d1)
+        run(d2)  # writes checkpoint-6 and checkpoint-12
+        resumed = run(d2, resume=os.path.join(d2, "checkpoint-6"))
+    for (name, a), b in zip(uninterrupted.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), name
 
 
 # -- accelerate --------------------------------------------------------------------------------
