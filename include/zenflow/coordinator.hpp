@@ -257,8 +257,11 @@ class basic_coordinator {
   /// Ends the training step: GPU update of the selected columns, offload of the rest, and the
   /// CPU schedule. Blocks only where the staleness bound (or a synchronous mode, or a selection
   /// boundary) requires it; metrics() says why and for how long. Does not synchronize `stream`.
-  /// A step whose gradients hold a NaN/Inf is skipped (nothing is updated or accumulated; a
-  /// selection due at it waits for the next finite step). A step() that rejects its input leaves
+  /// A step whose gradients hold a NaN/Inf is skipped: none of its gradients is applied or
+  /// accumulated, and a selection due at it waits for the next finite step. A CPU update due at it
+  /// (the interval that ends there; with overlap_step, the pending one the staleness bound writes
+  /// back) holds earlier steps' gradients only and is still written back: as if those steps had
+  /// run and then finish(). A step() that rejects its input leaves
   /// the coordinator as if the step had not begun: the gradients handed over so far are dropped
   /// and may be submitted again. After an error on a worker (or a failed backend operation) the
   /// coordinator is failed: every later call but metrics() and destruction rethrows that error.

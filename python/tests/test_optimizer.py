@@ -641,8 +641,9 @@ def test_lr_scheduler_tracks_torch(mode, schedule):
 
 @pytest.mark.parametrize("mode", ["dense", "zero_offload", "zenflow"])
 def test_a_skipped_step_is_reported_and_warned(mode):
-    # One infinity in one gradient: the step changes nothing, step() warns, and metrics() says
-    # which steps were skipped and the gradients' global norm (torch's clip_grad_norm_ total).
+    # One infinity in one gradient: the step changes nothing (no CPU update is due at steps 2 and 3:
+    # the interval [2, 3] has no finite step), step() warns, and metrics() says which steps were
+    # skipped and the gradients' global norm (torch's clip_grad_norm_ total).
     model = make_model()
     with ZenFlowAdamW(model.parameters(), mode=mode, overlap_step=False, update_interval=2, **HYPER) as opt:
         assert "skipped" not in opt.metrics()
@@ -666,6 +667,41 @@ def test_a_skipped_step_is_reported_and_warned(mode):
                 assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
             else:
                 assert m["grad_norm"] == pytest.approx(norm.item(), rel=1e-9)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_skipped_step_applies_none_of_its_gradients_but_a_cpu_update_due_at_it_lands(overlap):
+    # A skipped step updates nothing from its own gradients. A CPU update due at it (the interval
+    # that ends there; with overlap_step, the pending update its staleness bound writes back) holds
+    # earlier steps' gradients only and is written back as due: the run equals one that ran the
+    # steps before it and then flush() (which ends the interval early, or writes the pending update
+    # back), bit for bit.
+    def run(poisoned):
+        model = make_model()
+        opt = ZenFlowAdamW(model.parameters(), topk_ratio=0.25, update_interval=2, select_interval=8,
+                           full_warm_up_rounds=0, overlap_step=overlap, **HYPER)
+        last = 3 if overlap else 1  # sync: the end of interval [0, 1]; async: [0, 1] is written back at 3
+        for step in range(last + 1 if poisoned else last):
+            tokens, labels = batch(step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(tokens), labels).backward()
+            if step == last:
+                model.fc1.weight.grad[1, 2] = float("nan")
+                before = [p.detach().clone() for p in model.parameters()]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    opt.step()
+                assert opt.metrics()["skipped"]
+                changed = [not torch.equal(p, q) for p, q in zip(model.parameters(), before)]
+                assert any(changed), "no CPU update landed: the test no longer covers the case"
+            else:
+                opt.step()
+        if not poisoned:
+            opt.flush()
+        opt.close()
+        return model
+
+    assert max_diff(run(True), run(False)) == 0.0
 
 
 @pytest.mark.parametrize("mode", ["zero_offload", "dense"])

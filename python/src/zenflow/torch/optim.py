@@ -399,7 +399,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 self._last_gradients = core.last_step_gradients()
                 if self._last_gradients["skipped"]:
                     warnings.warn(f"ZenFlowAdamW: step {self._metrics['step']} skipped: a gradient holds a NaN or "
-                                  f"an infinity (nothing was updated; metrics()['skipped'] reports every step)",
+                                  f"an infinity (none of its gradients was applied; a CPU update of earlier steps due at "
+                                  f"this step is written back all the same; metrics()['skipped'] reports every "
+                                  f"step)",
                                   RuntimeWarning, stacklevel=2)
         except Exception:
             try:  # a step() that rejects its input dropped them already; a rejected submit did not
