@@ -704,6 +704,48 @@ def test_a_skipped_step_applies_none_of_its_gradients_but_a_cpu_update_due_at_it
     assert max_diff(run(True), run(False)) == 0.0
 
 
+@pytest.mark.parametrize("mode", ["dense", "zero_offload", "zenflow"])
+def test_parameters_frozen_when_added_hold_no_state(mode):
+    # PEFT/LoRA loops pass model.parameters() with the base weights frozen; torch.optim.AdamW keeps
+    # no state for them. ZenFlowAdamW registers the trainable ones only: the same host memory as an
+    # optimizer given those alone, the same training; a frozen uint8 weight (a quantized base) is
+    # no error; a frozen parameter that gets a gradient later is named before anything changes.
+    def frozen_model():
+        m = make_model()
+        m.emb.weight.requires_grad_(False)
+        m.fc1.requires_grad_(False)
+        m.quantized = nn.Parameter(torch.zeros(64, 64, dtype=torch.uint8), requires_grad=False)
+        return m
+
+    def optimizer(params):
+        return ZenFlowAdamW(params, mode=mode, topk_ratio=0.25, update_interval=2, **HYPER)
+
+    a, b = frozen_model(), frozen_model()
+    with optimizer(a.parameters()) as all_params, \
+            optimizer([p for p in b.parameters() if p.requires_grad]) as trainable:
+        for step in range(6):
+            train_step(a, all_params, step)
+            train_step(b, trainable, step)
+        assert all_params.host_memory() == trainable.host_memory()
+        assert max_diff(a, b) == 0.0
+        sd = all_params.state_dict()
+        with pytest.raises(ValueError, match=r"param: was frozen"):
+            all_params.gpu_columns(a.fc1.weight)
+        a.fc1.requires_grad_(True)  # unfrozen after the optimizer registered its parameters
+        before = copy.deepcopy(a.state_dict())
+        with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[\d+\] \(param_groups\[0\]\.params\["
+                                             r"\d+\]\): has a gradient, but it was frozen"):
+            train_step(a, all_params, 6)
+        assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
+        a.fc1.requires_grad_(False)
+        a.fc1.zero_grad(set_to_none=True)
+        with optimizer(a.parameters()) as resumed:  # a state dict of the same parameters loads
+            resumed.load_state_dict(sd)
+            train_step(a, resumed, 6)
+            train_step(b, trainable, 6)
+            assert max_diff(a, b) == 0.0
+
+
 @pytest.mark.parametrize("mode", ["zero_offload", "dense"])
 def test_parameters_without_gradient_are_skipped(mode):
     # An unused branch (fc_unused) and a frozen layer, as torch.optim.AdamW handles them.

@@ -89,7 +89,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     like ``torch.optim.AdamW``.
 
     Arguments follow ``torch.optim.AdamW`` (lr, betas, eps, weight_decay; per parameter group),
-    then the method's options under DeepSpeed's names:
+    then the method's options under DeepSpeed's names. A parameter frozen when it is added
+    (``requires_grad`` False) is left out: it holds no state, and a gradient on it later is rejected.
 
     mode
         ``"zenflow"`` (the method; ``overlap_step`` True: asynchronous CPU update, False: sync),
@@ -283,8 +284,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._hooks = []
         self._process_group = process_group
         self._own_group = None
-        self._params = []        # every parameter, in group order
+        self._params = []        # every parameter it trains (registered with the core), in group order
         self._names = []         # its module path (named parameters) or param_groups[g].params[k]
+        self._members = []       # per group, the indices in _params of its parameters
+        self._frozen = []        # (group, position, parameter, name): frozen when added, never registered
         self._handed = {}        # parameter index -> (gradient, its version) handed over in backward
         self._rehand = False     # this step's gradients go over in step() (a hand-over was dropped)
         self._warned = False
@@ -319,22 +322,26 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         try:
             _check_hyper(g, f"param_groups[{gi}].")
             names = g.get("param_names")
-            new_names = [names[k] if names else f"param_groups[{gi}].params[{k}]" for k in range(len(g["params"]))]
-            self._check_params(list(g["params"]), new_names)
+            all_names = [names[k] if names else f"param_groups[{gi}].params[{k}]" for k in range(len(g["params"]))]
+            # A parameter frozen now (requires_grad False: a PEFT/LoRA base weight, a frozen
+            # encoder) is never registered: torch.optim.AdamW keeps no state for a parameter
+            # without gradients, and registering it would hold its CPU state all the same.
+            trained = [k for k, q in enumerate(g["params"]) if q.requires_grad]
+            new_names = [all_names[k] for k in trained]
+            self._check_params([g["params"][k] for k in trained], new_names)
         except Exception:
             del self.param_groups[gi:]
             raise
         start = len(self._params)
-        self._params.extend(g["params"])
+        self._params.extend(g["params"][k] for k in trained)
         self._names.extend(new_names)
-        self._backward_count.extend([0] * len(g["params"]))
+        self._members.append(list(range(start, len(self._params))))
+        self._frozen.extend((gi, k, q, all_names[k]) for k, q in enumerate(g["params"]) if not q.requires_grad)
+        self._backward_count.extend([0] * len(trained))
         if self.submit_in_backward:
             ref = weakref.ref(self)
-            for i in range(start, len(self._params)):
-                # A frozen parameter (requires_grad False) cannot take a hook; step() hands over
-                # a gradient it gets anyway.
-                if self._params[i].requires_grad:
-                    self._hooks.append(self._params[i].register_post_accumulate_grad_hook(_hook(ref, i)))
+            for i in range(start, len(self._params)):  # each requires grad, so each takes a hook
+                self._hooks.append(self._params[i].register_post_accumulate_grad_hook(_hook(ref, i)))
 
     def zero_grad(self, set_to_none=True):
         """torch's zero_grad; also drops the gradients handed over during backward that no step()
@@ -376,7 +383,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._adopt_edits(core, stream)
         self._verify_hand_overs()
         for gi, adam in changes:
-            for i in self._group_index[gi]:
+            for i in self._members[gi]:
                 core.set_adam_options(i, adam)
             self._pushed[gi] = adam
         try:
@@ -513,7 +520,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 # rule: a scheduler saved one step ahead, or a group edited in the state dict).
                 for gi, g in enumerate(self.param_groups):
                     adam = _adam(g)
-                    for i in self._group_index[gi]:
+                    for i in self._members[gi]:
                         core.set_adam_options(i, adam)
                     self._pushed[gi] = adam
         except Exception:
@@ -693,6 +700,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         for i, p in enumerate(self._params):
             if p is param:
                 return i
+        if any(p is param for _, _, p, _ in self._frozen):
+            raise ValueError("param: was frozen (requires_grad False) when it was added: the optimizer does not train it")
         raise ValueError("param: not a parameter of this optimizer")
 
     def _check_params(self, new, names, others=None):
@@ -773,16 +782,27 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _check_group_params(self):
         """torch.optim steps whatever param_groups hold at step time; ZenFlowAdamW registers its
         parameters as they are added: a group's list edited since (a parameter appended, removed or
-        replaced) is rejected, before anything changes."""
-        k = 0  # the registered parameters, in the groups' order
+        replaced) is rejected, before anything changes. So is a gradient on a parameter that was
+        frozen when it was added (never registered: it has no state here)."""
+        k, f = 0, 0  # the registered parameters and the frozen ones, in the groups' order
         for gi, g in enumerate(self.param_groups):
             for j, p in enumerate(g["params"]):
+                if f < len(self._frozen) and self._frozen[f][:2] == (gi, j) and self._frozen[f][2] is p:
+                    f += 1
+                    continue
                 if k == len(self._params) or p is not self._params[k]:
                     raise self._edited_group(gi, j)
                 k += 1
-        if k < len(self._params):  # parameters removed at the end
+        if k < len(self._params) or f < len(self._frozen):  # parameters removed at the end
             gi = max(len(self.param_groups) - 1, 0)
             raise self._edited_group(gi, len(self.param_groups[gi]["params"]) if self.param_groups else 0)
+        for gi, j, p, name in self._frozen:
+            if p.grad is not None:
+                raise ValueError(f"param_groups[{gi}]['params'][{j}] ({name}): has a gradient, but it was frozen "
+                                 f"(requires_grad False) when it was added, so ZenFlowAdamW registered no state for "
+                                 f"it (as torch.optim.AdamW keeps none for a parameter without gradients, without "
+                                 f"holding its CPU state): unfreeze the parameters you will train before building "
+                                 f"the optimizer, or build a new one")
 
     @staticmethod
     def _edited_group(gi, j):
@@ -847,7 +867,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if self._core is not None:
             return self._core
         if not self._params:
-            raise ValueError("params: the optimizer has no parameters")
+            frozen = f" ({len(self._frozen)} were frozen when added: requires_grad False)" if self._frozen else ""
+            raise ValueError(f"params: the optimizer has no parameters to train{frozen}")
         try:  # again: they are registered now, and a conversion since construction changes them
             self._check_params(self._params, self._names, others=([], []))
         except ValueError as e:
@@ -866,24 +887,18 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 core = _C.Coordinator(options, self._core_config(), "cuda")
         else:
             core = _C.Coordinator(options, self._core_config(), "cpu")
-        self._group_index = []
         # The coordinator writes through the registered storage until it is closed: keep that
         # storage alive even if a parameter's .data is replaced (which step() then rejects).
         self._registered = [p.detach() for p in self._params]
-        index = 0
         try:
             for gi, g in enumerate(self.param_groups):
-                self._group_index.append([])
-                for p in g["params"]:
-                    name = self._names[index]
-                    view = self._registered[index]
-                    if p.dim() >= 2:
+                for index in self._members[gi]:
+                    name, view = self._names[index], self._registered[index]
+                    if view.dim() >= 2:
                         k = core.add_matrix(name, view, self._registered_column_dim(g), adams[gi])
                     else:
                         k = core.add_vector(name, view, adams[gi])
                     assert k == index
-                    self._group_index[gi].append(index)
-                    index += 1
         except Exception:
             core.close()
             raise
