@@ -32,8 +32,10 @@ target_link_libraries(zenflow_dev INTERFACE zenflow::zenflow)
 # (GCC bug 105651). Clang (the fuzz build) has no -Wrestrict. -Warray-bounds stays a warning from
 # GCC 13 on: at -O3 it reports fmt 9's bigint buffer growth (inlined from a system header into
 # every translation unit that formats a floating-point value) as an out-of-bounds memmove.
+# -Wshadow too: a header-only library's warnings are its users' warnings (a vendored include
+# directory is not a system one), and -Wshadow is in many trainers' own flags.
 target_compile_options(zenflow_dev INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations>
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Werror -Wno-error=deprecated-declarations>
   $<$<COMPILE_LANG_AND_ID:CXX,GNU>:-Wno-error=restrict>
   $<$<AND:$<COMPILE_LANG_AND_ID:CXX,GNU>,$<VERSION_GREATER_EQUAL:$<CXX_COMPILER_VERSION>,13>>:-Wno-error=array-bounds>
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --expt-relaxed-constexpr -Xcudafe=--display_error_number>)

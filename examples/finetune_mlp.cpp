@@ -228,9 +228,9 @@ mode_result train(const std::string& name, zenflow::zenflow_options options, con
   model.run(xt.data(), yt.data(), yt.size(), false, &correct);
   result.accuracy = 100.0 * correct / static_cast<double>(yt.size());
   result.weights_hash = 0xcbf29ce484222325ull;
-  const auto hash = [&](const void* data, std::size_t bytes) {
-    for (std::size_t i = 0; i < bytes; ++i)
-      result.weights_hash = (result.weights_hash ^ static_cast<const unsigned char*>(data)[i]) * 0x100000001b3ull;
+  const auto hash = [&](const void* bytes_of, std::size_t bytes) {
+    for (std::size_t b = 0; b < bytes; ++b)
+      result.weights_hash = (result.weights_hash ^ static_cast<const unsigned char*>(bytes_of)[b]) * 0x100000001b3ull;
   };
   for (const auto& L : model.layers) {
     hash(L.w.data(), L.w.size() * sizeof(L.w[0]));

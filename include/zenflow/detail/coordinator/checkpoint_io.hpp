@@ -341,7 +341,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   // of them in dense mode).
   const bool selection_possible =
       started && options_.mode != offload_mode::zero_offload && step >= options_.full_warm_up_rounds;
-  std::size_t selected = 0, unselected = 0, unselected_with_gpu_steps = 0, cpu_columns = 0;
+  std::size_t selected = 0, unselected = 0, unselected_with_gpu_steps = 0, cpu_column_count = 0;
   std::vector<saved_parameter> saved(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
@@ -375,9 +375,9 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
               "checkpoint", "parameter '", name, "' has state of the wrong size");
       const auto size = static_cast<std::size_t>(p.vector.size);
       const auto own = std::span<const float>(s.vector_state).last((slots - 1) * size);
-      for (std::size_t i = 0; i < size; ++i)
-        detail::expect_valid_state<slots_type>([&](std::size_t slot) { return own[slot * size + i]; }, name, "",
-                                               [&] { return detail::concat("at element ", i); });
+      for (std::size_t e = 0; e < size; ++e)
+        detail::expect_valid_state<slots_type>([&](std::size_t slot) { return own[slot * size + e]; }, name, "",
+                                               [&] { return detail::concat("at element ", e); });
       continue;
     }
     const auto rows = r.get<index_t>(), cols = r.get<index_t>();
@@ -426,7 +426,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
                 s.pending_count <= pending_count && (cpu_cols > 0 || (s.current_count == 0 && s.pending_count == 0)),
             "checkpoint", "parameter '", name, "' holds accumulated step counts ", s.current_count, " and ",
             s.pending_count, " inconsistent with the interval's ", current_count, " and ", pending_count);
-    cpu_columns += cpu_cols;
+    cpu_column_count += cpu_cols;
     // The CPU state of this rank's CPU columns; an accumulator while the interval has counted
     // steps (the staging buffers exist from the first step on).
     const std::size_t cpu_n = owned_cpu_cols * static_cast<std::size_t>(rows);
@@ -438,17 +438,17 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
                 s.values.size() == (everything ? n * dtype_size(type) : 0),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
     // The CPU optimizer takes state it can hold (the check it would make while loading).
-    for (std::size_t i = 0; i < cpu_n; ++i)
-      detail::expect_valid_state<slots_type>([&](std::size_t slot) { return s.cpu_own[slot][i]; }, name, "CPU ",
-                                             [&] { return detail::concat("at element ", i); });
+    for (std::size_t e = 0; e < cpu_n; ++e)
+      detail::expect_valid_state<slots_type>([&](std::size_t slot) { return s.cpu_own[slot][e]; }, name, "CPU ",
+                                             [&] { return detail::concat("at element ", e); });
     // So do the GPU columns': a reselection hands them to the CPU optimizer.
     const auto column = static_cast<std::size_t>(rows);
     const std::size_t stride = (s.master ? slots : slots - 1) * column;  // [master,] the others per selected column
     for (std::size_t l = 0; l < k; ++l)
-      for (std::size_t i = 0; i < column; ++i)
+      for (std::size_t row = 0; row < column; ++row)
         detail::expect_valid_state<slots_type>(
-            [&](std::size_t slot) { return s.compact[l * stride + stride - (slots - 1 - slot) * column + i]; }, name,
-            "GPU ", [&] { return detail::concat("at row ", i, " of selected column ", l); });
+            [&](std::size_t slot) { return s.compact[l * stride + stride - (slots - 1 - slot) * column + row]; }, name,
+            "GPU ", [&] { return detail::concat("at row ", row, " of selected column ", l); });
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
   // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
@@ -458,7 +458,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
           selected + unselected, " 2-D parameters (all or none, but for a parameter that never had a GPU step)");
   expects(unselected_with_gpu_steps == 0, "checkpoint",
           "holds a GPU step count for a 2-D parameter without a selection");
-  expects(cpu_columns > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
+  expects(cpu_column_count > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
   if constexpr (data_parallel) {
     detail::agreement_position at{step, started, interval.index, interval.first_step, target, pending};
     at.cpu_steps = host_steps;

@@ -271,7 +271,7 @@ ZENFLOW_TARGET_AVX512 inline bool nonfinite_range(const G* g, std::size_t n, flo
   for (; i + 16 <= n; i += 16) bad |= nonfinite(_mm512_mul_ps(load<false>(g + i, 0xffff), s));
   if (i < n) {
     const auto k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    bad |= nonfinite(_mm512_mul_ps(load<true>(g + i, k), s)) & k;
+    bad = static_cast<__mmask16>(bad | (nonfinite(_mm512_mul_ps(load<true>(g + i, k), s)) & k));
   }
   return bad != 0;
 }
