@@ -799,10 +799,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         for gi, j, p, name in self._frozen:
             if p.grad is not None:
                 raise ValueError(f"param_groups[{gi}]['params'][{j}] ({name}): has a gradient, but it was frozen "
-                                 f"(requires_grad False) when it was added, so ZenFlowAdamW registered no state for "
-                                 f"it (as torch.optim.AdamW keeps none for a parameter without gradients, without "
-                                 f"holding its CPU state): unfreeze the parameters you will train before building "
-                                 f"the optimizer, or build a new one")
+                                 f"(requires_grad False) when it was added, so ZenFlowAdamW holds no state for it "
+                                 f"(it registers its parameters when they are added; torch.optim.AdamW would create "
+                                 f"the state now): unfreeze the parameters you will train before building the "
+                                 f"optimizer, or build a new one")
 
     @staticmethod
     def _edited_group(gi, j):
