@@ -142,7 +142,11 @@ int train(const std::string& path, int epochs) {
     }
     return xy;
   };
-  const auto [test_x, test_y] = gather(test, 0, test.size());
+  // Named variables, not a structured binding: the held_out lambda below captures them, which
+  // clang accepts from version 16 only.
+  const auto test_xy = gather(test, 0, test.size());
+  const std::vector<float>& test_x = test_xy.first;
+  const std::vector<int>& test_y = test_xy.second;
 
   zenflow::zenflow_options options;
   options.topk_ratio = 0.1f;
