@@ -280,7 +280,8 @@ def test_a_state_dict_loads_by_position_whatever_the_parameter_names():
 
 SCHEDULES = {
     # lr only: a warm-up and a linear decay
-    "warm_up_decay": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / 120)),
+    "warm_up_decay": lambda o: torch.optim.lr_scheduler.LambdaLR(
+        o, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / 120)),
     # lr and beta1: OneCycleLR with its default cycle_momentum (beta1 from 0.95 down to 0.85 and back)
     "one_cycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=3e-3, total_steps=120),
 }

@@ -1,9 +1,10 @@
 """The loops users run, on CPU torch, with ZenFlowAdamW where torch.optim.AdamW was:
 transformers.Trainer (default arguments, clipping on; gradient accumulation; a linear warm-up
-schedule; a run resumed from its own checkpoint), an accelerate loop (prepare, clip_grad_norm_, accumulate), a Lightning module, fp16
-autocast with torch.amp.GradScaler skipping steps, iterations interrupted between backward and
-step, and torch.distributed.checkpoint's optimizer state dict taken mid-run. In dense and ZeRO-Offload mode ZenFlowAdamW follows torch's AdamW within reference.py's
-tolerance (torch's own foreach-vs-fused difference, measured in each test) over a short run (fp16:
+schedule; a run resumed from its own checkpoint), an accelerate loop (prepare, clip_grad_norm_,
+accumulate), a Lightning module, fp16 autocast with torch.amp.GradScaler skipping steps,
+iterations interrupted between backward and step, and torch.distributed.checkpoint's optimizer
+state dict taken mid-run. In dense and ZeRO-Offload mode ZenFlowAdamW follows torch's AdamW within
+reference.py's tolerance (torch's own foreach-vs-fused difference, measured in each test) over a short run (fp16:
 step by step from the same weights, see there); over a run long enough for every optimizer to
 learn the task (150 steps), ZenFlow, async and sync, reaches torch's held-out accuracy within one
 point (early on it trails: only the selected columns are updated every step).

@@ -406,9 +406,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 self._last_gradients = core.last_step_gradients()
                 if self._last_gradients["skipped"]:
                     warnings.warn(f"ZenFlowAdamW: step {self._metrics['step']} skipped: a gradient holds a NaN or "
-                                  f"an infinity (none of its gradients was applied; a CPU update of earlier steps due at "
-                                  f"this step is written back all the same; metrics()['skipped'] reports every "
-                                  f"step)",
+                                  f"an infinity (none of its gradients was applied; a CPU update of earlier "
+                                  f"steps due at this step is written back all the same; metrics()['skipped'] "
+                                  f"reports every step)",
                                   RuntimeWarning, stacklevel=2)
         except Exception:
             try:  # a step() that rejects its input dropped them already; a rejected submit did not
@@ -701,7 +701,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if p is param:
                 return i
         if any(p is param for _, _, p, _ in self._frozen):
-            raise ValueError("param: was frozen (requires_grad False) when it was added: the optimizer does not train it")
+            raise ValueError("param: was frozen (requires_grad False) when it was added: the optimizer does not "
+                             "train it")
         raise ValueError("param: not a parameter of this optimizer")
 
     def _check_params(self, new, names, others=None):
