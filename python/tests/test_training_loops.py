@@ -4,10 +4,10 @@ schedule; a run resumed from its own checkpoint), an accelerate loop (prepare, c
 accumulate), a Lightning module, fp16 autocast with torch.amp.GradScaler skipping steps,
 iterations interrupted between backward and step, and torch.distributed.checkpoint's optimizer
 state dict taken mid-run. In dense and ZeRO-Offload mode ZenFlowAdamW follows torch's AdamW within
-reference.py's tolerance (torch's own foreach-vs-fused difference, measured in each test) over a short run (fp16:
-step by step from the same weights, see there); over a run long enough for every optimizer to
-learn the task (150 steps), ZenFlow, async and sync, reaches torch's held-out accuracy within one
-point (early on it trails: only the selected columns are updated every step).
+reference.py's tolerance (torch's own foreach-vs-fused difference, measured in each test) over a
+short run (fp16: step by step from the same weights, see there); over a run long enough for every
+optimizer to learn the task (150 steps), ZenFlow, async and sync, reaches torch's held-out
+accuracy within one point (early on it trails: only the selected columns are updated every step).
 """
 
 import os
@@ -109,9 +109,9 @@ def test_trainer_with_a_linear_warm_up_schedule():
 def test_trainer_resumed_from_its_checkpoint_ends_where_the_uninterrupted_run_ends(mode):
     # Trainer(save_strategy="steps") writes the model, then optimizer.state_dict() and the
     # scheduler's; train(resume_from_checkpoint=...) with a new model and optimizer loads all three
-    # and skips the batches already seen. Saved at step 6, in the middle
-    # of a ZenFlow interval (update_interval 4) with a CPU update pending: the resumed run must end
-    # on the uninterrupted run's weights, bit for bit, as torch's AdamW does.
+    # and skips the batches already seen. Saved at step 6, in the middle of a ZenFlow interval
+    # (update_interval 4) with a CPU update pending: the resumed run must end on the uninterrupted
+    # run's weights, bit for bit, as torch's AdamW does.
     from transformers import Trainer, TrainingArguments
     options = {"dense": dict(mode="dense"), "zero_offload": dict(mode="zero_offload"),
                "zenflow_async": dict(ZENFLOW["zenflow_async"], select_interval=5),

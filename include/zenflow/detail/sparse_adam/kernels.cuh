@@ -233,9 +233,9 @@ __device__ ZENFLOW_FORCEINLINE void decide_step(const step_control& ctl, float& 
 /// the last one's took 10 more and a resident block less per SM); then only the parameter's lr and
 /// weight decay are set. A parameter without a gradient is skipped. The last block to finish
 /// advances the counters (the optimizer's, and those of the parameters with a gradient), after
-/// every block has read them: a block counts itself done only once all its
-/// warps left the tile loop (a barrier every thread reaches), so no lagging warp of another block
-/// reads a count the last block has already advanced.
+/// every block has read them: a block counts itself done only once all its warps left the tile
+/// loop (a barrier every thread reaches), so no lagging warp of another block reads a count the
+/// last block has already advanced.
 static __global__ void ZENFLOW_DETAIL_SPARSE_ADAM_STEP_BOUNDS sparse_adam_step_kernel(const param_desc* params,
                                                                                       const grad_desc* grads, int count,
                                                                                       std::int64_t tiles,
