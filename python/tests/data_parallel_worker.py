@@ -69,10 +69,14 @@ def main():
     result = {"rank": rank, "ranks": ranks}
     timeout = 3.0 if scenario == "stall" else 60.0  # "abort": far longer than the failure may take
     method = METHOD if scenario in ("zenflow", "raise_with", "raise_exit") else dict(METHOD, mode="zero_offload")
-    if scenario == "other_model":
-        # The last rank's model has another hidden width: every rank's constructor must say so,
-        # before any collective whose size depends on the parameters.
-        if rank == ranks - 1:
+    if scenario == "transposed" or (scenario == "other_layout" and rank == ranks - 1):
+        # fc1.weight laid out as a transposed matrix (the same values): the optimizer registers the
+        # contiguous view of its transpose, and copies rank 0's values through it.
+        model.fc1.weight.data = model.fc1.weight.data.t().contiguous().t()
+    if scenario in ("other_model", "other_layout"):
+        # The last rank's model has another hidden width, or one weight in another memory layout:
+        # every rank's constructor must say so, before any collective whose size depends on it.
+        if scenario == "other_model" and rank == ranks - 1:
             torch.manual_seed(0)
             model = Tiny(hidden=48).to(device)
         start = time.monotonic()

@@ -119,3 +119,24 @@ def test_a_checkpoint_resumes_bit_identically_on_cuda():
     resumed, ropt = run(20, 10, torch.load(buf, weights_only=False))
     ropt.close()
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), resumed.parameters()))
+
+
+@pytest.mark.parametrize("method", [dict(mode="dense"), dict(mode="zero_offload"),
+                                    dict(mode="zenflow", topk_ratio=0.25, update_interval=2, select_interval=3)],
+                         ids=lambda m: m["mode"])
+def test_parameters_in_any_dense_memory_layout_train_as_their_contiguous_twins_on_cuda(method):
+    from test_optimizer import Convnet, _in_other_layouts  # the CPU test's model and layouts
+    a, b = Convnet().cuda(), _in_other_layouts(Convnet().cuda())
+    with ZenFlowAdamW(a.parameters(), **HYPER, **method) as oa, ZenFlowAdamW(b.parameters(), **HYPER, **method) as ob:
+        for step in range(8):
+            x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(step)).cuda()
+            oa.zero_grad()
+            a(x).pow(2).mean().backward()
+            for p, q in zip(a.parameters(), b.parameters()):  # a's gradients (cuDNN's differ by layout)
+                q.grad = torch.empty_like(q).copy_(p.grad)   # in b's layout, as autograd makes them
+            oa.step()
+            ob.step()
+            assert oa.gpu_columns(a.head.weight) == ob.gpu_columns(b.head.weight), step
+        oa.flush()
+        ob.flush()
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))

@@ -150,12 +150,23 @@ def test_a_rank_that_aborts_makes_every_rank_fail_at_once_with_its_reason(tmp_pa
     assert results[0]["seconds"] < 30.0  # the communicator's timeout is 60 s
 
 
-def test_ranks_with_different_models_fail_at_construction_naming_the_difference(tmp_path):
-    # Before the broadcast of rank 0's values, whose sizes would not match (Gloo aborts the process).
-    for r in torchrun("other_model", tmp_path):
+@pytest.mark.parametrize("scenario", ["other_model", "other_layout"])
+def test_ranks_with_different_models_fail_at_construction_naming_the_difference(tmp_path, scenario):
+    # Before the broadcast of rank 0's values, whose sizes (or layout: its state would land on other
+    # elements on one rank) would not match (Gloo aborts the process).
+    for r in torchrun(scenario, tmp_path):
         assert len(r["errors"]) == 1, r
-        assert "rank 0 and rank 1 differ in their shapes or dtypes" in r["errors"][0][1], r["errors"]
+        assert "rank 0 and rank 1 differ in their shapes, dtypes or memory layouts" in r["errors"][0][1], r["errors"]
         assert r["seconds"] < 30.0  # the group's timeout is 60 s
+
+
+def test_a_transposed_weight_trains_as_its_contiguous_twin_across_ranks(tmp_path):
+    # fc1.weight transposed in memory on every rank (with different initial values: rank 0's reach
+    # the others through the transposed view): the same bits as one contiguous process.
+    results = torchrun("transposed", tmp_path)
+    ref_params, ref_d2h, ref_final, model = reference(2, ZERO_OFFLOAD)
+    check_equal_to_one_process(results, ref_params, ref_final)
+    check_owned_halves(results, model, ref_d2h)
 
 
 @pytest.mark.parametrize("how,reason", [

@@ -56,9 +56,14 @@ def test_unsupported_dtype():
         ZenFlowAdamW(model.parameters())
 
 
-def test_non_contiguous_param():
-    w = nn.Parameter(torch.randn(8, 4).t())
-    with pytest.raises(ValueError, match="params: .* not contiguous"):
+def test_param_with_gaps_in_memory():
+    # Every other column of a buffer: no memory order makes it dense (a transposed matrix or a
+    # channels_last weight would be taken).
+    w = nn.Parameter(torch.randn(8, 8)[:, ::2])
+    with pytest.raises(ValueError, match=r"params: .* is not dense in memory \(shape \(8, 4\), strides \(8, 2\)"):
+        ZenFlowAdamW([w])
+    w = nn.Parameter(torch.randn(4, 5, 6).permute(1, 0, 2))  # dense, but its rows are not
+    with pytest.raises(ValueError, match=r"params: .* is not dense in memory"):
         ZenFlowAdamW([w])
 
 

@@ -219,6 +219,119 @@ def test_strided_gradients_step_as_their_contiguous_copies():
             assert max_diff(a, b) == 0.0, step
 
 
+class Convnet(nn.Module):
+    """Two convolutions and a linear head: 4-D weights, which channels_last lays out (0, 2, 3, 1)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1, self.conv2 = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 6, 3)
+        self.head = nn.Linear(6 * 4 * 4, 5)
+
+    def forward(self, x):
+        return self.head(self.conv2(torch.relu(self.conv1(x))).flatten(1))
+
+
+LAYOUT_MODES = [dict(mode="dense"), dict(mode="zero_offload"),
+                dict(mode="zenflow", topk_ratio=0.25, update_interval=2, select_interval=3, overlap_step=False),
+                dict(mode="zenflow", topk_ratio=0.25, update_interval=2, select_interval=3, overlap_step=True)]
+
+
+def _in_other_layouts(model):
+    """The model with its convolution weights channels_last and its head's weight transposed in
+    memory: the same values, other strides (what torch.optim steps without noticing)."""
+    model.to(memory_format=torch.channels_last)
+    model.head.weight.data = model.head.weight.data.t().contiguous().t()
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not model.conv2.weight.is_contiguous() and not model.head.weight.is_contiguous()
+    return model
+
+
+@pytest.mark.parametrize("method", LAYOUT_MODES, ids=lambda m: f"{m['mode']}-{m.get('overlap_step', '')}")
+def test_parameters_in_any_dense_memory_layout_train_as_their_contiguous_twins(method):
+    # channels_last convolution weights (diffusers' and torchvision's advice for speed) and a
+    # transposed matrix: registered as the contiguous view of their dimensions in memory order, the
+    # same bits as contiguous parameters, whichever layout each step's gradient comes in.
+    a, b = Convnet(), _in_other_layouts(Convnet())
+    with ZenFlowAdamW(a.parameters(), **HYPER, **method) as oa, ZenFlowAdamW(b.parameters(), **HYPER, **method) as ob:
+        gen = torch.Generator().manual_seed(7)
+        for step in range(12):
+            for p, q in zip(a.parameters(), b.parameters()):
+                g = torch.randn(p.shape, generator=gen)
+                p.grad = g
+                # the parameter's layout (as autograd makes it), or contiguous (handed over as a copy)
+                q.grad = torch.empty_like(q).copy_(g) if step % 2 else g.clone()
+            oa.step()
+            ob.step()
+            assert max_diff(a, b) == 0.0, step
+            # A transposed matrix's columns are its input channels still.
+            assert oa.gpu_columns(a.head.weight) == ob.gpu_columns(b.head.weight), step
+        assert oa.owned_columns(a.head.weight) == ob.owned_columns(b.head.weight)
+        oa.flush()
+        ob.flush()
+        assert max_diff(a, b) == 0.0
+        assert b.conv1.weight.is_contiguous(memory_format=torch.channels_last)  # written in place
+
+
+def test_a_channels_last_model_trains_with_autograd_and_gradients_handed_over_in_backward():
+    # Autograd makes each gradient in its parameter's layout: the hand-over in backward needs no copy
+    # and is kept (a dropped one would warn), and the run tracks torch's AdamW.
+    ours, ref = _in_other_layouts(Convnet()), _in_other_layouts(Convnet())
+    ref_opt = torch.optim.AdamW(ref.parameters(), **HYPER)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with ZenFlowAdamW(ours.parameters(), mode="dense", submit_in_backward=True, **HYPER) as opt:
+            for step in range(20):
+                x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(step))
+                x = x.to(memory_format=torch.channels_last)
+                for model, o in ((ours, opt), (ref, ref_opt)):
+                    o.zero_grad()
+                    model(x).pow(2).mean().backward()
+                    o.step()
+                assert max_diff(ours, ref) <= TRACK_TOL, step
+
+
+def test_a_state_dict_does_not_load_into_parameters_in_another_memory_layout():
+    # The state follows each parameter's memory order: loaded into a channels_last model's
+    # optimizer, a contiguous model's state would land on other elements. Rejected, naming the
+    # parameter, with nothing changed; the same layout resumes bit for bit.
+    def run(model, steps, opt=None):
+        opt = opt or ZenFlowAdamW(model.parameters(), mode="zenflow", topk_ratio=0.25, update_interval=2, **HYPER)
+        for step in steps:
+            opt.zero_grad()
+            x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(step))
+            model(x).pow(2).mean().backward()
+            opt.step()
+        return opt
+
+    model = _in_other_layouts(Convnet())
+    opt = run(model, range(5))
+    saved = copy.deepcopy(model.state_dict()), opt.state_dict()
+    run(model, range(5, 9), opt)
+    opt.flush()
+    contiguous = Convnet()
+    contiguous.load_state_dict(saved[0])
+    other = run(contiguous, range(2))
+    contiguous.load_state_dict(saved[0])
+    with torch.no_grad():
+        before = [p.clone() for p in contiguous.parameters()]
+    with pytest.raises(ValueError, match=r"state_dict: param_groups\[0\]\.params\[0\] was laid out in memory in "
+                                         r"dimension order \(0, 2, 3, 1\) when the state was saved and is contiguous "
+                                         r"now"):
+        other.load_state_dict(saved[1])
+    assert all(torch.equal(p, q) for p, q in zip(contiguous.parameters(), before))
+    other.close()
+    resumed = _in_other_layouts(Convnet())
+    resumed.load_state_dict(saved[0])
+    ropt = ZenFlowAdamW(resumed.parameters(), mode="zenflow", topk_ratio=0.25, update_interval=2, **HYPER)
+    ropt.load_state_dict(saved[1])
+    run(resumed, range(5, 9), ropt)
+    ropt.flush()
+    assert max_diff(model, resumed) == 0.0
+    opt.close()
+    ropt.close()
+
+
 @pytest.mark.parametrize("mode,dtype", [("zenflow", torch.float32), ("zero_offload", torch.float32),
                                         ("dense", torch.bfloat16)])
 def test_a_rejected_load_keeps_an_edit_of_the_weights_for_the_next_step(mode, dtype):

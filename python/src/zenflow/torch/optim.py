@@ -181,9 +181,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     ``column_dim=0`` whatever its group says: its columns, moved to the CPU and back every step,
     are then contiguous rows, copied rather than transposed.
 
-    Parameters must be contiguous float32/bfloat16/float16 tensors with storage of their own, all
-    on the CPU or all on one CUDA device. The optimizer registers them (their values become the
-    fp32 master) at the first ``step()``. Edit them in place whenever you like (``p.clamp_()``,
+    Parameters must be float32/bfloat16/float16 tensors with storage of their own, dense in memory
+    (contiguous, channels_last, or a transposed matrix: the optimizer sees a parameter with its
+    dimensions in memory order, so the columns of a channels_last weight are numbered in that
+    order, and its ``state_dict()`` loads only into parameters in the same layout), all on the CPU
+    or all on one CUDA device. The optimizer registers them (their values become the fp32 master)
+    at the first ``step()``. Edit them in place whenever you like (``p.clamp_()``,
     ``nn.init``, ``model.load_state_dict``): the next ``step()`` (or :meth:`flush`,
     :meth:`state_dict`) adopts the edit; do not replace a parameter's ``.data``.
 
@@ -387,18 +390,16 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 core.set_adam_options(i, adam)
             self._pushed[gi] = adam
         try:
-            # A strided gradient (a transposed one, autograd's expanded ones) as a contiguous copy,
-            # which lives until the step's work on the stream has read it (torch's caching
-            # allocator reuses its memory for later work on that stream only).
+            # A gradient laid out otherwise than its parameter (a transposed one, autograd's expanded
+            # ones) goes over as a copy in the parameter's layout, which lives until the step's work
+            # on the stream has read it (torch's caching allocator reuses its memory for later work
+            # on that stream only).
             copies = []
             with record_function("zenflow: submit"):
                 for i, p in enumerate(self._params):
                     if p.grad is not None and i not in self._handed:
-                        grad = p.grad
-                        if not grad.is_contiguous():
-                            copies.append(grad.contiguous())
-                            grad = copies[-1]
-                        core.submit(i, grad, stream)
+                        copies.append(self._core_grad(i, p.grad))
+                        core.submit(i, copies[-1], stream)
             with record_function("zenflow: coordinator step"):
                 self._metrics = core.step(stream)
             self._last_gradients = None
@@ -449,6 +450,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     # write a bytes object as latin-1 text, half again as large).
                     checkpoint = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
         sd["zenflow"] = {"format": _CHECKPOINT_FORMAT, "checkpoint": checkpoint, "mode": self._method["mode"]}
+        if checkpoint is not None:  # the parameters not contiguous: the state follows their memory order
+            sd["zenflow"]["memory_orders"] = [[i, list(o)] for i, o in enumerate(self._orders) if o is not None]
         if self._method["mode"] == "zero_offload":
             sd["zenflow"]["columns"] = _ZERO_OFFLOAD_COLUMNS
         return sd
@@ -484,6 +487,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         elif checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray)):
             raise ValueError(f"state_dict['zenflow']['checkpoint']: must be a 1-D uint8 tensor (as state_dict() "
                              f"wrote it) or bytes, got {type(checkpoint).__name__}")
+        orders = zf.get("memory_orders", [])
+        try:
+            saved_orders = {int(i): tuple(int(d) for d in o) for i, o in orders}
+        except (TypeError, ValueError):
+            raise ValueError(f"state_dict['zenflow']['memory_orders']: must be [index, order] pairs (as state_dict() "
+                             f"wrote them), got {orders!r}") from None
         saved = state_dict.get("param_groups")
         if not isinstance(saved, list) or len(saved) != len(self.param_groups):
             raise ValueError(f"state_dict: has {len(saved) if isinstance(saved, list) else 'no'} parameter groups, "
@@ -508,6 +517,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._core = None
             if checkpoint is not None:
                 core = self._built()
+                self._check_memory_orders(saved_orders)
                 with tempfile.TemporaryDirectory(prefix="zenflow-") as d:
                     path = os.path.join(d, "checkpoint.zf")
                     with open(path, "wb") as f:
@@ -536,6 +546,24 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._rehand = False
         self._backward_count = [0] * len(self._params)
         self._record_versions()
+
+    def _check_memory_orders(self, saved):
+        """A checkpoint's state is laid out in each parameter's memory order: a parameter converted
+        to or from channels_last since would take its state on other elements. Rejected, naming it."""
+        def layout(order):
+            if order is None:
+                return "contiguous"
+            return "transposed" if order == (1, 0) else f"laid out in memory in dimension order {order}"
+        for i, order in enumerate(self._orders):
+            if saved.get(i) != order:
+                raise ValueError(f"state_dict: {self._names[i]} was {layout(saved.get(i))} when the state was saved "
+                                 f"and is {layout(order)} now (a model converted to or from channels_last since?): "
+                                 f"its optimizer state would land on other elements; convert the model to the memory "
+                                 f"format it was saved in first")
+        extra = sorted(k for k in saved if not 0 <= k < len(self._orders))
+        if extra:
+            raise ValueError(f"state_dict: names parameter {extra[0]} in memory_orders; this optimizer has "
+                             f"{len(self._orders)} parameters")
 
     def __deepcopy__(self, memo):
         raise TypeError("ZenFlowAdamW cannot be copied: its state lives in the library's coordinator (worker "
@@ -717,8 +745,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 raise ValueError(f"params: {name} is not a dense tensor ({p.layout})")
             if p.dtype not in _DTYPES:
                 raise ValueError(f"params: {name} has dtype {p.dtype}; supported: float32, bfloat16, float16")
-            if not p.is_contiguous():
-                raise ValueError(f"params: {name} is not contiguous")
+            if _memory_order(p) is False:
+                raise ValueError(f"params: {name} is not dense in memory (shape {tuple(p.shape)}, strides "
+                                 f"{tuple(p.stride())}: a slice or an expanded view); a parameter must be laid out "
+                                 f"without gaps or overlap, contiguous, in a channels_last format or as a "
+                                 f"transposed matrix")
             if p.numel() == 0:
                 raise ValueError(f"params: {name} is empty")
             if p.device.type not in ("cpu", "cuda"):
@@ -751,7 +782,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                              f"place instead (with torch.no_grad(): param.copy_(new)), or build a new optimizer")
 
     def _check_grad(self, i, grad, strided_ok=False):
-        """`strided_ok`: a non-contiguous gradient is accepted (step() hands a contiguous copy over)."""
+        """`strided_ok`: a gradient laid out otherwise than its parameter is accepted (step() hands a
+        copy in the parameter's layout over)."""
         p, name = self._params[i], self._names[i]
         if grad.is_sparse or grad.layout != torch.strided:
             raise ValueError(f"grad: {name}'s gradient is sparse; use dense gradients (nn.Embedding(sparse=False))")
@@ -762,8 +794,28 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if grad.shape != p.shape:
             raise ValueError(f"grad: {name}'s gradient has shape {tuple(grad.shape)}, the parameter "
                              f"{tuple(p.shape)}")
-        if not strided_ok and not grad.is_contiguous():
-            raise ValueError(f"grad: {name}'s gradient is not contiguous")
+        if not strided_ok and not self._core_layout(i, grad).is_contiguous():
+            raise ValueError(f"grad: {name}'s gradient is not laid out in memory as its parameter is")
+
+    def _order(self, i):
+        """The memory order parameter i is (or will be) registered in, None for a contiguous one (or
+        one in no such order, which the first step() rejects)."""
+        if self._core is not None:
+            return self._orders[i]
+        order = _memory_order(self._params[i])
+        return order if isinstance(order, tuple) else None
+
+    def _core_layout(self, i, t):
+        """Tensor `t` shaped as parameter i (its value, its gradient) with its dimensions in the
+        parameter's memory order: a contiguous view when `t` is laid out as the parameter is."""
+        order = self._order(i)
+        return t if order is None else t.permute(order)
+
+    def _core_grad(self, i, grad):
+        """`grad` as the core reads parameter i's gradient: a view, or a copy in the parameter's
+        layout when its strides differ."""
+        g = self._core_layout(i, grad)
+        return g if g.is_contiguous() else g.contiguous()
 
     def _grad_ok(self, i, grad):
         try:
@@ -874,13 +926,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._check_params(self._params, self._names, others=([], []))
         except ValueError as e:
             raise ValueError(f"{e} (checked when the first step() registers the parameters: a conversion after "
-                             f"the optimizer was built, such as model.double() or channels_last, changes "
-                             f"them)") from None
+                             f"the optimizer was built, such as model.double(), changes them)") from None
         for gi, g in enumerate(self.param_groups):
             _check_hyper(g, f"param_groups[{gi}].")
         adams = [_adam(g) for g in self.param_groups]
         options = dict(self._method, adam=adams[0])
         device = self._device()
+        # Each parameter as the core sees it: its dimensions in memory order, a contiguous view of
+        # its storage (a channels_last convolution weight, a transposed matrix).
+        self._orders = [None if o is True else o for o in map(_memory_order, self._params)]
         if self._process_group is not None:
             core = self._data_parallel_core(options, device)
         elif device.type == "cuda":
@@ -890,13 +944,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             core = _C.Coordinator(options, self._core_config(), "cpu")
         # The coordinator writes through the registered storage until it is closed: keep that
         # storage alive even if a parameter's .data is replaced (which step() then rejects).
-        self._registered = [p.detach() for p in self._params]
+        self._registered = [p.detach() if o is None else p.detach().permute(o)
+                            for p, o in zip(self._params, self._orders)]
         try:
             for gi, g in enumerate(self.param_groups):
                 for index in self._members[gi]:
                     name, view = self._names[index], self._registered[index]
                     if view.dim() >= 2:
-                        k = core.add_matrix(name, view, self._registered_column_dim(g), adams[gi])
+                        k = core.add_matrix(name, view, self._registered_column_dim(g, self._orders[index]),
+                                            adams[gi])
                     else:
                         k = core.add_vector(name, view, adams[gi])
                     assert k == index
@@ -915,14 +971,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.state[p]  # noqa: B018 -- the defaultdict creates the entry
         return core
 
-    def _registered_column_dim(self, group):
-        """The column_dim a 2-D parameter of `group` is registered with. ZeRO-Offload selects no
-        column (every column is updated on the CPU each step), so which dimension holds the columns
-        does not change a result; with column_dim=0 a column is a contiguous row of the tensor, and
-        moving every column to the CPU and back is a plain copy instead of a transposition."""
-        if self._method["mode"] == "zero_offload":
-            return 0
-        return int(group.get("column_dim", 1))
+    def _registered_column_dim(self, group, order):
+        """The column_dim a 2-D parameter of `group` laid out in `order` is registered with.
+        ZeRO-Offload selects no column (every column is updated on the CPU each step), so which
+        dimension holds the columns does not change a result; with column_dim=0 a column is a
+        contiguous row of the tensor, and moving every column to the CPU and back is a plain copy
+        instead of a transposition. A transposed matrix is registered as the contiguous view of
+        its transpose, with the other column_dim: a column is the same elements either way."""
+        column_dim = 0 if self._method["mode"] == "zero_offload" else int(group.get("column_dim", 1))
+        return 1 - column_dim if order == (1, 0) else column_dim
 
     def _core_config(self):
         """The coordinator's config. With the NVMe tier, each coordinator this optimizer builds gets a
@@ -954,11 +1011,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return int.from_bytes(h.digest(), "little", signed=True)
 
         mine = torch.tensor([len(self._params),
-                             digest((tuple(p.shape), str(p.dtype)) for p in self._params),
+                             digest((tuple(p.shape), str(p.dtype), o) for p, o in zip(self._params, self._orders)),
                              digest(self._names)], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in ranks]
         dist.all_gather(everyone, mine, group=self._own_group)
-        what = ("the number of parameters", "their shapes or dtypes", "their names")
+        what = ("the number of parameters", "their shapes, dtypes or memory layouts", "their names")
         for r, theirs in enumerate(everyone[1:], start=1):
             for k in range(3):
                 if theirs[k] != everyone[0][k]:
@@ -986,11 +1043,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._own_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True,
                                              timeout=datetime.timedelta(seconds=2 * self._timeout))
             self._check_same_parameters(ranks)  # before anything whose size depends on them
-            for p in self._params:
-                values = p.data if p.device.type == "cpu" else p.data.cpu()
+            for p, o in zip(self._params, self._orders):
+                view = p.data if o is None else p.data.permute(o)  # contiguous, as the collective needs
+                values = view if p.device.type == "cpu" else view.cpu()
                 dist.broadcast(values, src=ranks[0], group=self._own_group)
-                if values is not p.data:
-                    p.data.copy_(values)
+                if values is not view:
+                    view.copy_(values)
         if device.type == "cuda":
             first = dist.get_process_group_ranks(self._own_group)[0]
             if dist.get_rank() == first:
@@ -1021,7 +1079,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return
         try:
             core = self._built()
-            core.submit(i, grad, self._stream())
+            core.submit(i, self._core_layout(i, grad), self._stream())
         except ValueError:
             self._rehand = True  # step() hands everything over and reports what is wrong
             return
@@ -1057,6 +1115,22 @@ def _float32(where, name, value, low, low_open, high=None, high_open=False, as_n
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
         raise ValueError(f"{where}{name}: must be in {'(' if low_open else '['}{low}, {hi} as a float32, got {value!r}")
     return x
+
+
+def _memory_order(p):
+    """The order of `p`'s dimensions in memory, outermost first, when `p` is laid out without gaps
+    or overlap with dimension 0 outermost, or is a transposed matrix: (0, 2, 3, 1) for a
+    channels_last convolution weight, (1, 0) for a transposed matrix, True for a contiguous tensor;
+    False for any other layout (a slice, an expanded view)."""
+    if p.is_contiguous():
+        return True
+    n = p.dim()
+    if n == 2:
+        return (1, 0) if p.t().is_contiguous() else False
+    if n < 2:
+        return False
+    order = (0, *sorted(range(1, n), key=lambda d: (-p.stride(d), d)))
+    return order if p.permute(order).is_contiguous() else False
 
 
 def _same(a, b):
