@@ -239,6 +239,7 @@ def test_state_dict_after_close_raises():
     # torch honours these per group; zenflow's Adam would ignore them
     ({"maximize": True}, r"param_groups\[1\]\.maximize: not supported by zenflow's Adam, got True"),
     ({"amsgrad": True}, r"param_groups\[1\]\.amsgrad: not supported by zenflow's Adam, got True"),
+    ({"differentiable": True}, r"param_groups\[1\]\.differentiable: not supported by zenflow's Adam, got True"),
     ({"params_kind": "double"}, r"float64"),
     ({"params_kind": "shared"}, r"share storage"),
 ])
@@ -375,6 +376,17 @@ def test_a_model_converted_to_channels_last_before_the_first_step_trains():
     assert m[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert max((p - q).abs().max().item() for p, q in zip(m.parameters(), ref.parameters())) < 1e-5
     opt.close()
+
+
+def test_torch_implementation_switches_are_accepted_and_change_nothing():
+    # A training script that builds torch.optim.AdamW(groups, lr=..., betas=..., **extra_args) with
+    # extra_args = dict(fused=True) where torch has a fused kernel (nanoGPT's configure_optimizers)
+    # runs with ZenFlowAdamW in its place: the same bits as without the switches.
+    plain = loop(lambda params: ZenFlowAdamW(params, **HYPER))
+    for extra_args in (dict(fused=True), dict(foreach=False), dict(fused=None, foreach=True, capturable=False,
+                                                                   differentiable=False)):
+        switched = loop(lambda params: ZenFlowAdamW(params, **HYPER, **extra_args))
+        assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), switched.parameters())), extra_args
 
 
 def test_numpy_scalars_are_numbers():

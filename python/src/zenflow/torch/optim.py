@@ -88,8 +88,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     r"""AdamW whose optimizer state lives in CPU memory, updated the ZenFlow way; otherwise it works
     like ``torch.optim.AdamW``.
 
-    Arguments follow ``torch.optim.AdamW`` (lr, betas, eps, weight_decay; per parameter group),
-    then the method's options under DeepSpeed's names. A parameter frozen when it is added
+    Arguments follow ``torch.optim.AdamW`` (lr, betas, eps, weight_decay; per parameter group;
+    ``foreach`` and ``fused`` are accepted and change nothing, as they choose torch's
+    implementation; ``amsgrad``, ``maximize``, ``capturable`` and ``differentiable`` must be
+    False), then the method's options under DeepSpeed's names. A parameter frozen when it is added
     (``requires_grad`` False) is left out: it holds no state, and a gradient on it later is rejected.
 
     mode
@@ -195,13 +197,18 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-                 amsgrad=False, maximize=False, mode=None, topk_ratio=None, select_strategy=None,
+                 amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 mode=None, topk_ratio=None, select_strategy=None,
                  select_interval=None, update_interval=None, full_warm_up_rounds=None, overlap_step=None,
                  steps_per_epoch=None, auto_select_steps=None, max_update_interval=None, max_grad_norm=None,
                  cover_cpu_update=None, zenflow_config=None, gradient_accumulation_steps=1, submit_in_backward=False, cpu_threads=0,
                  reserved_cpus=0, record_trace=False, column_dim=1, process_group=None, timeout=600.0, cpu_state="fp32",
                  offload_optimizer=None, aio=None):
-        _check_unsupported({"amsgrad": amsgrad, "maximize": maximize}, "")
+        _check_unsupported({"amsgrad": amsgrad, "maximize": maximize, "capturable": capturable,
+                            "differentiable": differentiable}, "")
+        for key, value in (("foreach", foreach), ("fused", fused)):
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{key}: must be None, True or False, got {value!r}")
         given = {"mode": mode, "topk_ratio": topk_ratio, "select_strategy": select_strategy,
                  "select_interval": select_interval, "update_interval": update_interval,
                  "full_warm_up_rounds": full_warm_up_rounds, "overlap_step": overlap_step,
@@ -1139,10 +1146,11 @@ def _same(a, b):
 
 
 def _check_unsupported(g, where):
-    """torch.optim.AdamW's per-group switches that change what a step computes and that zenflow's
-    Adam does not implement: set in a group (at construction, by add_param_group, in a loaded state
-    dict or later by hand), they would be silently ignored; rejected instead."""
-    for key in ("amsgrad", "maximize"):
+    """torch.optim.AdamW's per-group switches that change what a step computes (or, capturable
+    and differentiable, what it may be used for) and that zenflow's Adam does not implement: set in
+    a group (at construction, by add_param_group, in a loaded state dict or later by hand), they
+    would be silently ignored; rejected instead."""
+    for key in ("amsgrad", "maximize", "capturable", "differentiable"):
         if g.get(key, False):
             raise ValueError(f"{where}{key}: not supported by zenflow's Adam, got {g[key]!r} (it must be False or "
                              f"absent)")
