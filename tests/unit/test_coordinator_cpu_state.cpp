@@ -151,12 +151,18 @@ TEST_CASE("state on disk trains bit-identically to state in RAM, through reselec
   zero_offload.optimizer = cpu_state_options().optimizer;
   constexpr auto fp32 = cpu_state_format::fp32, bf16 = cpu_state_format::bf16_moments;
   constexpr auto q8 = cpu_state_format::blockwise8_moments;
-  for (const auto& [name, options, master_on_disk, format] :
+  // Plain variables, not structured bindings: doctest's CAPTURE and INFO capture them in a lambda,
+  // which clang before 16 refuses for a binding.
+  for (const auto& c :
        {std::tuple{"zenflow", cpu_state_options(), true, fp32}, std::tuple{"zero_offload", zero_offload, true, fp32},
         std::tuple{"zenflow", cpu_state_options(), false, fp32}, std::tuple{"zero_offload", zero_offload, false, fp32},
         std::tuple{"zenflow", cpu_state_options(), true, bf16}, std::tuple{"zero_offload", zero_offload, false, bf16},
         std::tuple{"zenflow", cpu_state_options(), true, q8}, std::tuple{"zenflow", cpu_state_options(), false, q8},
         std::tuple{"zero_offload", zero_offload, true, q8}}) {
+    const char* const name = std::get<0>(c);
+    const zenflow_options& options = std::get<1>(c);
+    const bool master_on_disk = std::get<2>(c);
+    const cpu_state_format format = std::get<3>(c);
     CAPTURE(name);
     CAPTURE(master_on_disk);
     CAPTURE(cpu_state_format_name(format));
@@ -186,9 +192,14 @@ TEST_CASE("state on disk trains bit-identically to state in RAM, through reselec
 TEST_CASE("host_memory: one accumulator without overlap_step, two with it; state on disk holds none in RAM") {
   auto zero_offload = zenflow_options::zero_offload();  // overlap_step false: every update completes in its step
   zero_offload.optimizer = cpu_state_options().optimizer;
-  for (const auto& [name, options, disk] :
+  // Plain variables, not structured bindings: doctest's CAPTURE and INFO capture them in a lambda,
+  // which clang before 16 refuses for a binding.
+  for (const auto& c :
        {std::tuple{"zenflow", cpu_state_options(), false}, std::tuple{"zero_offload", zero_offload, false},
         std::tuple{"zenflow", cpu_state_options(), true}, std::tuple{"zero_offload", zero_offload, true}}) {
+    const char* const name = std::get<0>(c);
+    const zenflow_options& options = std::get<1>(c);
+    const bool disk = std::get<2>(c);
     CAPTURE(name);
     CAPTURE(disk);
     zenflow_test::scratch_dir dir;

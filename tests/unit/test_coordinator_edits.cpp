@@ -183,9 +183,13 @@ TEST_CASE("reloading a parameter nobody edited changes nothing; a bf16 master ke
 TEST_CASE("an edit becomes the master of every column; moments and step counts stay; training goes on from it") {
   for (const std::int64_t before :
        {std::int64_t{0}, std::int64_t{5}}) {  // before the first step: every column on the CPU
-    for (const auto& [o, disk] :
+    // Plain variables, not structured bindings: doctest's CAPTURE captures them in a lambda, which
+    // clang before 16 refuses for a binding.
+    for (const auto& setting :
          {std::pair{sync_options(), false}, std::pair{dense_options(), false}, std::pair{zero_offload_options(), false},
           std::pair{sync_options(), true}, std::pair{zero_offload_options(), true}}) {
+      const zenflow_options& o = setting.first;
+      const bool disk = setting.second;
       CAPTURE(before);
       CAPTURE(offload_mode_name(o.mode));
       CAPTURE(disk);

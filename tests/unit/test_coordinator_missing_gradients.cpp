@@ -204,8 +204,12 @@ TEST_CASE("a frozen layer stays bitwise as registered and gets no optimizer stat
     const char* name;
     zenflow_options options;
   };
-  for (const auto& [name, options] : {mode{"dense", dense_options()}, mode{"zero_offload", zero_offload_options()},
-                                      mode{"zenflow async", base_options()}, mode{"zenflow sync", sync}}) {
+  // Members, not structured bindings: doctest's INFO captures them in a lambda, which clang before
+  // 16 refuses for a binding.
+  for (const mode& m : {mode{"dense", dense_options()}, mode{"zero_offload", zero_offload_options()},
+                        mode{"zenflow async", base_options()}, mode{"zenflow sync", sync}}) {
+    const char* const name = m.name;
+    const zenflow_options& options = m.options;
     INFO(name);
     harness h(options);
     train(h, steps, frozen_w1);

@@ -160,11 +160,15 @@ bool step_both(cpu_adam& ram, cpu_adam& nvme, int step) {
 }  // namespace
 
 TEST_CASE("state on an SSD: bit-identical to RAM state over column subsets, dtypes, engines, threads, layouts") {
-  for (const auto& [format, master_on_disk] :
+  // Plain variables, not structured bindings: doctest's CAPTURE captures them in a lambda, which
+  // clang before 16 refuses for a binding.
+  for (const auto& c :
        {std::pair{cpu_state_format::fp32, false}, std::pair{cpu_state_format::fp32, true},
         std::pair{cpu_state_format::bf16_moments, false}, std::pair{cpu_state_format::bf16_moments, true},
         std::pair{cpu_state_format::blockwise8_moments, false},
         std::pair{cpu_state_format::blockwise8_moments, true}}) {
+    const cpu_state_format format = c.first;
+    const bool master_on_disk = c.second;
     for (const auto engine : {zenflow::io_engine_kind::posix, zenflow::io_engine_kind::automatic}) {
       for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
         CAPTURE(zenflow::cpu_state_format_name(format));

@@ -190,7 +190,8 @@ TEST_CASE("io engines: O_DIRECT writes and reads at queue depth 8, every complet
         writes.push_back(
             req(io_op::write, id, b * block, pool.buffer(k).data(), block, b, static_cast<std::int32_t>(k)));
       }
-      for (const auto& [tag, c] : run_all(e, writes)) {
+      for (const auto& done : run_all(e, writes)) {  // not a binding: INFO captures it in a lambda
+        const io_completion& c = done.second;
         INFO(e.describe(c));
         CHECK(c.ok());
         CHECK(c.done == block);

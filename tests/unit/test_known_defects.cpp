@@ -419,8 +419,12 @@ TEST_CASE("defect: PCIe traffic other than the unselected columns (independent b
   all_gpu.topk_ratio = 1.0f;
   auto warm = base_options();
   warm.full_warm_up_rounds = 3;
-  for (const auto& [name, o] : {setting{"sync", sync}, setting{"async", async}, setting{"all on the GPU", all_gpu},
-                                setting{"dense", zenflow_options::dense()}, setting{"warm-up", warm}}) {
+  // Members, not structured bindings: doctest's CAPTURE captures them in a lambda, which clang
+  // before 16 refuses for a binding.
+  for (const setting& each : {setting{"sync", sync}, setting{"async", async}, setting{"all on the GPU", all_gpu},
+                              setting{"dense", zenflow_options::dense()}, setting{"warm-up", warm}}) {
+    const char* const name = each.name;
+    const zenflow_options& o = each.options;
     CAPTURE(name);
     harness h(o);
     std::vector<std::vector<std::int32_t>> before(h.model.weights.size());
