@@ -4,6 +4,7 @@
 //     back to the same bytes and resumes bit-identically;
 //   - saving with no parameters frees no buffer a copy still writes (run under TSan);
 //   - a directory, a device or a missing file is rejected with zenflow::error;
+//   - the writer streams arrays larger than its buffer, and unaligned ones, intact;
 //   - a failed save (write or rename) leaves no "<path>.tmp" and the old checkpoint untouched;
 //   - crafted files with a valid checksum (one field changed, header resealed) are rejected
 //     before anything changes, and the coordinator still loads the real file afterwards.
@@ -388,6 +389,48 @@ TEST_CASE("a directory, a device or a missing file is not a checkpoint") {
   std::filesystem::remove(directory);
   check_untouched(m, weights, cpu);
   CHECK(resume(m, saved_checkpoint(c), 3) == uninterrupted(c, 3));
+}
+
+TEST_CASE("the writer streams arrays of any size through its buffer; the reader gets back every value") {
+  // Checkpoints of the toy models above never fill the writer's buffer. A model's state does: its
+  // arrays are flushed with what was buffered before them, or written straight through when they
+  // are as large as the buffer, and the size and hash in the header cover all of it.
+  constexpr std::size_t buffer_floats = detail::checkpoint_writer::buffer_bytes / sizeof(float);
+  std::vector<std::vector<float>> arrays;
+  for (const std::size_t n : {std::size_t{3}, buffer_floats + 5, buffer_floats / 2 + 1, buffer_floats / 2 + 1,
+                              std::size_t{0}, 2 * buffer_floats, std::size_t{7}}) {
+    arrays.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i) arrays.back()[i] = static_cast<float>(arrays.size() * 1000003 + i);
+  }
+  const auto path = temp_path("stream.bin");
+  {
+    detail::checkpoint_writer w(path);
+    w.put<std::int32_t>(-7);
+    for (const auto& a : arrays) {
+      w.put<std::uint8_t>(0x5a);  // a scalar between arrays: every array starts unaligned
+      w.put_array<float>(a);
+    }
+    w.put_string("end");
+    CHECK(std::filesystem::exists(path + ".tmp"));
+    CHECK_FALSE(std::filesystem::exists(path));
+    w.commit();
+  }
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+  detail::checkpoint_reader r(path);
+  CHECK(r.get<std::int32_t>() == -7);
+  for (const auto& a : arrays) {
+    CHECK(r.get<std::uint8_t>() == 0x5a);
+    CHECK(r.get_array<float>() == a);
+  }
+  CHECK(r.get_string() == "end");
+  CHECK(r.at_end());
+  {
+    detail::checkpoint_writer abandoned(path);  // destroyed without commit (an exception on the way)
+    abandoned.put_array<float>(arrays[1]);
+  }
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+  CHECK(detail::checkpoint_reader(path).get<std::int32_t>() == -7);  // the committed file is untouched
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("a failed save leaves no .tmp file and the previous checkpoint untouched") {

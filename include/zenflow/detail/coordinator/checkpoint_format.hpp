@@ -34,8 +34,10 @@ inline constexpr std::size_t checkpoint_header_bytes = 32;
 template <class T>
 concept checkpoint_scalar = std::is_arithmetic_v<T> || std::is_enum_v<T>;
 
-inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
+inline constexpr std::uint64_t fnv1a64_basis = 0xcbf29ce484222325ull;
+
+/// FNV-1a over `data`, continuing from `h` (the hash of what came before it, or the basis).
+inline std::uint64_t fnv1a64(std::span<const std::byte> data, std::uint64_t h = fnv1a64_basis) noexcept {
   for (std::byte b : data) {
     h ^= static_cast<std::uint64_t>(b);
     h *= 0x100000001b3ull;
@@ -43,74 +45,105 @@ inline std::uint64_t fnv1a64(std::span<const std::byte> data) noexcept {
   return h;
 }
 
+/// Writes a checkpoint as it is put together: the payload streams through a buffer of
+/// buffer_bytes into path.tmp (its size and hash kept as it goes by), and commit() writes the
+/// header and renames path.tmp to path. So a checkpoint of any size costs no more memory than
+/// the buffer. Throws zenflow::error naming the file; path.tmp is removed unless committed (path
+/// is left as it was).
 class checkpoint_writer {
  public:
+  static constexpr std::size_t buffer_bytes = std::size_t{4} << 20;
+
+  explicit checkpoint_writer(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+    // POSIX calls rather than a stream: a failure (a full disk, a quota, an I/O error) says why.
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int open_error = errno;  // (read before anything else may set it)
+    expects(fd_ >= 0, "path", "cannot open '", tmp_, "' for writing: ", errno_text(open_error));
+    buffer_.reserve(buffer_bytes);
+    buffer_.resize(checkpoint_header_bytes);  // the header's place: commit() fills it in
+  }
+  checkpoint_writer(const checkpoint_writer&) = delete;
+  checkpoint_writer& operator=(const checkpoint_writer&) = delete;
+  ~checkpoint_writer() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) std::remove(tmp_.c_str());
+  }
+
   template <checkpoint_scalar T>
   void put(const T& value) {
     if constexpr (std::is_same_v<T, bool>) {
       put<std::uint8_t>(value ? 1 : 0);
     } else {
-      const auto* p = reinterpret_cast<const std::byte*>(&value);
-      payload_.insert(payload_.end(), p, p + sizeof(T));
+      append({reinterpret_cast<const std::byte*>(&value), sizeof(T)});
     }
   }
   template <checkpoint_scalar T>
   requires(!std::is_same_v<T, bool>) void put_array(std::span<const T> values) {
     put<std::uint64_t>(values.size());
-    const auto* p = reinterpret_cast<const std::byte*>(values.data());
-    payload_.insert(payload_.end(), p, p + values.size_bytes());
+    append(std::as_bytes(values));
   }
   void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
 
-  /// Writes header + payload to path.tmp, then renames it to path. Throws zenflow::error; on any
-  /// failure after path.tmp was created, path.tmp is removed (path is left as it was).
-  void write(const std::string& path) const {
-    std::vector<std::byte> header(checkpoint_header_bytes);
-    std::memcpy(header.data(), checkpoint_magic, 8);
+  /// Writes what is buffered and the header, then renames path.tmp to path.
+  void commit() {
+    flush();
+    std::byte header[checkpoint_header_bytes] = {};
+    std::memcpy(header, checkpoint_magic, 8);
     const std::uint32_t version = checkpoint_version, reserved = 0;
-    const std::uint64_t size = payload_.size(), hash = fnv1a64(payload_);
-    std::memcpy(header.data() + 8, &version, 4);
-    std::memcpy(header.data() + 12, &reserved, 4);
-    std::memcpy(header.data() + 16, &size, 8);
-    std::memcpy(header.data() + 24, &hash, 8);
-    const std::string tmp = path + ".tmp";
-    // POSIX calls rather than a stream: a failure (a full disk, a quota, an I/O error) says why.
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int open_error = errno;  // (read before anything else may set it)
-    expects(fd >= 0, "path", "cannot open '", tmp, "' for writing: ", errno_text(open_error));
-    // From here on path.tmp is ours: whatever fails (a write, the close, the rename) removes it.
-    struct remove_unless_renamed {
-      const std::string& file;
-      int& fd;
-      bool renamed = false;
-      ~remove_unless_renamed() {
-        if (fd >= 0) ::close(fd);
-        if (!renamed) std::remove(file.c_str());
-      }
-    } cleanup{tmp, fd};
-    const auto write_all = [&](std::span<const std::byte> bytes) {
-      while (!bytes.empty()) {
-        const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-        const int write_error = n < 0 ? errno : EIO;
-        if (n < 0 && write_error == EINTR) continue;
-        expects(n > 0, "path", "writing '", tmp, "' failed: ", errno_text(write_error));
-        bytes = bytes.subspan(static_cast<std::size_t>(n));
-      }
-    };
-    write_all(header);
-    write_all(payload_);
-    const int closed = ::close(fd);
+    std::memcpy(header + 8, &version, 4);
+    std::memcpy(header + 12, &reserved, 4);
+    std::memcpy(header + 16, &size_, 8);
+    std::memcpy(header + 24, &hash_, 8);
+    for (std::size_t done = 0; done < checkpoint_header_bytes;) {
+      const ssize_t n = ::pwrite(fd_, header + done, checkpoint_header_bytes - done, static_cast<off_t>(done));
+      const int write_error = n < 0 ? errno : EIO;
+      if (n < 0 && write_error == EINTR) continue;
+      expects(n > 0, "path", "writing '", tmp_, "' failed: ", errno_text(write_error));
+      done += static_cast<std::size_t>(n);
+    }
+    const int closed = ::close(fd_);
     const int close_error = errno;
-    fd = -1;
-    expects(closed == 0, "path", "writing '", tmp, "' failed at close: ", errno_text(close_error));
-    const int renamed = std::rename(tmp.c_str(), path.c_str());
+    fd_ = -1;
+    expects(closed == 0, "path", "writing '", tmp_, "' failed at close: ", errno_text(close_error));
+    const int renamed = std::rename(tmp_.c_str(), path_.c_str());
     const int rename_error = errno;
-    expects(renamed == 0, "path", "cannot rename '", tmp, "' to '", path, "': ", errno_text(rename_error));
-    cleanup.renamed = true;
+    expects(renamed == 0, "path", "cannot rename '", tmp_, "' to '", path_, "': ", errno_text(rename_error));
+    committed_ = true;
   }
 
  private:
-  std::vector<std::byte> payload_;
+  void append(std::span<const std::byte> bytes) {
+    size_ += bytes.size();
+    hash_ = fnv1a64(bytes, hash_);
+    if (buffer_.size() + bytes.size() > buffer_bytes) {
+      flush();
+      if (bytes.size() >= buffer_bytes) {  // a large array goes to the file as it is
+        write_all(bytes);
+        return;
+      }
+    }
+    buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
+  }
+  void flush() {
+    write_all(buffer_);
+    buffer_.clear();
+  }
+  void write_all(std::span<const std::byte> bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+      const int write_error = n < 0 ? errno : EIO;
+      if (n < 0 && write_error == EINTR) continue;
+      expects(n > 0, "path", "writing '", tmp_, "' failed: ", errno_text(write_error));
+      bytes = bytes.subspan(static_cast<std::size_t>(n));
+    }
+  }
+
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  std::vector<std::byte> buffer_;
+  std::uint64_t size_ = 0;              ///< payload bytes put so far
+  std::uint64_t hash_ = fnv1a64_basis;  ///< their hash
 };
 
 class checkpoint_reader {
@@ -132,23 +165,27 @@ class checkpoint_reader {
     const auto file_size = static_cast<std::size_t>(end);
     expects(file_size >= checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated (", file_size,
             " bytes, the header alone is ", checkpoint_header_bytes, ")");
-    std::vector<std::byte> file(file_size);
+    std::byte header[checkpoint_header_bytes];
     in.seekg(0);
-    in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(file_size));
+    in.read(reinterpret_cast<char*>(header), static_cast<std::streamsize>(checkpoint_header_bytes));
     expects(static_cast<bool>(in), "checkpoint", "reading '", path, "' failed");
-    expects(std::memcmp(file.data(), checkpoint_magic, 8) == 0, "checkpoint", "'", path,
+    expects(std::memcmp(header, checkpoint_magic, 8) == 0, "checkpoint", "'", path,
             "' is not a zenflow checkpoint (bad magic)");
     std::uint32_t version;
     std::uint64_t size, hash;
-    std::memcpy(&version, file.data() + 8, 4);
-    std::memcpy(&size, file.data() + 16, 8);
-    std::memcpy(&hash, file.data() + 24, 8);
+    std::memcpy(&version, header + 8, 4);
+    std::memcpy(&size, header + 16, 8);
+    std::memcpy(&hash, header + 24, 8);
     expects(version == checkpoint_version, "checkpoint", "format version ", version, " is not supported (expected ",
             checkpoint_version, ")");
     expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path,
             "' is truncated or has trailing data (", file_size - checkpoint_header_bytes,
             " payload bytes, header says ", size, ")");
-    payload_.assign(file.begin() + checkpoint_header_bytes, file.end());
+    // Straight into the payload (validated first: a bad header allocates nothing): one copy of
+    // the file in memory, not two.
+    payload_.resize(static_cast<std::size_t>(size));
+    in.read(reinterpret_cast<char*>(payload_.data()), static_cast<std::streamsize>(size));
+    expects(static_cast<bool>(in), "checkpoint", "reading '", path, "' failed");
     expects(fnv1a64(payload_) == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
   }
 

@@ -166,7 +166,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
       },
       "checkpoint");
   Backend::synchronize(stream);
-  detail::checkpoint_writer w;
+  detail::checkpoint_writer w(path);  // streams to path.tmp: nothing but a buffer is held in memory
   detail::put_options<slots_type>(w, options_);
   w.put(contents);
   w.put<std::int32_t>(rank_);
@@ -279,7 +279,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     w.put_array<std::byte>(pending);
     w.put_array<std::byte>(everything ? std::span<const std::byte>(values) : std::span<const std::byte>{});
   }
-  w.write(path);
+  w.commit();
 }
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>

@@ -452,10 +452,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             with tempfile.TemporaryDirectory(prefix="zenflow-") as d:
                 path = os.path.join(d, "checkpoint.zf")
                 self._core.save(path, stream, "optimizer_state")
-                with open(path, "rb") as f:
-                    # A tensor: torch.save writes its bytes as they are (pickle's protocol 2 would
-                    # write a bytes object as latin-1 text, half again as large).
-                    checkpoint = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+                # A tensor: torch.save writes its bytes as they are (pickle's protocol 2 would
+                # write a bytes object as latin-1 text, half again as large). Read straight into
+                # it: the state is most of the host's memory, and one copy of it is what it costs.
+                checkpoint = _read_file(path)
         sd["zenflow"] = {"format": _CHECKPOINT_FORMAT, "checkpoint": checkpoint, "mode": self._method["mode"]}
         if checkpoint is not None:  # the parameters not contiguous: the state follows their memory order
             sd["zenflow"]["memory_orders"] = [[i, list(o)] for i, o in enumerate(self._orders) if o is not None]
@@ -490,7 +490,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                              "resume it with the version that wrote it")
         checkpoint = zf.get("checkpoint")
         if isinstance(checkpoint, torch.Tensor) and checkpoint.dtype == torch.uint8 and checkpoint.dim() == 1:
-            checkpoint = checkpoint.cpu().numpy().tobytes()  # (accelerate may have moved it to the device)
+            checkpoint = checkpoint.cpu()  # (accelerate may have moved it to the device)
         elif checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray)):
             raise ValueError(f"state_dict['zenflow']['checkpoint']: must be a 1-D uint8 tensor (as state_dict() "
                              f"wrote it) or bytes, got {type(checkpoint).__name__}")
@@ -527,8 +527,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 self._check_memory_orders(saved_orders)
                 with tempfile.TemporaryDirectory(prefix="zenflow-") as d:
                     path = os.path.join(d, "checkpoint.zf")
-                    with open(path, "wb") as f:
-                        f.write(checkpoint)
+                    with open(path, "wb") as f:  # the tensor's memory as it is, not a copy of it
+                        f.write(memoryview(checkpoint.contiguous().numpy()) if isinstance(checkpoint, torch.Tensor)
+                                else checkpoint)
                     # By position, as torch.optim's load_state_dict: a model wrapped since the
                     # save (torch.compile, DDP) or a module renamed has other names.
                     core.load(path, self._stream(), "positions")
@@ -1122,6 +1123,19 @@ def _float32(where, name, value, low, low_open, high=None, high_open=False, as_n
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
         raise ValueError(f"{where}{name}: must be in {'(' if low_open else '['}{low}, {hi} as a float32, got {value!r}")
     return x
+
+
+def _read_file(path):
+    """The file's bytes as a uint8 tensor, read into it directly."""
+    with open(path, "rb", buffering=0) as f:
+        out = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
+        view, done = memoryview(out.numpy()), 0
+        while done < len(view):
+            n = f.readinto(view[done:])
+            if not n:
+                raise _C.ZenFlowError(f"state_dict: {path} ended after {done} of {len(view)} bytes")
+            done += n
+    return out
 
 
 def _memory_order(p):
