@@ -218,6 +218,11 @@ class checkpoint_reader {
     return {chars.begin(), chars.end()};
   }
   [[nodiscard]] bool at_end() const noexcept { return pos_ == payload_.size(); }
+  /// Frees the file's bytes (once everything is parsed); the reader is empty afterwards.
+  void release() noexcept {
+    std::vector<std::byte>().swap(payload_);
+    pos_ = 0;
+  }
 
  private:
   std::vector<std::byte> payload_;

@@ -451,6 +451,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
             "GPU ", [&] { return detail::concat("at row ", row, " of selected column ", l); });
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
+  r.release();  // everything is parsed: the file's bytes are not held while the state is applied
   // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
   // selection step so far (missing_gradients::skip): it never had GPU columns, so no GPU step.
   const bool may_mix = options_.mode == offload_mode::zenflow && unselected_with_gpu_steps == 0;
