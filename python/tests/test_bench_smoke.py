@@ -1,7 +1,7 @@
 """Smoke test of bench/torch/bench_transformer_step.py: the tiny preset on the CPU, every
 ZenFlowAdamW mode and torch.optim.AdamW for a few steps; checks the result's fields. And the
 MiniLM fine-tune's refusals before it trains (a model folder without a model, a GPU run without
-a GPU)."""
+a GPU), and bench/torch/bench_checkpoint_memory.py's bound on what a state_dict() costs."""
 
 import importlib.util
 import json
@@ -97,3 +97,20 @@ def test_finetune_minilm_names_what_it_cannot_run_on(tmp_path):
     assert "--model-dir: " + repr(str(tmp_path)) + " holds no config.json" in fails("--model-dir", str(tmp_path))
     if not torch.cuda.is_available():
         assert "--device cuda: torch sees no CUDA device" in fails("--device", "cuda")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_state_dict_costs_one_copy_of_the_state():
+    # bench/torch/bench_checkpoint_memory.py on 64 MB of state per mode. state_dict() returns the
+    # state as one tensor: its peak above the process's memory before the call is that tensor and
+    # little more (it was twice the checkpoint while the file was read into bytes, then copied).
+    spec = importlib.util.spec_from_file_location("bench_checkpoint_memory",
+                                                  SCRIPT.parent / "bench_checkpoint_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.run(["--tensors", "2", "--rows", "1024", "--cols", "4096", "--steps", "3", "--quiet"])
+    assert set(out["results"]) == {"dense", "zero_offload", "zenflow_async"}
+    for name, r in out["results"].items():
+        assert r["checkpoint_bytes"] >= 2 * 1024 * 4096 * 8, name  # the moments at least
+        assert r["save_peak_over_checkpoint"] < 1.4, (name, r)
+        assert r["load_peak_bytes"] > 0 and r["save_seconds"] > 0 and r["load_seconds"] > 0, (name, r)

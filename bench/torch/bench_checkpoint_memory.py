@@ -1,0 +1,100 @@
+"""What saving and loading ZenFlowAdamW's state costs in host memory and time (CPU tensors).
+
+For each mode: --tensors fp32 parameters of --rows x --cols, one step() with random gradients
+(ZenFlow: --steps of them, so that an interval is open and a CPU result pending), then
+
+  - state_dict(): the peak resident memory above what the process held before the call
+    (VmHWM after /proc/self/clear_refs resets it), its seconds, and the checkpoint's size;
+  - load_state_dict() of that state dict into the same optimizer: the same two figures.
+
+Peaks are reported in MB and as a multiple of the checkpoint's size: a state dict is one copy
+of the state, so saving cannot cost less than 1.0x of it; loading keeps the current state until
+the loaded one is in place (a rejected load changes nothing). Linux only (/proc).
+
+    python bench/torch/bench_checkpoint_memory.py [--tensors 8] [--rows 4096] [--cols 4096]
+        [--modes dense,zero_offload,zenflow_async] [--json out.json]
+"""
+
+import argparse
+import gc
+import json
+import sys
+import time
+
+import torch
+from torch import nn
+
+
+def _status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident size
+
+
+def measure(fn):
+    """(result, peak resident bytes above the start, seconds) of fn()."""
+    gc.collect()
+    _reset_peak()
+    start = _status("VmRSS")
+    t = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - t
+    return result, _status("VmHWM") - start, seconds
+
+
+MODES = {
+    "dense": dict(mode="dense"),
+    "zero_offload": dict(mode="zero_offload"),
+    "zenflow_async": dict(mode="zenflow", overlap_step=True, topk_ratio=0.1, update_interval=4),
+}
+
+
+def run(argv=None):
+    from zenflow.torch import ZenFlowAdamW
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tensors", type=int, default=8)
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=6, help="steps before saving (ZenFlow: mid-interval)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    results = {}
+    for name in args.modes.split(","):
+        torch.manual_seed(0)
+        params = [nn.Parameter(torch.randn(args.rows, args.cols)) for _ in range(args.tensors)]
+        opt = ZenFlowAdamW(params, lr=1e-3, cpu_threads=0, **MODES[name])
+        for _ in range(args.steps):
+            for q in params:
+                q.grad = torch.randn_like(q)
+            opt.step()
+        state, save_peak, save_s = measure(opt.state_dict)
+        size = state["zenflow"]["checkpoint"].numel()
+        _, load_peak, load_s = measure(lambda: opt.load_state_dict(state))
+        opt.close()
+        del opt, state, params
+        results[name] = {"checkpoint_bytes": size, "save_peak_bytes": save_peak, "save_seconds": save_s,
+                         "load_peak_bytes": load_peak, "load_seconds": load_s,
+                         "save_peak_over_checkpoint": save_peak / size, "load_peak_over_checkpoint": load_peak / size}
+        if not args.quiet:
+            r = results[name]
+            print(f"{name:14s} checkpoint {size / 1e6:8.1f} MB | state_dict peak +{save_peak / 1e6:8.1f} MB "
+                  f"({r['save_peak_over_checkpoint']:.2f}x) {save_s:6.2f} s | load_state_dict peak "
+                  f"+{load_peak / 1e6:8.1f} MB ({r['load_peak_over_checkpoint']:.2f}x) {load_s:6.2f} s", flush=True)
+    out = {"config": vars(args), "results": results}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])
