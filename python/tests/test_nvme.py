@@ -80,9 +80,20 @@ def test_state_on_disk_trains_bit_identically(state_dir, mode, master_on_disk, c
     assert os.listdir(state_dir) == []  # the state file is scratch: removed with the optimizer
 
 
+def mapped_checkpoints(directory):
+    """The removed checkpoint files under `directory` this process maps (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        return [line.split(None, 5)[-1].strip() for line in f
+                if directory in line and "checkpoint.zf (deleted)" in line]
+
+
 def test_checkpoints_move_between_disk_and_ram(state_dir):
     _, disk = run(6, **ASYNC, **nvme(state_dir))
     saved = disk.state_dict()
+    # The state dict's tensor maps the checkpoint file, written on the SSD beside the state (not
+    # in RAM, nor in a /tmp that may be RAM) and removed at once: its space goes with the tensor.
+    assert len(mapped_checkpoints(state_dir)) == 1, mapped_checkpoints(state_dir)
+    assert len(os.listdir(state_dir)) == 1  # the state file only
     disk.close()
     # The disk optimizer's checkpoint resumes in RAM and on disk alike, bit for bit.
     results = []
@@ -98,6 +109,8 @@ def test_checkpoints_move_between_disk_and_ram(state_dir):
         opt.close()
     for a, b in zip(*results):
         assert torch.equal(a, b)
+    del saved
+    assert mapped_checkpoints(state_dir) == []
 
 
 def test_transformers_trainer_with_moments_on_disk(state_dir):

@@ -439,7 +439,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         element: the moments (8 bytes) and, for a bfloat16/float16 parameter, its fp32 master (4);
         within an interval the CPU columns' accumulated gradient (4) and with ``overlap_step`` their
         pending result (the parameter's dtype). Pending CPU work stays pending: a run resumed from
-        it continues bit-identically. Adopts edited parameters first, as step() does."""
+        it continues bit-identically. Adopts edited parameters first, as step() does.
+
+        The entry's tensor maps a temporary file (removed already; its space is freed with the
+        tensor) in the NVMe tier's directory, or in the system's temporary directory: saving
+        costs disk space, not host memory, so a state larger than RAM can be saved."""
         if self._closed:
             raise ValueError("state_dict: the optimizer is closed (close() freed its state); call state_dict() "
                              "before close()")
@@ -449,13 +453,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             stream = self._stream()
             self._adopt_edits(self._core, stream)
             self._drop_hand_overs()  # step() hands those gradients over again
-            with tempfile.TemporaryDirectory(prefix="zenflow-") as d:
+            nvme = self._config["nvme"]
+            with tempfile.TemporaryDirectory(prefix="zenflow-", dir=nvme["directory"] if nvme else None) as d:
                 path = os.path.join(d, "checkpoint.zf")
                 self._core.save(path, stream, "optimizer_state")
                 # A tensor: torch.save writes its bytes as they are (pickle's protocol 2 would
-                # write a bytes object as latin-1 text, half again as large). Read straight into
-                # it: the state is most of the host's memory, and one copy of it is what it costs.
-                checkpoint = _read_file(path)
+                # write a bytes object as latin-1 text, half again as large). It maps the file
+                # rather than reading it: the state is most of the host's memory (or more than
+                # it, on an SSD), and torch.save reads the file's pages through the page cache.
+                checkpoint = torch.from_file(path, shared=False, size=os.path.getsize(path), dtype=torch.uint8)
         sd["zenflow"] = {"format": _CHECKPOINT_FORMAT, "checkpoint": checkpoint, "mode": self._method["mode"]}
         if checkpoint is not None:  # the parameters not contiguous: the state follows their memory order
             sd["zenflow"]["memory_orders"] = [[i, list(o)] for i, o in enumerate(self._orders) if o is not None]
@@ -1123,19 +1129,6 @@ def _float32(where, name, value, low, low_open, high=None, high_open=False, as_n
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
         raise ValueError(f"{where}{name}: must be in {'(' if low_open else '['}{low}, {hi} as a float32, got {value!r}")
     return x
-
-
-def _read_file(path):
-    """The file's bytes as a uint8 tensor, read into it directly."""
-    with open(path, "rb", buffering=0) as f:
-        out = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
-        view, done = memoryview(out.numpy()), 0
-        while done < len(view):
-            n = f.readinto(view[done:])
-            if not n:
-                raise _C.ZenFlowError(f"state_dict: {path} ended after {done} of {len(view)} bytes")
-            done += n
-    return out
 
 
 def _memory_order(p):
