@@ -228,8 +228,8 @@ class basic_coordinator {
   /// step(); the CPU update of an interval uses those in effect when the interval ended (at the
   /// step() that ends it, at a reselection or in finish()), in sync and async mode alike. They may
   /// differ from options().optimizer in their per-group fields only (hyper_parameter_field; Adam:
-  /// lr, beta1, beta2, eps and weight_decay), else throws naming the first other field that differs; they are
-  /// validated here, once. Saved in checkpoints. Does not synchronize.
+  /// lr, beta1, beta2, eps and weight_decay), else throws naming the first other field that
+  /// differs; they are validated here, once. Saved in checkpoints. Does not synchronize.
   void set_hyper_parameters(const hyper_parameters_type& hp);
   void set_hyper_parameters(std::size_t i, const hyper_parameters_type& hp);
 
@@ -261,10 +261,10 @@ class basic_coordinator {
   /// accumulated, and a selection due at it waits for the next finite step. A CPU update due at it
   /// (the interval that ends there; with overlap_step, the pending one the staleness bound writes
   /// back) holds earlier steps' gradients only and is still written back: as if those steps had
-  /// run and then finish(). A step() that rejects its input leaves
-  /// the coordinator as if the step had not begun: the gradients handed over so far are dropped
-  /// and may be submitted again. After an error on a worker (or a failed backend operation) the
-  /// coordinator is failed: every later call but metrics() and destruction rethrows that error.
+  /// run and then finish(). A step() that rejects its input leaves the coordinator as if the step
+  /// had not begun: the gradients handed over so far are dropped and may be submitted again. After
+  /// an error on a worker (or a failed backend operation) the coordinator is failed: every later
+  /// call but metrics() and destruction rethrows that error.
   ///
   /// Data parallel: every rank must give the same parameters gradients (a parameter missing on
   /// some ranks only is rejected on every rank, which all drop the step's gradients). The step
@@ -328,13 +328,14 @@ class basic_coordinator {
                        checkpoint_contents contents = checkpoint_contents::everything);
   /// Restores a checkpoint written by save_checkpoint into a freshly constructed coordinator (no
   /// step() or load yet) with the same options and registered parameters; resumes bit-identically.
-  /// The schedule's options and the optimizer's shared fields (Adam: its variant and bias correction) must match (a
-  /// difference is rejected, naming it); each parameter's per-group fields (Adam: lr, betas, eps, weight_decay) come
-  /// from the checkpoint
-  /// (hyper_parameters_of; options().optimizer stays the constructor's), and max_grad_norm is this coordinator's. A
-  /// checkpoint of checkpoint_contents::optimizer_state takes the parameters' values as they are: restore them first. A
-  /// truncated, corrupted or mismatched file is rejected before any state changes. `match`: whether the parameters'
-  /// names must agree too (checkpoint_match). Synchronizes with `stream`.
+  /// The schedule's options and the optimizer's shared fields (Adam: its variant and bias
+  /// correction) must match (a difference is rejected, naming it); each parameter's per-group
+  /// fields (Adam: lr, betas, eps, weight_decay) come from the checkpoint (hyper_parameters_of;
+  /// options().optimizer stays the constructor's), and max_grad_norm is this coordinator's. A
+  /// checkpoint of checkpoint_contents::optimizer_state takes the parameters' values as they are:
+  /// restore them first. A truncated, corrupted or mismatched file is rejected before any state
+  /// changes. `match`: whether the parameters' names must agree too (checkpoint_match).
+  /// Synchronizes with `stream`.
   void load_checkpoint(const std::string& path, stream_type stream, checkpoint_match match = checkpoint_match::names);
 
  private:

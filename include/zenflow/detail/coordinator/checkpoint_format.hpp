@@ -94,13 +94,7 @@ class checkpoint_writer {
     std::memcpy(header + 12, &reserved, 4);
     std::memcpy(header + 16, &size_, 8);
     std::memcpy(header + 24, &hash_, 8);
-    for (std::size_t done = 0; done < checkpoint_header_bytes;) {
-      const ssize_t n = ::pwrite(fd_, header + done, checkpoint_header_bytes - done, static_cast<off_t>(done));
-      const int write_error = n < 0 ? errno : EIO;
-      if (n < 0 && write_error == EINTR) continue;
-      expects(n > 0, "path", "writing '", tmp_, "' failed: ", errno_text(write_error));
-      done += static_cast<std::size_t>(n);
-    }
+    write_at(header, 0);
     const int closed = ::close(fd_);
     const int close_error = errno;
     fd_ = -1;
@@ -128,13 +122,19 @@ class checkpoint_writer {
     write_all(buffer_);
     buffer_.clear();
   }
+  /// Appends `bytes` to the file (after what was written so far, header's place included).
   void write_all(std::span<const std::byte> bytes) {
+    write_at(bytes, written_);
+    written_ += bytes.size();
+  }
+  void write_at(std::span<const std::byte> bytes, std::uint64_t offset) {
     while (!bytes.empty()) {
-      const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+      const ssize_t n = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
       const int write_error = n < 0 ? errno : EIO;
       if (n < 0 && write_error == EINTR) continue;
       expects(n > 0, "path", "writing '", tmp_, "' failed: ", errno_text(write_error));
       bytes = bytes.subspan(static_cast<std::size_t>(n));
+      offset += static_cast<std::uint64_t>(n);
     }
   }
 
@@ -142,6 +142,7 @@ class checkpoint_writer {
   int fd_ = -1;
   bool committed_ = false;
   std::vector<std::byte> buffer_;
+  std::uint64_t written_ = 0;           ///< bytes in the file so far
   std::uint64_t size_ = 0;              ///< payload bytes put so far
   std::uint64_t hash_ = fnv1a64_basis;  ///< their hash
 };

@@ -816,8 +816,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         one in no such order, which the first step() rejects)."""
         if self._core is not None:
             return self._orders[i]
-        order = _memory_order(self._params[i])
-        return order if isinstance(order, tuple) else None
+        return _memory_order(self._params[i]) or None
 
     def _core_layout(self, i, t):
         """Tensor `t` shaped as parameter i (its value, its gradient) with its dimensions in the
@@ -948,7 +947,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         device = self._device()
         # Each parameter as the core sees it: its dimensions in memory order, a contiguous view of
         # its storage (a channels_last convolution weight, a transposed matrix).
-        self._orders = [None if o is True else o for o in map(_memory_order, self._params)]
+        self._orders = [_memory_order(p) for p in self._params]  # dense: _check_params above
         if self._process_group is not None:
             core = self._data_parallel_core(options, device)
         elif device.type == "cuda":
@@ -1134,10 +1133,10 @@ def _float32(where, name, value, low, low_open, high=None, high_open=False, as_n
 def _memory_order(p):
     """The order of `p`'s dimensions in memory, outermost first, when `p` is laid out without gaps
     or overlap with dimension 0 outermost, or is a transposed matrix: (0, 2, 3, 1) for a
-    channels_last convolution weight, (1, 0) for a transposed matrix, True for a contiguous tensor;
-    False for any other layout (a slice, an expanded view)."""
+    channels_last convolution weight, (1, 0) for a transposed matrix; None for a contiguous tensor
+    (no permutation); False for any other layout (a slice, an expanded view)."""
     if p.is_contiguous():
-        return True
+        return None
     n = p.dim()
     if n == 2:
         return (1, 0) if p.t().is_contiguous() else False
