@@ -22,6 +22,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../support/test_file_id.hpp"
@@ -430,6 +431,262 @@ TEST_CASE("the writer streams arrays of any size through its buffer; the reader 
   }
   CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
   CHECK(detail::checkpoint_reader(path).get<std::int32_t>() == -7);  // the committed file is untouched
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the reader skips arrays and reads them later, whole or in parts, in any order") {
+  constexpr std::size_t buffer_floats = detail::checkpoint_reader::buffer_bytes / sizeof(float);
+  std::vector<float> large(2 * buffer_floats + 3), small(17);
+  for (std::size_t i = 0; i < large.size(); ++i) large[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < small.size(); ++i) small[i] = -static_cast<float>(i);
+  const auto path = temp_path("parts.bin");
+  {
+    detail::checkpoint_writer w(path);
+    w.put<std::uint8_t>(1);  // the arrays start unaligned
+    w.put_array<float>(large);
+    w.put_array<float>(small);
+    w.put_string("end");
+    w.commit();
+  }
+  detail::checkpoint_reader r(path);
+  CHECK(r.get<std::uint8_t>() == 1);
+  const auto large_at = r.get_array_ref<float>();
+  const auto small_at = r.get_array_ref<float>();
+  CHECK(large_at.size == large.size());
+  CHECK(small_at.size == small.size());
+  CHECK(r.get_string() == "end");  // parsing went on past the skipped arrays
+  CHECK(r.at_end());
+  CHECK(r.read(small_at) == small);
+  std::vector<float> part(10);
+  for (const std::size_t first : {std::size_t{0}, buffer_floats - 4, large.size() - part.size()}) {
+    INFO("first " << first);
+    r.read(large_at, first, std::span<float>(part));
+    CHECK(std::equal(part.begin(), part.end(), large.begin() + static_cast<std::ptrdiff_t>(first)));
+    CHECK(r.read(large_at.part(first, part.size())) == part);
+  }
+  CHECK(r.read(large_at) == large);
+  CHECK_THROWS_WITH_AS(r.read(small_at, small.size() - 1, std::span<float>(part).first(2)),
+                       doctest::Contains("elements [16, 18) of an array of 17"), error);
+  CHECK_THROWS_AS((void)small_at.part(18, 0), error);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the writer puts an array in parts, and only whole") {
+  const auto path = temp_path("array_parts.bin");
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6, 7};
+  {
+    detail::checkpoint_writer w(path);
+    w.begin_array<float>(values.size());
+    w.put_elements(std::span<const float>(values).first(3));
+    w.put_elements(std::span<const float>(values).subspan(3));
+    w.put<std::int32_t>(9);
+    w.commit();
+  }
+  detail::checkpoint_reader r(path);
+  CHECK(r.get_array<float>() == values);
+  CHECK(r.get<std::int32_t>() == 9);
+  CHECK(r.at_end());
+  detail::checkpoint_writer w(path);
+  w.begin_array<float>(values.size());
+  w.put_elements(std::span<const float>(values).first(6));
+  CHECK_THROWS_WITH_AS(w.put_elements(std::span<const float>(values).first(2)),
+                       doctest::Contains("2 elements past the end"), error);
+  CHECK_THROWS_WITH_AS(w.put<std::int32_t>(9), doctest::Contains("before the array begun has its elements"), error);
+  CHECK_THROWS_WITH_AS(w.commit(), doctest::Contains("committed before"), error);
+  w.put_elements(std::span<const float>(values).last(1));
+  w.commit();
+  CHECK(detail::checkpoint_reader(path).get_array<float>() == values);  // the refused calls added nothing
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the reader reads the file it opened: a checkpoint saved over it since does not change it") {
+  const auto path = temp_path("held.bin");
+  // Larger than the reader's buffer: the reads below go to the file.
+  const std::size_t n = 2 * detail::checkpoint_reader::buffer_bytes / sizeof(float);
+  auto save = [&](float value) {
+    detail::checkpoint_writer w(path);
+    w.put_array<float>(std::vector<float>(n, value));
+    w.commit();
+  };
+  save(1.0f);
+  detail::checkpoint_reader r(path);
+  const auto at = r.get_array_ref<float>();
+  SUBCASE("replaced by a save (a rename)") {
+    save(2.0f);
+    CHECK(r.read(at) == std::vector<float>(n, 1.0f));
+    CHECK(detail::checkpoint_reader(path).get_array<float>() == std::vector<float>(n, 2.0f));
+  }
+  SUBCASE("cut short in place") {
+    std::filesystem::resize_file(path, 100);
+    CHECK_THROWS_WITH_AS(r.read(at), doctest::Contains("before the end it had when opened"), error);
+  }
+  std::filesystem::remove(path);
+}
+
+namespace {
+// A host_coordinator with two weights and a bias whose CPU state spans several of the runs a load
+// applies at a time (detail::apply_chunk_bytes) and of the chunks it validates at a time: an f32
+// weight (column-contiguous: its master is its values) and a bf16 one (row-major: its master is
+// written).
+class wide_model {
+ public:
+  static constexpr index_t rows0 = 64, cols0 = 30000, rows1 = 32, cols1 = 50000, bias_size = 100000;
+
+  explicit wide_model(const zenflow_options& o) : coordinator_(o, config()) {
+    static_assert(rows0 * 3 * sizeof(float) * cols0 > detail::apply_chunk_bytes);
+    static_assert(rows1 * 3 * sizeof(float) * cols1 > detail::apply_chunk_bytes);
+    static_assert(bias_size > detail::validation_chunk);
+    w0_.resize(rows0 * cols0);
+    g0_.resize(w0_.size());
+    w1_.resize(rows1 * cols1);
+    g1_.resize(w1_.size());
+    bias_.assign(bias_size, 0.0f);
+    bias_grad_.resize(bias_size);
+    for (std::size_t i = 0; i < w0_.size(); ++i) w0_[i] = 0.01f * static_cast<float>(static_cast<int>(i % 29) - 14);
+    std::vector<float> initial1(w1_.size());
+    for (std::size_t i = 0; i < w1_.size(); ++i) {
+      initial1[i] = 0.02f * static_cast<float>(static_cast<int>(i % 31) - 15);
+      w1_[i] = from_float<bfloat16>(initial1[i]);
+    }
+    coordinator_.register_parameter("w0", matrix_view::column_contiguous(w0_.data(), rows0, cols0, dtype::f32),
+                                    const_matrix_view::column_contiguous(w0_.data(), rows0, cols0, dtype::f32),
+                                    dtype::f32);
+    coordinator_.register_parameter("w1", matrix_view::row_major(w1_.data(), rows1, cols1, dtype::bf16),
+                                    const_matrix_view::row_major(initial1.data(), rows1, cols1, dtype::f32),
+                                    dtype::bf16);
+    coordinator_.register_parameter("bias", vector_view{bias_.data(), bias_size, dtype::f32}, bias_);
+  }
+  host_coordinator& coordinator() noexcept { return coordinator_; }
+  host_stream& stream() noexcept { return stream_; }
+
+  void train(std::int64_t steps) {
+    for (std::int64_t s = 0; s < steps; ++s) {
+      stream_.synchronize();
+      const float wobble = 0.01f * static_cast<float>(coordinator_.step_count() % 7);
+      for (index_t c = 0; c < cols0; ++c) {  // every column its own scale: the selection matters
+        const float scale = 0.1f + 0.001f * static_cast<float>((c * 37) % 1000);
+        for (index_t r = 0; r < rows0; ++r) g0_[c * rows0 + r] = scale * (w0_[c * rows0 + r] - 0.05f) + wobble;
+      }
+      for (index_t r = 0; r < rows1; ++r)
+        for (index_t c = 0; c < cols1; ++c) {
+          const float scale = 0.1f + 0.001f * static_cast<float>((c * 53) % 1000);
+          g1_[r * cols1 + c] = from_float<bfloat16>(scale * (to_float(w1_[r * cols1 + c]) + 0.05f) - wobble);
+        }
+      for (index_t i = 0; i < bias_size; ++i) bias_grad_[i] = bias_[i] - 0.01f * static_cast<float>(i % 11) + wobble;
+      coordinator_.submit_gradient(0, const_matrix_view::column_contiguous(g0_.data(), rows0, cols0, dtype::f32),
+                                   &stream_);
+      coordinator_.submit_gradient(1, const_matrix_view::row_major(g1_.data(), rows1, cols1, dtype::bf16), &stream_);
+      coordinator_.submit_gradient(2, const_vector_view{bias_grad_.data(), bias_size, dtype::f32}, &stream_);
+      coordinator_.step(&stream_);
+    }
+    stream_.synchronize();
+  }
+  std::vector<std::byte> snapshot() {
+    stream_.synchronize();
+    std::vector<std::byte> all;
+    auto append = [&all](const auto& v) {
+      const auto* p = reinterpret_cast<const std::byte*>(v.data());
+      all.insert(all.end(), p, p + v.size() * sizeof(v[0]));
+    };
+    append(w0_);
+    append(w1_);
+    append(bias_);
+    return all;
+  }
+  /// Sets the weights to `bytes` (a snapshot()), as a trainer restores them itself.
+  void restore(const std::vector<std::byte>& bytes) {
+    stream_.synchronize();
+    std::size_t at = 0;
+    auto take = [&](auto& v) {
+      std::memcpy(v.data(), bytes.data() + at, v.size() * sizeof(v[0]));
+      at += v.size() * sizeof(v[0]);
+    };
+    take(w0_);
+    take(w1_);
+    take(bias_);
+  }
+
+ private:
+  static coordinator_config config() {
+    coordinator_config c;
+    c.cpu_threads = 2;
+    return c;
+  }
+  std::vector<float> w0_, g0_, bias_, bias_grad_;
+  std::vector<bfloat16> w1_, g1_;
+  host_stream stream_;
+  host_coordinator coordinator_;
+};
+}  // namespace
+
+TEST_CASE("a state of several load runs per parameter loads, saves back identically and resumes bit-identically") {
+  // The load reads each parameter's state from the file a run of columns at a time: every run
+  // must land on its own columns, in every slot.
+  auto async = checkpoint_base_options();  // mid-interval after 4 steps, a CPU result pending
+  auto dense = zenflow_options::dense();
+  dense.topk_ratio = 0.5f;
+  for (const auto& [name, options, contents] :
+       {std::tuple{"zenflow", async, checkpoint_contents::optimizer_state},
+        std::tuple{"zenflow", async, checkpoint_contents::everything},
+        std::tuple{"dense", dense, checkpoint_contents::optimizer_state},
+        std::tuple{"zero_offload", zenflow_options::zero_offload(), checkpoint_contents::optimizer_state}}) {
+    INFO(name << ", contents " << static_cast<int>(contents));
+    const auto path = temp_path("wide.bin");
+    wide_model original(options);
+    original.train(4);
+    original.coordinator().save_checkpoint(path, &original.stream(), contents);
+    const auto file = read_file_bytes(path);
+    wide_model loaded(options);
+    if (contents == checkpoint_contents::optimizer_state) loaded.restore(original.snapshot());
+    REQUIRE_NOTHROW(loaded.coordinator().load_checkpoint(path, &loaded.stream()));
+    CHECK(loaded.snapshot() == original.snapshot());
+    std::filesystem::remove(path);
+    loaded.coordinator().save_checkpoint(path, &loaded.stream(), contents);
+    CHECK(read_file_bytes(path) == file);  // nothing of the state was lost, moved or invented
+    std::filesystem::remove(path);
+    original.train(3);
+    loaded.train(3);
+    CHECK(loaded.snapshot() == original.snapshot());
+  }
+}
+
+TEST_CASE("a bad moment past a state's first validation chunks is found before anything changes") {
+  wide_model original(checkpoint_base_options());
+  original.train(4);  // mid-interval: every kind of array in the file
+  const auto path = temp_path("wide_bad.bin");
+  original.coordinator().save_checkpoint(path, &original.stream());
+  const auto file = read_file_bytes(path);
+  constexpr std::size_t far = 3 * detail::validation_chunk + 5, near = detail::validation_chunk + 5;
+  struct bad {
+    const char* what;
+    std::function<void(checkpoint_document&)> change;
+    std::string reason;
+  };
+  const std::vector<bad> cases = {
+      {"a CPU second moment", [](auto& d) { set_float(d["w0.cpu_v"].bytes, far, -1.0f); },
+       "exp_avg_sq -1) at element " + std::to_string(far)},
+      {"a 1-D parameter's first moment",
+       [](auto& d) {
+         const std::size_t master = d.template get<std::uint8_t>("bias.master") != 0 ? 1 : 0;
+         set_float(d["bias.state"].bytes, master * wide_model::bias_size + near, std::nanf(""));
+       },
+       "at element " + std::to_string(near) + " ("},
+      {"a GPU second moment",
+       [](auto& d) { set_float(d["w1.compact"].bytes, compact_moment(d, "w1", 1000, 1, 7), -2.0f); },
+       "at row 7 of selected column 1000"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    checkpoint_document d(file);
+    c.change(d);
+    write_file_bytes(path, d.file());
+    wide_model loaded(checkpoint_base_options());
+    const auto before = loaded.snapshot();
+    CHECK_THROWS_WITH_AS(loaded.coordinator().load_checkpoint(path, &loaded.stream()),
+                         doctest::Contains(c.reason.c_str()), error);
+    CHECK(loaded.coordinator().step_count() == 0);
+    CHECK(loaded.snapshot() == before);
+  }
   std::filesystem::remove(path);
 }
 

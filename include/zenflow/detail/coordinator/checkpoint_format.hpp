@@ -4,8 +4,10 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +15,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <span>
 #include <string>
 #include <string_view>
@@ -71,6 +72,7 @@ class checkpoint_writer {
 
   template <checkpoint_scalar T>
   void put(const T& value) {
+    expects(array_left_ == 0, "checkpoint_writer", "a value put before the array begun has its elements");
     if constexpr (std::is_same_v<T, bool>) {
       put<std::uint8_t>(value ? 1 : 0);
     } else {
@@ -79,13 +81,27 @@ class checkpoint_writer {
   }
   template <checkpoint_scalar T>
   requires(!std::is_same_v<T, bool>) void put_array(std::span<const T> values) {
-    put<std::uint64_t>(values.size());
+    begin_array<T>(values.size());
+    put_elements(values);
+  }
+  /// An array put in parts: its length, then exactly `n` elements through put_elements.
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) void begin_array(std::size_t n) {
+    put<std::uint64_t>(n);
+    array_left_ = n * sizeof(T);
+  }
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) void put_elements(std::span<const T> values) {
+    expects(values.size_bytes() <= array_left_, "checkpoint_writer", values.size(),
+            " elements past the end of the array begun");
+    array_left_ -= values.size_bytes();
     append(std::as_bytes(values));
   }
   void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
 
   /// Writes what is buffered and the header, then renames path.tmp to path.
   void commit() {
+    expects(array_left_ == 0, "checkpoint_writer", "committed before the array begun has its elements");
     flush();
     std::byte header[checkpoint_header_bytes] = {};
     std::memcpy(header, checkpoint_magic, 8);
@@ -145,50 +161,95 @@ class checkpoint_writer {
   std::uint64_t written_ = 0;           ///< bytes in the file so far
   std::uint64_t size_ = 0;              ///< payload bytes put so far
   std::uint64_t hash_ = fnv1a64_basis;  ///< their hash
+  std::size_t array_left_ = 0;          ///< bytes the array begun still needs (begin_array)
 };
 
+/// Where an array of a checkpoint lies: its elements are in the file (the reader checked its
+/// length against what remains), read when they are needed (checkpoint_reader::read).
+template <checkpoint_scalar T>
+struct checkpoint_array {
+  std::uint64_t offset = 0;  ///< of its first element, in the file
+  std::size_t size = 0;      ///< elements
+  [[nodiscard]] bool empty() const noexcept { return size == 0; }
+  /// Elements [first, first + n) (within the array: checked).
+  [[nodiscard]] checkpoint_array part(std::size_t first, std::size_t n) const {
+    expects(first <= size && n <= size - first, "checkpoint", "elements [", first, ", ", first + n, ") of an array of ",
+            size);
+    return {offset + first * sizeof(T), n};
+  }
+};
+
+/// Reads a checkpoint: the constructor verifies the whole file (size, magic, version, hash) by
+/// streaming it through a buffer of buffer_bytes; get and get_array then parse it in order through
+/// that buffer, and get_array_ref skips an array, to be read later by read (any part of it, in any
+/// order). So the reader holds no more than the buffer and what the caller reads: a checkpoint
+/// larger than the host's memory can be parsed and applied one array (or part of one) at a time.
+/// The reader keeps the file it opened open: replacing the path (a checkpoint_writer's rename)
+/// does not change what it reads; writing the file in place while it is read does, and a read
+/// that finds it shorter than it was throws.
 class checkpoint_reader {
  public:
-  /// Reads and verifies the whole file; throws zenflow::error("checkpoint", ...) if it is not a
-  /// complete, uncorrupted zenflow checkpoint of a supported version.
-  explicit checkpoint_reader(const std::string& path) {
-    // A directory opens as a stream on Linux and reports a nonsense size; so would a FIFO or a
-    // device: only a regular file (or a link to one) can be a checkpoint.
+  static constexpr std::size_t buffer_bytes = std::size_t{4} << 20;
+
+  /// Opens and verifies `path`; throws zenflow::error("checkpoint", ...) if it is not a complete,
+  /// uncorrupted zenflow checkpoint of a supported version.
+  explicit checkpoint_reader(const std::string& path) : path_(path) {
+    // A directory opens on Linux and reports a nonsense size; so would a FIFO or a device (and
+    // opening a FIFO would block): only a regular file (or a link to one) can be a checkpoint.
     std::error_code status_error;
     const auto status = std::filesystem::status(path, status_error);
     expects(std::filesystem::exists(status), "checkpoint", "cannot open '", path,
             "': ", status_error ? status_error.message() : std::string("no such file"));
     expects(std::filesystem::is_regular_file(status), "checkpoint", "'", path, "' is not a regular file");
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    expects(static_cast<bool>(in), "checkpoint", "cannot open '", path, "'");
-    const std::streamoff end = in.tellg();
-    expects(end >= 0, "checkpoint", "cannot determine the size of '", path, "'");
-    const auto file_size = static_cast<std::size_t>(end);
-    expects(file_size >= checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated (", file_size,
-            " bytes, the header alone is ", checkpoint_header_bytes, ")");
-    std::byte header[checkpoint_header_bytes];
-    in.seekg(0);
-    in.read(reinterpret_cast<char*>(header), static_cast<std::streamsize>(checkpoint_header_bytes));
-    expects(static_cast<bool>(in), "checkpoint", "reading '", path, "' failed");
-    expects(std::memcmp(header, checkpoint_magic, 8) == 0, "checkpoint", "'", path,
-            "' is not a zenflow checkpoint (bad magic)");
-    std::uint32_t version;
-    std::uint64_t size, hash;
-    std::memcpy(&version, header + 8, 4);
-    std::memcpy(&size, header + 16, 8);
-    std::memcpy(&hash, header + 24, 8);
-    expects(version == checkpoint_version, "checkpoint", "format version ", version, " is not supported (expected ",
-            checkpoint_version, ")");
-    expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path,
-            "' is truncated or has trailing data (", file_size - checkpoint_header_bytes,
-            " payload bytes, header says ", size, ")");
-    // Straight into the payload (validated first: a bad header allocates nothing): one copy of
-    // the file in memory, not two.
-    payload_.resize(static_cast<std::size_t>(size));
-    in.read(reinterpret_cast<char*>(payload_.data()), static_cast<std::streamsize>(size));
-    expects(static_cast<bool>(in), "checkpoint", "reading '", path, "' failed");
-    expects(fnv1a64(payload_) == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int open_error = errno;
+    expects(fd_ >= 0, "checkpoint", "cannot open '", path, "': ", errno_text(open_error));
+    try {
+      struct stat st {};
+      const int stated = ::fstat(fd_, &st);
+      const int stat_error = errno;
+      expects(stated == 0, "checkpoint", "cannot determine the size of '", path, "': ", errno_text(stat_error));
+      expects(S_ISREG(st.st_mode), "checkpoint", "'", path, "' is not a regular file");  // (replaced since)
+      const auto file_size = static_cast<std::uint64_t>(st.st_size);
+      expects(file_size >= checkpoint_header_bytes, "checkpoint", "'", path, "' is truncated (", file_size,
+              " bytes, the header alone is ", checkpoint_header_bytes, ")");
+      std::byte header[checkpoint_header_bytes];
+      read_at(header, 0);
+      expects(std::memcmp(header, checkpoint_magic, 8) == 0, "checkpoint", "'", path,
+              "' is not a zenflow checkpoint (bad magic)");
+      std::uint32_t version;
+      std::uint64_t size, hash;
+      std::memcpy(&version, header + 8, 4);
+      std::memcpy(&size, header + 16, 8);
+      std::memcpy(&hash, header + 24, 8);
+      expects(version == checkpoint_version, "checkpoint", "format version ", version, " is not supported (expected ",
+              checkpoint_version, ")");
+      expects(size == file_size - checkpoint_header_bytes, "checkpoint", "'", path,
+              "' is truncated or has trailing data (", file_size - checkpoint_header_bytes,
+              " payload bytes, header says ", size, ")");
+      end_ = file_size;
+      // The whole payload's hash before any field is parsed (the buffer is allocated only now: a
+      // bad header allocates nothing).
+      ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+      buffer_.resize(static_cast<std::size_t>(std::min<std::uint64_t>(buffer_bytes, size)));
+      std::uint64_t h = fnv1a64_basis;
+      for (std::uint64_t at = checkpoint_header_bytes; at < end_;) {
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer_.size(), end_ - at));
+        read_at(std::span<std::byte>(buffer_).first(n), at);
+        h = fnv1a64(std::span<const std::byte>(buffer_).first(n), h);
+        at += n;
+      }
+      expects(h == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
+      ::posix_fadvise(fd_, 0, 0, POSIX_FADV_NORMAL);
+      pos_ = checkpoint_header_bytes;
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
   }
+  checkpoint_reader(const checkpoint_reader&) = delete;
+  checkpoint_reader& operator=(const checkpoint_reader&) = delete;
+  ~checkpoint_reader() { ::close(fd_); }
 
   template <checkpoint_scalar T>
   T get() {
@@ -197,37 +258,91 @@ class checkpoint_reader {
       expects(byte <= 1, "checkpoint", "a flag holds ", static_cast<int>(byte), " (expected 0 or 1)");
       return byte == 1;
     } else {
-      expects(sizeof(T) <= payload_.size() - pos_, "checkpoint", "payload ends early");
+      expects(sizeof(T) <= end_ - pos_, "checkpoint", "payload ends early");
       T value;
-      std::memcpy(&value, payload_.data() + pos_, sizeof(T));
-      pos_ += sizeof(T);
+      parse(std::as_writable_bytes(std::span<T>(&value, 1)));
       return value;
     }
   }
   template <checkpoint_scalar T>
   requires(!std::is_same_v<T, bool>) std::vector<T> get_array() {
-    const auto n = get<std::uint64_t>();
-    expects(n <= (payload_.size() - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
-    std::vector<T> values(n);
-    if (n != 0)
-      std::memcpy(values.data(), payload_.data() + pos_, n * sizeof(T));  // an empty vector's data() may be null
-    pos_ += n * sizeof(T);
+    const auto at = get_array_ref<T>();
+    std::vector<T> values(at.size);
+    read(at, 0, std::span<T>(values));
     return values;
+  }
+  /// Skips an array, checked to lie in the file: read it (or parts of it) with read.
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) checkpoint_array<T> get_array_ref() {
+    const auto n = get<std::uint64_t>();
+    expects(n <= (end_ - pos_) / sizeof(T), "checkpoint", "array length ", n, " exceeds the payload");
+    const checkpoint_array<T> at{pos_, static_cast<std::size_t>(n)};
+    pos_ += n * sizeof(T);
+    return at;
   }
   std::string get_string() {
     auto chars = get_array<char>();
     return {chars.begin(), chars.end()};
   }
-  [[nodiscard]] bool at_end() const noexcept { return pos_ == payload_.size(); }
-  /// Frees the file's bytes (once everything is parsed); the reader is empty afterwards.
-  void release() noexcept {
-    std::vector<std::byte>().swap(payload_);
-    pos_ = 0;
+  [[nodiscard]] bool at_end() const noexcept { return pos_ == end_; }
+
+  /// Elements [first, first + out.size()) of `array` into `out`.
+  template <checkpoint_scalar T>
+  void read(const checkpoint_array<T>& array, std::size_t first, std::span<T> out) {
+    expects(first <= array.size && out.size() <= array.size - first, "checkpoint", "elements [", first, ", ",
+            first + out.size(), ") of an array of ", array.size);
+    if (out.empty()) return;  // (an empty vector's data() may be null)
+    const std::uint64_t at = array.offset + first * sizeof(T);
+    const auto bytes = std::as_writable_bytes(out);
+    if (at >= buffered_ && at + bytes.size() <= buffered_ + filled_) {  // in the buffer already
+      std::memcpy(bytes.data(), buffer_.data() + (at - buffered_), bytes.size());
+      return;
+    }
+    read_at(bytes, at);
+  }
+  template <checkpoint_scalar T>
+  std::vector<T> read(const checkpoint_array<T>& array) {
+    std::vector<T> values(array.size);
+    read(array, 0, std::span<T>(values));
+    return values;
   }
 
  private:
-  std::vector<std::byte> payload_;
-  std::size_t pos_ = 0;
+  /// The next out.size() bytes of the payload (in the file: checked by the caller), through the buffer.
+  void parse(std::span<std::byte> out) {
+    while (!out.empty()) {
+      if (pos_ < buffered_ || pos_ >= buffered_ + filled_) {
+        buffered_ = pos_;
+        filled_ = static_cast<std::size_t>(std::min<std::uint64_t>(buffer_.size(), end_ - pos_));
+        read_at(std::span<std::byte>(buffer_).first(filled_), pos_);
+      }
+      const auto n = std::min<std::size_t>(out.size(), static_cast<std::size_t>(buffered_ + filled_ - pos_));
+      std::memcpy(out.data(), buffer_.data() + (pos_ - buffered_), n);
+      out = out.subspan(n);
+      pos_ += n;
+    }
+  }
+  /// Exactly out.size() bytes of the file from `offset`.
+  void read_at(std::span<std::byte> out, std::uint64_t offset) {
+    while (!out.empty()) {
+      const ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(offset));
+      const int read_error = errno;
+      if (n < 0 && read_error == EINTR) continue;
+      expects(n >= 0, "checkpoint", "reading '", path_, "' failed at offset ", offset, ": ", errno_text(read_error));
+      expects(n > 0, "checkpoint", "'", path_, "' ends at offset ", offset, ", before the end it had when opened",
+              " (written while it was read)");
+      out = out.subspan(static_cast<std::size_t>(n));
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t end_ = 0;  ///< the file's size
+  std::uint64_t pos_ = 0;  ///< where parsing is, in the file
+  std::vector<std::byte> buffer_;
+  std::uint64_t buffered_ = 0;  ///< the file offset of buffer_[0]
+  std::size_t filled_ = 0;      ///< bytes of buffer_ holding the file from buffered_
 };
 
 /// The fields of hyper-parameters `h` whose per_group flag is `per_group`, in table order (the

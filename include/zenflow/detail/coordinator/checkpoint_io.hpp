@@ -71,13 +71,6 @@ inline std::vector<std::int32_t> owned_cpu_columns(column_range owned, std::span
       out.push_back(static_cast<std::int32_t>(c - owned.first));
   return out;
 }
-/// The device exchange layout (`slots` slots per column, the master first) without the masters.
-inline std::vector<float> without_master(std::span<const float> packed, std::size_t rows, std::size_t slots) {
-  std::vector<float> out;
-  for (std::size_t at = 0; at < packed.size(); at += slots * rows)
-    out.insert(out.end(), packed.begin() + at + rows, packed.begin() + at + slots * rows);
-  return out;
-}
 /// Throws unless one element's own state (slot s + 1's value is value(s), s < Slots::count - 1)
 /// is state the optimizers hold (the check their imports make): "parameter '<name>' holds
 /// <holder><what> (<slot> <value>, ...) <where()> (<rule>)".
@@ -91,6 +84,47 @@ void expect_valid_state(Value value, const std::string& name, const char* holder
   for (std::size_t s = 0; s < own.size(); ++s) values += concat(s > 0 ? ", " : "", Slots::names[s + 1], " ", own[s]);
   throw error("checkpoint", detail::concat("parameter '", name, "' holds ", holder, Slots::what, " (", values, ") ",
                                            where(), " (", Slots::rule, ")"));
+}
+/// Bytes of state a load applies at a time (a run of columns of a parameter's CPU state).
+inline constexpr std::size_t apply_chunk_bytes = std::size_t{16} << 20;
+/// Elements a validation reads at a time (per array).
+inline constexpr std::size_t validation_chunk = std::size_t{1} << 16;
+/// expect_valid_state for every element of the slot arrays `own` (slot s + 1's values in own[s],
+/// all of one length), read from the file a chunk at a time: "... at element <e>".
+template <state_slots Slots>
+void expect_valid_states(checkpoint_reader& r, const std::array<checkpoint_array<float>, Slots::count - 1>& own,
+                         const std::string& name, const char* holder) {
+  if constexpr (Slots::count == 1) return;  // the master alone: nothing to check
+  const std::size_t n = own[0].size;
+  std::array<std::vector<float>, Slots::count - 1> chunk;
+  for (auto& c : chunk) c.resize(std::min(n, validation_chunk));
+  for (std::size_t e0 = 0; e0 < n; e0 += validation_chunk) {
+    const std::size_t m = std::min(validation_chunk, n - e0);
+    for (std::size_t s = 0; s < own.size(); ++s) r.read(own[s], e0, std::span<float>(chunk[s]).first(m));
+    for (std::size_t e = 0; e < m; ++e)
+      expect_valid_state<Slots>([&](std::size_t s) { return chunk[s][e]; }, name, holder,
+                                [&] { return concat("at element ", e0 + e); });
+  }
+}
+/// expect_valid_state for every element of a device optimizer's packed state in the file
+/// (`compact`: per selected column, [the master,] then the other slots, `rows` each), read a run of
+/// columns at a time: "... GPU ... at row <r> of selected column <l>".
+template <state_slots Slots>
+void expect_valid_compact_state(checkpoint_reader& r, const checkpoint_array<float>& compact, std::size_t rows,
+                                bool master, const std::string& name) {
+  const std::size_t stride = (master ? Slots::count : Slots::count - 1) * rows;  // per selected column
+  if (stride == 0) return;
+  const std::size_t k = compact.size / stride, run = std::max<std::size_t>(1, validation_chunk / stride);
+  std::vector<float> chunk(std::min(k, run) * stride);
+  for (std::size_t l0 = 0; l0 < k; l0 += run) {
+    const std::size_t columns = std::min(run, k - l0);
+    r.read(compact, l0 * stride, std::span<float>(chunk).first(columns * stride));
+    for (std::size_t l = 0; l < columns; ++l)
+      for (std::size_t row = 0; row < rows; ++row)
+        expect_valid_state<Slots>(
+            [&](std::size_t s) { return chunk[l * stride + stride - (Slots::count - 1 - s) * rows + row]; }, name,
+            "GPU ", [&] { return concat("at row ", row, " of selected column ", l0 + l); });
+  }
 }
 /// Whether `master` is exactly the values (elements of `type`, upcast), bit for bit.
 inline bool is_value_of(std::span<const std::byte> values, dtype type, std::span<const float> master) {
@@ -272,7 +306,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     for (std::size_t slot = 1; slot < slots; ++slot)
       w.put_array<float>(std::span<const float>(cpu_state).subspan(slot * cpu_n, cpu_n));
     w.put_array<std::int32_t>(p.gpu_columns);
-    w.put_array<float>(master ? compact : detail::without_master(compact, rows, slots));
+    if (master) {
+      w.put_array<float>(compact);
+    } else {  // the other slots of each selected column
+      w.begin_array<float>((slots - 1) * k * rows);
+      for (std::size_t l = 0; l < k; ++l)
+        w.put_elements(std::span<const float>(compact).subspan((slots * l + 1) * rows, (slots - 1) * rows));
+    }
     // Nothing is accumulated without a counted step: an empty accumulator is all zeros.
     w.put_array<float>(current > 0 ? std::span<const float>(accumulator_of(p, current_interval))
                                    : std::span<const float>{});
@@ -290,7 +330,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   expects(!schedule_.started() && step_ == 0, "load_checkpoint",
           "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
   // Parse and validate everything first: nothing changes unless the whole file is good, and what
-  // follows the validation cannot fail on the file's content (only on a backend error).
+  // follows the validation cannot fail on the file's content (only on a backend error, or on a
+  // file written in place while it loads). The state arrays are read from the file twice, to be
+  // validated and to be applied, a part at a time: no more of the state is held in memory than the
+  // largest parameter's (a state larger than the host's memory, on the NVMe tier, loads).
   detail::checkpoint_reader r(path);
   detail::check_options<slots_type>(r, options_);
   const auto contents = r.get<checkpoint_contents>();
@@ -304,11 +347,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
             " (resume with the same number of ranks, each rank from its own file)");
   }
   constexpr std::size_t slots = slots_type::count;
-  struct saved_parameter {
-    std::vector<float> cpu_p, compact, accumulator, vector_state;
-    std::array<std::vector<float>, slots - 1> cpu_own;  // the CPU state's other slots
+  using floats = detail::checkpoint_array<float>;
+  using bytes = detail::checkpoint_array<std::byte>;
+  struct saved_parameter {  // the arrays: where they are in the file
+    floats cpu_p, compact, accumulator, vector_state;
+    std::array<floats, slots - 1> cpu_own;  // the CPU state's other slots
     std::vector<std::int32_t> gpu_columns;
-    std::vector<std::byte> pending, values;
+    bytes pending, values;
     hyper_parameters_type hyper;
     std::int64_t host_steps = 0, device_steps = 0, current_count = 0, pending_count = 0;
     bool master = true;  // the fp32 master is in the file (else it is the parameter's values)
@@ -366,18 +411,18 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       expects(s.device_steps >= 0 && s.device_steps <= device_steps, "checkpoint", "parameter '", name,
               "' holds GPU step count ", s.device_steps, " (the optimizer's is ", device_steps, ")");
       s.master = r.get<bool>();
-      s.vector_state = r.get_array<float>();
-      s.values = r.get_array<std::byte>();
+      s.vector_state = r.get_array_ref<float>();
+      s.values = r.get_array_ref<std::byte>();
       expects(s.master || (!everything && p.vector.type == dtype::f32), "checkpoint", "parameter '", name,
               "' has no fp32 master");
-      expects(s.vector_state.size() == (s.master ? slots : slots - 1) * static_cast<std::size_t>(p.vector.size) &&
-                  s.values.size() == (everything ? p.vector.size * dtype_size(p.vector.type) : 0),
+      expects(s.vector_state.size == (s.master ? slots : slots - 1) * static_cast<std::size_t>(p.vector.size) &&
+                  s.values.size == (everything ? p.vector.size * dtype_size(p.vector.type) : 0),
               "checkpoint", "parameter '", name, "' has state of the wrong size");
       const auto size = static_cast<std::size_t>(p.vector.size);
-      const auto own = std::span<const float>(s.vector_state).last((slots - 1) * size);
-      for (std::size_t e = 0; e < size; ++e)
-        detail::expect_valid_state<slots_type>([&](std::size_t slot) { return own[slot * size + e]; }, name, "",
-                                               [&] { return detail::concat("at element ", e); });
+      std::array<floats, slots - 1> own;
+      for (std::size_t slot = 0; slot < own.size(); ++slot)
+        own[slot] = s.vector_state.part(((s.master ? 1 : 0) + slot) * size, size);
+      detail::expect_valid_states<slots_type>(r, own, name, "");
       continue;
     }
     const auto rows = r.get<index_t>(), cols = r.get<index_t>();
@@ -391,13 +436,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     s.master = r.get<bool>();
     expects(s.master || (!everything && type == dtype::f32), "checkpoint", "parameter '", name, "' has no fp32 master");
     const std::size_t n = static_cast<std::size_t>(rows * cols);
-    s.cpu_p = r.get_array<float>();
-    for (auto& own : s.cpu_own) own = r.get_array<float>();
+    s.cpu_p = r.get_array_ref<float>();
+    for (auto& own : s.cpu_own) own = r.get_array_ref<float>();
     s.gpu_columns = r.get_array<std::int32_t>();
-    s.compact = r.get_array<float>();
-    s.accumulator = r.get_array<float>();
-    s.pending = r.get_array<std::byte>();
-    s.values = r.get_array<std::byte>();
+    s.compact = r.get_array_ref<float>();
+    s.accumulator = r.get_array_ref<float>();
+    s.pending = r.get_array_ref<std::byte>();
+    s.values = r.get_array_ref<std::byte>();
     bool sorted =
         std::adjacent_find(s.gpu_columns.begin(), s.gpu_columns.end(), std::greater_equal<>()) == s.gpu_columns.end();
     for (auto c : s.gpu_columns) sorted = sorted && c >= 0 && c < cols;
@@ -430,28 +475,19 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     // The CPU state of this rank's CPU columns; an accumulator while the interval has counted
     // steps (the staging buffers exist from the first step on).
     const std::size_t cpu_n = owned_cpu_cols * static_cast<std::size_t>(rows);
-    expects(s.cpu_p.size() == (s.master ? cpu_n : 0) &&
-                std::ranges::all_of(s.cpu_own, [&](const auto& own) { return own.size() == cpu_n; }) &&
-                s.compact.size() == (s.master ? slots : slots - 1) * k * rows &&
-                s.accumulator.size() == (s.current_count > 0 ? cpu_n : 0) &&
-                s.pending.size() == (pending < 0 ? 0 : cpu_n * dtype_size(type)) &&
-                s.values.size() == (everything ? n * dtype_size(type) : 0),
+    expects(s.cpu_p.size == (s.master ? cpu_n : 0) &&
+                std::ranges::all_of(s.cpu_own, [&](const auto& own) { return own.size == cpu_n; }) &&
+                s.compact.size == (s.master ? slots : slots - 1) * k * rows &&
+                s.accumulator.size == (s.current_count > 0 ? cpu_n : 0) &&
+                s.pending.size == (pending < 0 ? 0 : cpu_n * dtype_size(type)) &&
+                s.values.size == (everything ? n * dtype_size(type) : 0),
             "checkpoint", "parameter '", name, "' has state of inconsistent sizes");
     // The CPU optimizer takes state it can hold (the check it would make while loading).
-    for (std::size_t e = 0; e < cpu_n; ++e)
-      detail::expect_valid_state<slots_type>([&](std::size_t slot) { return s.cpu_own[slot][e]; }, name, "CPU ",
-                                             [&] { return detail::concat("at element ", e); });
+    detail::expect_valid_states<slots_type>(r, s.cpu_own, name, "CPU ");
     // So do the GPU columns': a reselection hands them to the CPU optimizer.
-    const auto column = static_cast<std::size_t>(rows);
-    const std::size_t stride = (s.master ? slots : slots - 1) * column;  // [master,] the others per selected column
-    for (std::size_t l = 0; l < k; ++l)
-      for (std::size_t row = 0; row < column; ++row)
-        detail::expect_valid_state<slots_type>(
-            [&](std::size_t slot) { return s.compact[l * stride + stride - (slots - 1 - slot) * column + row]; }, name,
-            "GPU ", [&] { return detail::concat("at row ", row, " of selected column ", l); });
+    detail::expect_valid_compact_state<slots_type>(r, s.compact, static_cast<std::size_t>(rows), s.master, name);
   }
   expects(r.at_end(), "checkpoint", "has trailing data after the last parameter");
-  r.release();  // everything is parsed: the file's bytes are not held while the state is applied
   // Every 2-D parameter is selected at once, except in ZenFlow one that had no gradient at any
   // selection step so far (missing_gradients::skip): it never had GPU columns, so no GPU step.
   const bool may_mix = options_.mode == offload_mode::zenflow && unselected_with_gpu_steps == 0;
@@ -493,61 +529,83 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     p.device_hyper.reset();  // handed to the device optimizer at the next step
     if (p.is_vector) {
       const auto size = static_cast<std::size_t>(p.vector.size);
+      std::vector<float> state(slots * size);  // one column: the master first
+      r.read(s.vector_state, 0, std::span<float>(state).last(s.vector_state.size));
       if (everything) {
-        Backend::copy_async(p.vector.data, s.values.data(), s.values.size(), stream);
+        const auto values = r.read(s.values);
+        Backend::copy_async(p.vector.data, values.data(), values.size(), stream);
+        Backend::synchronize(stream);
       } else if (!s.master) {  // the master is the parameter's values
-        s.values.resize(size * sizeof(float));
-        Backend::copy_async(s.values.data(), p.vector.data, s.values.size(), stream);
+        const auto master = std::span<float>(state).first(size);
+        Backend::copy_async(master.data(), p.vector.data, size * sizeof(float), stream);
+        Backend::synchronize(stream);
       }
-      Backend::synchronize(stream);
-      if (!s.master) {
-        s.vector_state.insert(s.vector_state.begin(), size, 0.0f);
-        detail::adopt_values(s.values, dtype::f32, std::span<float>(s.vector_state).first(size), true);
-      }
-      device_opt_.import_state(p.device_index, s.vector_state);
+      device_opt_.import_state(p.device_index, state);
       continue;
     }
     const auto rows = static_cast<std::size_t>(p.matrix.rows);
     const std::size_t column_bytes = rows * dtype_size(p.matrix.type);
     const auto cpu_columns = detail::owned_cpu_columns(p.owned, s.gpu_columns);
+    const bool from_pending = !s.master && pending >= 0 && s.pending_count > 0;
+    // An f32 parameter's master is its values (read from the device here), except where its
+    // pending result (f32, exact) holds it; the pending result is read once, for both.
+    std::vector<std::byte> values, pending_result = r.read(s.pending);
     if (!s.master) {
-      // An f32 parameter's master is its values, except where its pending result (f32, exact) holds it.
-      s.values.resize(static_cast<std::size_t>(p.matrix.cols) * column_bytes);
-      copy_all_columns(p, s.values, transfer_direction::device_to_host, stream);
-      const bool from_pending = pending >= 0 && s.pending_count > 0;
-      s.cpu_p.resize(cpu_columns.size() * rows);
-      for (std::size_t j = 0; j < cpu_columns.size(); ++j) {
-        const std::size_t at = from_pending ? j * column_bytes : (cpu_columns[j] + p.owned.first) * column_bytes;
-        detail::adopt_values(std::span<const std::byte>(from_pending ? s.pending : s.values).subspan(at, column_bytes),
-                             dtype::f32, std::span<float>(s.cpu_p).subspan(j * rows, rows), true);
-      }
-      std::vector<float> packed(s.gpu_columns.size() * slots * rows);
-      for (std::size_t l = 0; l < s.gpu_columns.size(); ++l) {
-        detail::adopt_values(
-            std::span<const std::byte>(s.values).subspan(s.gpu_columns[l] * column_bytes, column_bytes), dtype::f32,
-            std::span<float>(packed).subspan(slots * l * rows, rows), true);
-        const auto own = std::span<const float>(s.compact).subspan((slots - 1) * l * rows, (slots - 1) * rows);
-        std::ranges::copy(own, std::span<float>(packed).subspan((slots * l + 1) * rows, (slots - 1) * rows).begin());
-      }
-      s.compact = std::move(packed);
+      values.resize(static_cast<std::size_t>(p.matrix.cols) * column_bytes);
+      copy_all_columns(p, values, transfer_direction::device_to_host, stream);
     }
-    // This rank's CPU columns; those on the GPU keep what the CPU tensor holds (never read: a
-    // column leaving the GPU brings its state).
-    {
-      std::vector<float> state(std::move(s.cpu_p));  // slot after slot, the master first
-      for (auto& own : s.cpu_own) {
-        state.insert(state.end(), own.begin(), own.end());
-        own = {};
+    // This rank's CPU columns, a run of columns at a time (slot after slot, the master first);
+    // those on the GPU keep what the CPU tensor holds (never read: a column leaving the GPU
+    // brings its state).
+    const std::size_t run = std::max<std::size_t>(1, detail::apply_chunk_bytes / (slots * rows * sizeof(float)));
+    for (std::size_t j0 = 0; j0 < cpu_columns.size(); j0 += run) {
+      const std::size_t columns = std::min(run, cpu_columns.size() - j0), m = columns * rows;
+      std::vector<float> state(slots * m);
+      const auto master = std::span<float>(state).first(m);
+      if (s.master) {
+        r.read(s.cpu_p, j0 * rows, master);
+      } else {
+        for (std::size_t j = j0; j < j0 + columns; ++j) {
+          const std::size_t at = from_pending ? j * column_bytes : (cpu_columns[j] + p.owned.first) * column_bytes;
+          detail::adopt_values(
+              std::span<const std::byte>(from_pending ? pending_result : values).subspan(at, column_bytes), dtype::f32,
+              master.subspan((j - j0) * rows, rows), true);
+        }
       }
-      host_opt_.import_state(p.cpu_tensor, cpu_columns, state);
+      for (std::size_t slot = 1; slot < slots; ++slot)
+        r.read(s.cpu_own[slot - 1], j0 * rows, std::span<float>(state).subspan(slot * m, m));
+      host_opt_.import_state(p.cpu_tensor, std::span<const std::int32_t>(cpu_columns).subspan(j0, columns), state);
     }
     if (!s.gpu_columns.empty()) {
-      device_buffer compact_dev(s.compact.size() * sizeof(float));
-      Backend::copy_async(compact_dev.data(), s.compact.data(), s.compact.size() * sizeof(float), stream);
-      Backend::synchronize(stream);
+      // Every slot per selected column, the master first: staged to the device a run of columns
+      // at a time.
+      const std::size_t per_column = slots * rows, k = s.gpu_columns.size();
+      const std::size_t gpu_run = std::max<std::size_t>(1, detail::apply_chunk_bytes / (per_column * sizeof(float)));
+      const std::size_t compact_size = k * per_column;
+      device_buffer compact_dev(compact_size * sizeof(float));
+      std::vector<float> staged(std::min(gpu_run, k) * per_column);
+      for (std::size_t l0 = 0; l0 < k; l0 += gpu_run) {
+        const std::size_t columns = std::min(gpu_run, k - l0);
+        const auto part = std::span<float>(staged).first(columns * per_column);
+        if (s.master) {
+          r.read(s.compact, l0 * per_column, part);
+        } else {
+          for (std::size_t l = l0; l < l0 + columns; ++l) {
+            const auto column = part.subspan((l - l0) * per_column, per_column);
+            detail::adopt_values(
+                std::span<const std::byte>(values).subspan(s.gpu_columns[l] * column_bytes, column_bytes), dtype::f32,
+                column.first(rows), true);
+            r.read(s.compact, (slots - 1) * l * rows, column.subspan(rows));
+          }
+        }
+        detail::synchronize_on_unwind<Backend> guard(stream);
+        Backend::copy_async(compact_dev.data() + l0 * per_column * sizeof(float), part.data(), part.size_bytes(),
+                            stream);
+        Backend::synchronize(stream);  // (the staging is reused)
+      }
       p.device_index = Backend::add_matrix(
           device_opt_, p.matrix, s.gpu_columns,
-          std::span<const float>(reinterpret_cast<const float*>(compact_dev.data()), s.compact.size()), stream);
+          std::span<const float>(reinterpret_cast<const float*>(compact_dev.data()), compact_size), stream);
       // Dense mode does not use the selector (whose k may be smaller than every column).
       if (options_.mode == offload_mode::zenflow) selector_.set_selection(p.selector_index, s.gpu_columns);
     }
@@ -557,7 +615,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       p.gpu_columns = s.gpu_columns;
       p.cpu_columns = complement_columns(p.gpu_columns, p.matrix.cols);
       setup_buffers(p, stream);  // zeroes the accumulators: an empty one in the file is all zeros
-      if (!s.accumulator.empty()) accumulator_of(p, interval.index) = std::move(s.accumulator);
+      if (!s.accumulator.empty()) {
+        auto& accumulator = accumulator_of(p, interval.index);
+        accumulator.resize(s.accumulator.size);
+        r.read(s.accumulator, 0, std::span<float>(accumulator));
+      }
       p.by_interval[interval.index % 2].accumulated = s.current_count;
       if (pending >= 0) p.by_interval[pending % 2].accumulated = s.pending_count;
     }
@@ -565,10 +627,13 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     if (pending >= 0) {
       detail::synchronize_on_unwind<Backend> guard(stream);
       Backend::copy_async(writeback_of(p, pending).data() + rank_ * p.block * dtype_size(p.matrix.type),
-                          s.pending.data(), s.pending.size(), stream);
+                          pending_result.data(), pending_result.size(), stream);
       Backend::synchronize(stream);
     }
-    if (everything) copy_all_columns(p, s.values, transfer_direction::host_to_device, stream);
+    if (everything) {
+      values = r.read(s.values);
+      copy_all_columns(p, values, transfer_direction::host_to_device, stream);
+    }
   }
   device_opt_.set_step_count(device_steps);
   for (std::size_t i = 0; i < params_.size(); ++i)

@@ -198,10 +198,10 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(co
   } catch (...) {
     if constexpr (data_parallel) {
       if (stage == 0) refuse_checkpoint(std::current_exception());  // tells the peers why; throws
-      if (stage == 2) {  // half applied, while the peers applied theirs: fail them too
-        shared_.fail(std::current_exception());
-        fail_peers(std::current_exception());
-      }
+    }
+    if (stage == 2) {  // half applied (a backend error, a file written while it loaded): unusable
+      shared_.fail(std::current_exception());
+      if constexpr (data_parallel) fail_peers(std::current_exception());  // which applied theirs
     }
     throw;
   }
