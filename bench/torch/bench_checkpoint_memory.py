@@ -12,10 +12,11 @@ For each mode: --tensors fp32 parameters of --rows x --cols, one step() with ran
 Peaks are reported in MB and as a multiple of the checkpoint's size. The state dict's tensor maps
 a file, so reading it (torch.save, load_state_dict) adds file pages, which the kernel reclaims
 under pressure, not anonymous memory. Loading keeps the current state until the loaded one is
-in place (a rejected load changes nothing). Linux only (/proc).
+in place (a rejected load changes nothing). With --nvme DIR the optimizer keeps its master and moments in a
+state file in DIR (the NVMe tier), and state_dict() writes its file there. Linux only (/proc).
 
     python bench/torch/bench_checkpoint_memory.py [--tensors 8] [--rows 4096] [--cols 4096]
-        [--modes dense,zero_offload,zenflow_async] [--json out.json]
+        [--modes dense,zero_offload,zenflow_async] [--nvme DIR] [--json out.json]
 """
 
 import argparse
@@ -83,6 +84,7 @@ def run(argv=None):
     p.add_argument("--cols", type=int, default=4096)
     p.add_argument("--steps", type=int, default=6, help="steps before saving (ZenFlow: mid-interval)")
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--nvme", metavar="DIR", help="the optimizer's state in a state file in DIR (default: in RAM)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
@@ -90,7 +92,8 @@ def run(argv=None):
     for name in args.modes.split(","):
         torch.manual_seed(0)
         params = [nn.Parameter(torch.randn(args.rows, args.cols)) for _ in range(args.tensors)]
-        opt = ZenFlowAdamW(params, lr=1e-3, cpu_threads=0, **MODES[name])
+        nvme = dict(offload_optimizer={"device": "nvme", "nvme_path": args.nvme}) if args.nvme else {}
+        opt = ZenFlowAdamW(params, lr=1e-3, cpu_threads=0, **MODES[name], **nvme)
         for _ in range(args.steps):
             for q in params:
                 q.grad = torch.randn_like(q)

@@ -5,11 +5,14 @@ aio blocks) train bit-identically to moments in RAM (our loop and transformers.T
 their disk traffic, checkpoint interchangeably with RAM state, and every DeepSpeed key is
 honoured or rejected with its reason."""
 
+import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +114,29 @@ def test_checkpoints_move_between_disk_and_ram(state_dir):
         assert torch.equal(a, b)
     del saved
     assert mapped_checkpoints(state_dir) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_loading_a_checkpoint_holds_no_copy_of_the_state_in_ram(state_dir, monkeypatch):
+    # bench/torch/bench_checkpoint_memory.py with the state on disk (ZeRO-Offload, 64 MB of
+    # moments in 4 parameters). The loader validates the file, then applies it a part of a
+    # parameter at a time: what it adds to the process's anonymous memory is the new optimizer's
+    # own buffers (its accumulator) and a parameter's worth of reading, 0.5x of the checkpoint
+    # here. When it read the whole file into memory and parsed it into a second copy, 1.6x.
+    spec = importlib.util.spec_from_file_location(
+        "bench_checkpoint_memory", Path(__file__).resolve().parents[2] / "bench" / "torch" / "bench_checkpoint_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    staged = []  # where state_dict() and load_state_dict() put their checkpoint file
+    real = tempfile.TemporaryDirectory
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", lambda *a, **k: staged.append(k.get("dir")) or real(*a, **k))
+    out = bench.run(["--tensors", "4", "--rows", "1024", "--cols", "2048", "--steps", "3", "--modes", "zero_offload",
+                     "--nvme", state_dir, "--quiet"])
+    r = out["results"]["zero_offload"]
+    assert r["checkpoint_bytes"] >= 4 * 1024 * 2048 * 8, r  # the moments at least
+    assert r["load_anon_peak_bytes"] < 1.0 * r["checkpoint_bytes"], r
+    # On the disk beside the state, both ways (not in a /tmp that may be RAM).
+    assert staged == [state_dir, state_dir], staged
 
 
 def test_transformers_trainer_with_moments_on_disk(state_dir):

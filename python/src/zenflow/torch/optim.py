@@ -433,6 +433,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._record_versions()
         return loss
 
+    def _checkpoint_dir(self):
+        """A temporary directory for a checkpoint file on its way to or from the core: in the NVMe
+        tier's directory when there is one (a disk, where the state is; /tmp may be RAM)."""
+        nvme = self._config["nvme"]
+        return tempfile.TemporaryDirectory(prefix="zenflow-", dir=nvme["directory"] if nvme else None)
+
     def state_dict(self):
         """torch's state dict (param groups) plus ``"zenflow"``: the optimizer state (as
         torch.optim's, it holds no parameter values: save the model's ``state_dict()`` too). Per
@@ -453,8 +459,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             stream = self._stream()
             self._adopt_edits(self._core, stream)
             self._drop_hand_overs()  # step() hands those gradients over again
-            nvme = self._config["nvme"]
-            with tempfile.TemporaryDirectory(prefix="zenflow-", dir=nvme["directory"] if nvme else None) as d:
+            with self._checkpoint_dir() as d:
                 path = os.path.join(d, "checkpoint.zf")
                 self._core.save(path, stream, "optimizer_state")
                 # A tensor: torch.save writes its bytes as they are (pickle's protocol 2 would
@@ -531,7 +536,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if checkpoint is not None:
                 core = self._built()
                 self._check_memory_orders(saved_orders)
-                with tempfile.TemporaryDirectory(prefix="zenflow-") as d:
+                with self._checkpoint_dir() as d:
                     path = os.path.join(d, "checkpoint.zf")
                     with open(path, "wb") as f:  # the tensor's memory as it is, not a copy of it
                         f.write(memoryview(checkpoint.contiguous().numpy()) if isinstance(checkpoint, torch.Tensor)
