@@ -22,7 +22,8 @@
 // state in RAM and on disk (ZENFLOW_BENCH_STEP_MS: the simulated GPU step). larger_than_ram (only with
 // ZENFLOW_BENCH_LARGER_THAN_RAM_GB set) steps a cpu_adam whose state on disk is that many GB, more
 // than the machine's RAM, and reports its peak resident memory (VmHWM); coordinator_larger_than_ram
-// (with the same variable) trains a ZeRO-Offload host_coordinator with that much state on disk.
+// (with the same variable) trains a ZeRO-Offload host_coordinator with that much state on disk,
+// saves its checkpoint and resumes from it in a fresh coordinator.
 //
 // Layout of a block: 85 columns of 1024 rows (with B = 1 MiB), column-contiguous, as three
 // arrays: master | m | v (12 B per parameter; the rest of the block is padding). The bench
@@ -651,11 +652,16 @@ void larger_than_ram(benchmark::State& state) {
 // memory on a CUDA backend) and the state file's pool. Reports the step's time, what the trainer
 // stalled in it (the CPU update with its disk time: ZeRO-Offload's point), the CPU update's time,
 // bytes and disk wait, the peak resident memory (VmHWM) against MemTotal, and the coordinator's own
-// accounting.
+// accounting. Then saves the optimizer state's checkpoint beside the state file, destroys the
+// coordinator, loads the checkpoint into a new one over the same weights and trains one more step:
+// the checkpoint's size, the save's and the load's seconds and peak resident memory (VmHWM reset
+// before each), and the resumed step's seconds.
 void coordinator_larger_than_ram(benchmark::State& state) {
   const double want_gb = static_cast<double>(env_count("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0));
-  constexpr zenflow::index_t cols = 262144;
-  const std::size_t per_tensor = static_cast<std::size_t>(rows) * cols;
+  // Columns per weight (ZENFLOW_BENCH_LARGER_THAN_RAM_COLS): a checkpoint's save holds one
+  // weight's CPU state at a time.
+  const auto cols = static_cast<zenflow::index_t>(env_count("ZENFLOW_BENCH_LARGER_THAN_RAM_COLS", 262144));
+  const std::size_t per_tensor = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   const auto tensors = static_cast<std::size_t>(std::ceil(want_gb * 1e9 / (12.0 * static_cast<double>(per_tensor))));
   zenflow::coordinator_config config = coordinator_config_for(2);  // master and moments on disk
   config.nvme->file.read_ahead = 15;
@@ -666,6 +672,9 @@ void coordinator_larger_than_ram(benchmark::State& state) {
   for (std::size_t i = 0; i < per_tensor; ++i)
     grad[i] = zenflow::to_bfloat16(1e-3f * static_cast<float>(i % 7) - 3e-3f);
   double register_s = 0, step_s = 0, stall_s = 0, update_s = 0, wait_s = 0, read_b = 0, written_b = 0;
+  double save_s = 0, save_peak = 0, load_s = 0, load_peak = 0, checkpoint_b = 0, resumed_s = 0;
+  const auto peak_rss = [] { return static_cast<double>(proc_bytes("/proc/self/status", "VmHWM:")); };
+  const auto reset_peak = [] { std::ofstream("/proc/self/clear_refs") << "5"; };  // VmHWM := VmRSS
   zenflow::host_memory_bytes held;
   std::string label;
   constexpr int steps = 3;
@@ -674,21 +683,25 @@ void coordinator_larger_than_ram(benchmark::State& state) {
     auto options = zenflow::zenflow_options::zero_offload();
     options.optimizer.lr = 1e-3f;
     options.optimizer.weight_decay = 0.01f;
-    zenflow::host_coordinator c(options, config);
+    auto c = std::make_unique<zenflow::host_coordinator>(options, config);
     const auto t0 = clock_type::now();
-    for (std::size_t t = 0; t < tensors; ++t) {
+    auto register_weights = [&](zenflow::host_coordinator& into) {
+      for (std::size_t t = 0; t < tensors; ++t) {
+        const auto w = zenflow::matrix_view::column_contiguous(weights[t].data(), rows, cols, zenflow::dtype::bf16);
+        into.register_parameter("w" + std::to_string(t), w, zenflow::const_matrix_view(w), zenflow::dtype::bf16);
+      }
+    };
+    for (std::size_t t = 0; t < tensors; ++t)
       weights[t].assign(per_tensor, zenflow::to_bfloat16(0.01f * static_cast<float>(t + 1)));
-      const auto w = zenflow::matrix_view::column_contiguous(weights[t].data(), rows, cols, zenflow::dtype::bf16);
-      c.register_parameter("w" + std::to_string(t), w, zenflow::const_matrix_view(w), zenflow::dtype::bf16);
-    }
+    register_weights(*c);
     register_s = seconds_since(t0);
     for (int s = 0; s < steps; ++s) {
       const auto t1 = clock_type::now();
       stream.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });  // forward + backward
       for (std::size_t t = 0; t < tensors; ++t)
-        c.submit_gradient(
+        c->submit_gradient(
             t, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16), &stream);
-      const zenflow::step_metrics& m = c.step(&stream);
+      const zenflow::step_metrics& m = c->step(&stream);
       stream.synchronize();
       step_s += seconds_since(t1);
       stall_s += m.stall_seconds;
@@ -697,9 +710,34 @@ void coordinator_larger_than_ram(benchmark::State& state) {
       read_b += static_cast<double>(m.cpu_update_disk_read_bytes);
       written_b += static_cast<double>(m.cpu_update_disk_written_bytes);
     }
-    c.finish(&stream);
-    held = c.host_memory();
-    label = c.host_optimizer().nvme_status();
+    c->finish(&stream);
+    held = c->host_memory();
+    label = c->host_optimizer().nvme_status();
+    // Its checkpoint (the optimizer state: the weights are the trainer's), loaded by a fresh
+    // coordinator after the first is gone (its state file with it), which then trains a step.
+    const auto checkpoint = (bench_dir() / "zenflow_bench_checkpoint.bin").string();
+    reset_peak();
+    const auto t2 = clock_type::now();
+    c->save_checkpoint(checkpoint, &stream, zenflow::checkpoint_contents::optimizer_state);
+    save_s = seconds_since(t2);
+    save_peak = peak_rss();
+    checkpoint_b = static_cast<double>(std::filesystem::file_size(checkpoint));
+    c.reset();
+    c = std::make_unique<zenflow::host_coordinator>(options, config);
+    register_weights(*c);
+    reset_peak();
+    const auto t3 = clock_type::now();
+    c->load_checkpoint(checkpoint, &stream);
+    load_s = seconds_since(t3);
+    load_peak = peak_rss();
+    std::filesystem::remove(checkpoint);
+    const auto t4 = clock_type::now();
+    for (std::size_t t = 0; t < tensors; ++t)
+      c->submit_gradient(
+          t, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16), &stream);
+    c->step(&stream);
+    c->finish(&stream);
+    resumed_s = seconds_since(t4);
   }
   const double params = static_cast<double>(tensors * per_tensor);
   state.counters["params_B"] = params * 1e-9;
@@ -715,6 +753,12 @@ void coordinator_larger_than_ram(benchmark::State& state) {
   state.counters["disk_wait_s"] = wait_s / steps;
   state.counters["disk_GBps"] = (read_b + written_b) / update_s * 1e-9;
   state.counters["disk_read_GB_per_step"] = read_b / steps * 1e-9;
+  state.counters["checkpoint_GB"] = checkpoint_b * 1e-9;
+  state.counters["save_s"] = save_s;
+  state.counters["save_peak_rss_GB"] = save_peak * 1e-9;
+  state.counters["load_s"] = load_s;
+  state.counters["load_peak_rss_GB"] = load_peak * 1e-9;
+  state.counters["resumed_step_s"] = resumed_s;
   state.SetLabel(label);
 }
 

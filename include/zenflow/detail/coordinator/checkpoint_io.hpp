@@ -39,7 +39,9 @@
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
 // checkpoint under the real name; a failed write or rename removes the .tmp file. The reader
 // accepts regular files only, checks size, magic, version and hash before any field is parsed,
-// and every length against what remains.
+// and every length against what remains. Neither holds the state in memory: the writer streams
+// it through a buffer, and the load validates the state arrays from the file, then reads them
+// again to apply them, a run of columns at a time (about one parameter's values are held).
 #pragma once
 
 #include <algorithm>
