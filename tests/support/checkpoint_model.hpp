@@ -81,6 +81,28 @@ inline std::vector<checkpoint_configuration> checkpoint_configurations() {
   return out;
 }
 
+/// The bytes of `vectors`, one after the other (a model's weights: its snapshot).
+template <class... Vectors>
+std::vector<std::byte> bytes_of(const Vectors&... vectors) {
+  std::vector<std::byte> all;
+  auto append = [&all](const auto& v) {
+    const auto* p = reinterpret_cast<const std::byte*>(v.data());
+    all.insert(all.end(), p, p + v.size() * sizeof(v[0]));
+  };
+  (append(vectors), ...);
+  return all;
+}
+/// Sets `vectors` (sized already) to `bytes`, as bytes_of wrote them.
+template <class... Vectors>
+void set_bytes(const std::vector<std::byte>& bytes, Vectors&... vectors) {
+  std::size_t at = 0;
+  auto take = [&](auto& v) {
+    std::memcpy(v.data(), bytes.data() + at, v.size() * sizeof(v[0]));
+    at += v.size() * sizeof(v[0]);
+  };
+  (take(vectors), ...);
+}
+
 /// The model, its stream and a host_coordinator with the model's parameters registered.
 class checkpoint_model {
  public:
@@ -147,29 +169,14 @@ class checkpoint_model {
   /// The model's parameter bytes (synchronizes the stream first).
   std::vector<std::byte> snapshot() {
     stream_.synchronize();
-    std::vector<std::byte> all;
-    auto append = [&all](const auto& v) {
-      const auto* p = reinterpret_cast<const std::byte*>(v.data());
-      all.insert(all.end(), p, p + v.size() * sizeof(v[0]));
-    };
-    append(w0_);
-    append(w1_);
-    append(bias_);
-    return all;
+    return bytes_of(w0_, w1_, bias_);
   }
 
   /// Sets the model's parameters to `bytes` (a snapshot()): what a trainer restores itself before
   /// loading a checkpoint of checkpoint_contents::optimizer_state.
   void restore(const std::vector<std::byte>& bytes) {
     stream_.synchronize();
-    std::size_t at = 0;
-    auto take = [&](auto& v) {
-      std::memcpy(v.data(), bytes.data() + at, v.size() * sizeof(v[0]));
-      at += v.size() * sizeof(v[0]);
-    };
-    take(w0_);
-    take(w1_);
-    take(bias_);
+    set_bytes(bytes, w0_, w1_, bias_);
   }
 
   /// The CPU optimizer's fp32 master and moments of both weights (the moments as it exports them

@@ -583,27 +583,12 @@ class wide_model {
   }
   std::vector<std::byte> snapshot() {
     stream_.synchronize();
-    std::vector<std::byte> all;
-    auto append = [&all](const auto& v) {
-      const auto* p = reinterpret_cast<const std::byte*>(v.data());
-      all.insert(all.end(), p, p + v.size() * sizeof(v[0]));
-    };
-    append(w0_);
-    append(w1_);
-    append(bias_);
-    return all;
+    return bytes_of(w0_, w1_, bias_);
   }
   /// Sets the weights to `bytes` (a snapshot()), as a trainer restores them itself.
   void restore(const std::vector<std::byte>& bytes) {
     stream_.synchronize();
-    std::size_t at = 0;
-    auto take = [&](auto& v) {
-      std::memcpy(v.data(), bytes.data() + at, v.size() * sizeof(v[0]));
-      at += v.size() * sizeof(v[0]);
-    };
-    take(w0_);
-    take(w1_);
-    take(bias_);
+    set_bytes(bytes, w0_, w1_, bias_);
   }
 
  private:
