@@ -39,9 +39,10 @@
 // The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
 // checkpoint under the real name; a failed write or rename removes the .tmp file. The reader
 // accepts regular files only, checks size, magic, version and hash before any field is parsed,
-// and every length against what remains. Neither holds the state in memory: the writer streams
-// it through a buffer, and the load validates the state arrays from the file, then reads them
-// again to apply them, a run of columns at a time (about one parameter's values are held).
+// and every length against what remains. Neither holds the whole state in memory: the save
+// exports one parameter's state at a time and streams it through the writer's buffer, and the
+// load validates the state arrays from the file, then reads them again to apply them, a run of
+// columns (apply_chunk_bytes) at a time.
 #pragma once
 
 #include <algorithm>
