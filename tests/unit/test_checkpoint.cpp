@@ -22,7 +22,6 @@
 #include <functional>
 #include <limits>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "../support/test_file_id.hpp"
@@ -610,12 +609,19 @@ TEST_CASE("a state of several load runs per parameter loads, saves back identica
   auto async = checkpoint_base_options();  // mid-interval after 4 steps, a CPU result pending
   auto dense = zenflow_options::dense();
   dense.topk_ratio = 0.5f;
-  for (const auto& [name, options, contents] :
-       {std::tuple{"zenflow", async, checkpoint_contents::optimizer_state},
-        std::tuple{"zenflow", async, checkpoint_contents::everything},
-        std::tuple{"dense", dense, checkpoint_contents::optimizer_state},
-        std::tuple{"zero_offload", zenflow_options::zero_offload(), checkpoint_contents::optimizer_state}}) {
-    INFO(name << ", contents " << static_cast<int>(contents));
+  struct run {
+    const char* name;
+    zenflow_options options;
+    checkpoint_contents contents;
+  };
+  // (Members, not structured bindings: clang before 16 cannot capture those in INFO.)
+  for (const run& c : {run{"zenflow", async, checkpoint_contents::optimizer_state},
+                       run{"zenflow", async, checkpoint_contents::everything},
+                       run{"dense", dense, checkpoint_contents::optimizer_state},
+                       run{"zero_offload", zenflow_options::zero_offload(), checkpoint_contents::optimizer_state}}) {
+    INFO(c.name << ", contents " << static_cast<int>(c.contents));
+    const auto& options = c.options;
+    const auto contents = c.contents;
     const auto path = temp_path("wide.bin");
     wide_model original(options);
     original.train(4);
