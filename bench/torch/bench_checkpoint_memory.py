@@ -12,8 +12,9 @@ For each mode: --tensors fp32 parameters of --rows x --cols, one step() with ran
 Peaks are reported in MB and as a multiple of the checkpoint's size. The state dict's tensor maps
 a file, so reading it (torch.save, load_state_dict) adds file pages, which the kernel reclaims
 under pressure, not anonymous memory. Loading keeps the current state until the loaded one is
-in place (a rejected load changes nothing). With --nvme DIR the optimizer keeps its master and moments in a
-state file in DIR (the NVMe tier), and state_dict() writes its file there. Linux only (/proc).
+in place (a rejected load changes nothing). With --nvme DIR the optimizer keeps its master and
+moments in a state file in DIR (the NVMe tier), and both calls stage their file there. Linux only
+(/proc).
 
     python bench/torch/bench_checkpoint_memory.py [--tensors 8] [--rows 4096] [--cols 4096]
         [--modes dense,zero_offload,zenflow_async] [--nvme DIR] [--json out.json]
