@@ -691,6 +691,11 @@ void coordinator_larger_than_ram(benchmark::State& state) {
         into.register_parameter("w" + std::to_string(t), w, zenflow::const_matrix_view(w), zenflow::dtype::bf16);
       }
     };
+    auto submit_gradients = [&](zenflow::host_coordinator& to) {  // every parameter's: one shared buffer
+      for (std::size_t t = 0; t < tensors; ++t)
+        to.submit_gradient(
+            t, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16), &stream);
+    };
     for (std::size_t t = 0; t < tensors; ++t)
       weights[t].assign(per_tensor, zenflow::to_bfloat16(0.01f * static_cast<float>(t + 1)));
     register_weights(*c);
@@ -698,9 +703,7 @@ void coordinator_larger_than_ram(benchmark::State& state) {
     for (int s = 0; s < steps; ++s) {
       const auto t1 = clock_type::now();
       stream.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });  // forward + backward
-      for (std::size_t t = 0; t < tensors; ++t)
-        c->submit_gradient(
-            t, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16), &stream);
+      submit_gradients(*c);
       const zenflow::step_metrics& m = c->step(&stream);
       stream.synchronize();
       step_s += seconds_since(t1);
@@ -732,9 +735,7 @@ void coordinator_larger_than_ram(benchmark::State& state) {
     load_peak = peak_rss();
     std::filesystem::remove(checkpoint);
     const auto t4 = clock_type::now();
-    for (std::size_t t = 0; t < tensors; ++t)
-      c->submit_gradient(
-          t, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16), &stream);
+    submit_gradients(*c);
     c->step(&stream);
     c->finish(&stream);
     resumed_s = seconds_since(t4);

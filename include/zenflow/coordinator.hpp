@@ -23,7 +23,8 @@
 // migration on reselection (migration.hpp), the offload and update workers (offload_worker.hpp,
 // update_worker.hpp, both on worker_thread.hpp; the work they are handed in jobs.hpp, what they
 // share with the trainer thread in shared_state.hpp), the per-step flags (step_flags.hpp), the
-// trainer's edits of its parameters (reload.hpp) and checkpoints (checkpoint_io.hpp).
+// trainer's edits of its parameters (reload.hpp) and checkpoints (checkpoint_io.hpp saves,
+// checkpoint_load.hpp loads).
 #pragma once
 
 #include <array>
@@ -500,7 +501,7 @@ class basic_coordinator {
   void grouped(Enqueue&& enqueue);
   void fail_peers(const std::exception_ptr& e) noexcept;
 
-  // Checkpoints (checkpoint_io.hpp).
+  // Checkpoints (checkpoint_io.hpp, checkpoint_load.hpp).
   void copy_all_columns(const parameter& p, std::span<std::byte> values, transfer_direction direction,
                         stream_type stream);
   void read_checkpoint(const std::string& path, stream_type stream, checkpoint_match match, int& stage);

@@ -1,6 +1,7 @@
 // The coordinator's checkpoint file: its header, scalars and arrays, the writer and the reader,
-// and the option fields a checkpoint must be resumed with (checkpoint_io.hpp writes and reads the
-// coordinator's state through them; the layout of that state is documented there).
+// and the option fields a checkpoint must be resumed with (checkpoint_io.hpp writes and
+// checkpoint_load.hpp reads the coordinator's state through them; the layout of that state is
+// documented in checkpoint_io.hpp).
 #pragma once
 
 #include <fcntl.h>

@@ -17,6 +17,7 @@
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/detail/coordinator/checkpoint_load.hpp"
 #include "zenflow/detail/coordinator/data_parallel.hpp"
 #include "zenflow/detail/coordinator/intervals.hpp"
 #include "zenflow/detail/coordinator/jobs.hpp"

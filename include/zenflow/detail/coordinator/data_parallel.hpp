@@ -177,7 +177,7 @@ detail::agreement_position basic_coordinator<Backend, HostOptimizer, Communicato
   return at;
 }
 
-// load_checkpoint (checkpoint_io.hpp reads and applies the file: read_checkpoint). Data parallel:
+// load_checkpoint (checkpoint_load.hpp reads and applies the file: read_checkpoint). Data parallel:
 // every rank validates its own file, then the ranks compare what they loaded (or why they could
 // not) before any of them changes anything (agree): all load, or none does.
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
