@@ -23,7 +23,8 @@
 // ZENFLOW_BENCH_LARGER_THAN_RAM_GB set) steps a cpu_adam whose state on disk is that many GB, more
 // than the machine's RAM, and reports its peak resident memory (VmHWM); coordinator_larger_than_ram
 // (with the same variable) trains a ZeRO-Offload host_coordinator with that much state on disk,
-// saves its checkpoint and resumes from it in a fresh coordinator.
+// saves its checkpoint and resumes from it in a fresh coordinator. checkpoint_io times a
+// checkpoint's save and load against a plain write and read of the same bytes.
 //
 // Layout of a block: 85 columns of 1024 rows (with B = 1 MiB), column-contiguous, as three
 // arrays: master | m | v (12 B per parameter; the rest of the block is padding). The bench
@@ -533,6 +534,96 @@ void coordinator_stall(benchmark::State& state) {
   state.SetLabel(std::string(names[schedule]) + placement_name(on_disk));
 }
 
+// A plain copy of `bytes` bytes to (write) or from (read) `path`, through one buffer of the
+// checkpoint's buffer size: pwrite or pread and nothing else. Returns the seconds taken.
+double plain_file_pass(const std::string& path, std::uint64_t bytes, bool write) {
+  std::vector<std::byte> buffer(zenflow::detail::checkpoint_writer::buffer_bytes, std::byte{0x5a});
+  const int fd = ::open(path.c_str(), write ? O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0600);
+  if (fd < 0) throw zenflow::error("roofline", "cannot open " + path + ": " + std::strerror(errno));
+  const auto t0 = clock_type::now();
+  for (std::uint64_t at = 0; at < bytes;) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), bytes - at));
+    const ssize_t done = write ? ::pwrite(fd, buffer.data(), n, static_cast<off_t>(at))
+                               : ::pread(fd, buffer.data(), n, static_cast<off_t>(at));
+    if (done <= 0) {
+      ::close(fd);
+      throw zenflow::error("roofline", path + ": " + (done < 0 ? std::strerror(errno) : "ends early"));
+    }
+    at += static_cast<std::uint64_t>(done);
+  }
+  const double seconds = seconds_since(t0);
+  ::close(fd);
+  benchmark::DoNotOptimize(buffer.data());
+  return seconds;
+}
+
+// A checkpoint's save and load against the file system's plain copy of the same bytes, timed in
+// the same iteration, on the same file system (ZENFLOW_BENCH_NVME_DIR): a ZeRO-Offload
+// host_coordinator over one bf16 1024-row weight of range(0) M parameters, its state in RAM
+// (fp32 master, m, v), one step taken; then
+//
+//   save            save_checkpoint of the optimizer state (12 B per parameter)
+//   roofline write  a plain pwrite of as many bytes, from one 4 MiB buffer (the writer's size)
+//   load            load_checkpoint into a fresh coordinator over the same weight: the file read
+//                   twice by design (verified whole, then applied a 16 MiB run at a time)
+//   roofline read   a plain pread of the checkpoint's bytes, once
+//
+// and reports save_fraction = roofline write / save and load_fraction = roofline read / load, with
+// each pass's GB/s. Neither the save nor the roofline syncs to the disk: with the file in the page
+// cache both measure what the CPU does around the copy (the checksum, the state's export and
+// import, the validation), which is what the library decides.
+void checkpoint_io(benchmark::State& state) {
+  const zenflow::index_t cols = state.range(0) * (1 << 20) / rows;
+  const std::size_t params = static_cast<std::size_t>(rows * cols);
+  std::vector<zenflow::bfloat16> weight(params, zenflow::to_bfloat16(0.01f)), grad(params, zenflow::to_bfloat16(1e-3f));
+  const auto path = (bench_dir() / "zenflow_bench_checkpoint.bin").string();
+  const auto plain = (bench_dir() / "zenflow_bench_checkpoint_roofline.bin").string();
+  auto options = zenflow::zenflow_options::zero_offload();
+  options.optimizer.weight_decay = 0.01f;
+  double save_s = 0, load_s = 0, write_s = 0, read_s = 0, file_bytes = 0;
+  const auto make = [&] {
+    auto c = std::make_unique<zenflow::host_coordinator>(options, coordinator_config_for(0));
+    c->register_parameter(
+        "w", zenflow::matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
+        zenflow::const_matrix_view::column_contiguous(weight.data(), rows, cols, zenflow::dtype::bf16),
+        zenflow::dtype::bf16);
+    return c;
+  };
+  for (auto _ : state) {
+    zenflow::host_stream stream;
+    auto c = make();
+    c->submit_gradient(0, zenflow::const_matrix_view::column_contiguous(grad.data(), rows, cols, zenflow::dtype::bf16),
+                       &stream);
+    c->step(&stream);
+    c->finish(&stream);
+    auto t0 = clock_type::now();
+    c->save_checkpoint(path, &stream, zenflow::checkpoint_contents::optimizer_state);
+    save_s += seconds_since(t0);
+    c.reset();
+    const auto bytes = static_cast<std::uint64_t>(std::filesystem::file_size(path));
+    file_bytes = static_cast<double>(bytes);
+    write_s += plain_file_pass(plain, bytes, true);
+    auto fresh = make();
+    t0 = clock_type::now();
+    fresh->load_checkpoint(path, &stream);
+    load_s += seconds_since(t0);
+    read_s += plain_file_pass(path, bytes, false);
+    std::filesystem::remove(path);
+    std::filesystem::remove(plain);
+  }
+  const double it = static_cast<double>(state.iterations());
+  state.counters["params_M"] = static_cast<double>(params) * 1e-6;
+  state.counters["checkpoint_GB"] = file_bytes * 1e-9;
+  state.counters["save_s"] = save_s / it;
+  state.counters["load_s"] = load_s / it;
+  state.counters["save_GBps"] = file_bytes * it / save_s * 1e-9;
+  state.counters["load_GBps"] = file_bytes * it / load_s * 1e-9;
+  state.counters["roofline_write_GBps"] = file_bytes * it / write_s * 1e-9;
+  state.counters["roofline_read_GBps"] = file_bytes * it / read_s * 1e-9;
+  state.counters["save_fraction"] = write_s / save_s;
+  state.counters["load_fraction"] = read_s / load_s;
+}
+
 BENCHMARK_CAPTURE(nvme_adam, io_uring, zenflow::io_engine_kind::uring)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
@@ -570,6 +661,8 @@ BENCHMARK(coordinator_memory)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
+
+BENCHMARK(checkpoint_io)->Arg(128)->ArgName("Mparams")->UseRealTime()->Unit(benchmark::kSecond)->Iterations(2);
 
 BENCHMARK(coordinator_stall)
     ->ArgsProduct({{64}, {0, 1, 2, 3}, {0, 2}})

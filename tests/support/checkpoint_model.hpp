@@ -246,13 +246,18 @@ inline void write_file_bytes(const std::string& path, const std::vector<char>& b
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-/// Sets a checkpoint's header (payload size and FNV-1a hash) to match its payload, so that a
-/// modified field reaches the loader's validation instead of failing the checksum.
+/// Sets a checkpoint's header (payload size and checksum, of the header's format version) to match
+/// its payload, so that a modified field reaches the loader's validation instead of failing the
+/// checksum.
 inline void reseal_checkpoint(std::vector<char>& bytes) {
   if (bytes.size() < detail::checkpoint_header_bytes) return;
   const std::uint64_t size = bytes.size() - detail::checkpoint_header_bytes;
   const auto* payload = reinterpret_cast<const std::byte*>(bytes.data()) + detail::checkpoint_header_bytes;
-  const std::uint64_t hash = detail::fnv1a64({payload, size});
+  std::uint32_t version = 0;
+  std::memcpy(&version, bytes.data() + 8, sizeof version);
+  detail::checkpoint_checksum checksum(version);
+  checksum.update({payload, size});
+  const std::uint64_t hash = checksum.value();
   std::memcpy(bytes.data() + 16, &size, sizeof size);
   std::memcpy(bytes.data() + 24, &hash, sizeof hash);
 }

@@ -4,6 +4,8 @@
 //     back to the same bytes and resumes bit-identically;
 //   - saving with no parameters frees no buffer a copy still writes (run under TSan);
 //   - a directory, a device or a missing file is rejected with zenflow::error;
+//   - the header's checksum is the payload's CRC32C; format 7 files (FNV-1a) still load; a flipped
+//     payload bit or another version is refused;
 //   - the writer streams arrays larger than its buffer, and unaligned ones, intact;
 //   - a failed save (write or rename) leaves no "<path>.tmp" and the old checkpoint untouched;
 //   - crafted files with a valid checksum (one field changed, header resealed) are rejected
@@ -14,6 +16,7 @@
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <zenflow/crc32c.hpp>
 
 #include <cmath>
 #include <csignal>
@@ -389,6 +392,48 @@ TEST_CASE("a directory, a device or a missing file is not a checkpoint") {
   std::filesystem::remove(directory);
   check_untouched(m, weights, cpu);
   CHECK(resume(m, saved_checkpoint(c), 3) == uninterrupted(c, 3));
+}
+
+TEST_CASE("format 8 checks its payload with a CRC32C; format 7 (FNV-1a) still loads; other versions are refused") {
+  const auto& c = configuration("pending");
+  const auto file = saved_checkpoint(c);
+  const auto header_field = [&](const std::vector<char>& bytes, std::size_t at, auto value) {
+    std::memcpy(&value, bytes.data() + at, sizeof value);
+    return value;
+  };
+  REQUIRE(header_field(file, 8, std::uint32_t{}) == 8);
+  const auto* payload = reinterpret_cast<const std::byte*>(file.data()) + detail::checkpoint_header_bytes;
+  const std::size_t payload_bytes = file.size() - detail::checkpoint_header_bytes;
+  // The header holds the payload's CRC32C (RFC 3720, as zenflow::crc32c computes it), zero-extended.
+  CHECK(header_field(file, 24, std::uint64_t{}) == zenflow::crc32c({payload, payload_bytes}));
+  {  // the same file written by format 7: its FNV-1a 64 in the header
+    auto v7 = file;
+    const std::uint32_t seven = 7;
+    std::memcpy(v7.data() + 8, &seven, sizeof seven);
+    const std::uint64_t fnv = detail::fnv1a64({payload, payload_bytes});
+    std::memcpy(v7.data() + 24, &fnv, sizeof fnv);
+    checkpoint_model m(c);
+    CHECK(resume(m, v7, 3) == uninterrupted(c, 3));
+    auto flipped = v7;  // and a format 7 file is verified with its own checksum
+    flipped[flipped.size() - 5] ^= 0x01;
+    check_rejected(c, flipped, "is corrupted (checksum mismatch)");
+    auto crc_in_v7 = file;  // a CRC32C where format 7 has its FNV-1a does not pass
+    std::memcpy(crc_in_v7.data() + 8, &seven, sizeof seven);
+    check_rejected(c, crc_in_v7, "is corrupted (checksum mismatch)");
+  }
+  for (const std::uint32_t version : {0u, 6u, 9u, 0xffffffffu}) {
+    INFO("version " << version);
+    auto other = file;
+    std::memcpy(other.data() + 8, &version, sizeof version);
+    reseal_checkpoint(other);
+    check_rejected(c, other, "which this build does not read (it reads 7 to 8)");
+  }
+  for (const std::size_t at : {detail::checkpoint_header_bytes, file.size() / 2, file.size() - 1}) {
+    INFO("byte " << at);
+    auto flipped = file;  // any flipped bit of the payload is found
+    flipped[at] ^= static_cast<char>(0x80);
+    check_rejected(c, flipped, "is corrupted (checksum mismatch)");
+  }
 }
 
 TEST_CASE("the writer streams arrays of any size through its buffer; the reader gets back every value") {
