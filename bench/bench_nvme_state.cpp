@@ -569,7 +569,8 @@ double plain_file_pass(const std::string& path, std::uint64_t bytes, bool write)
 //   roofline read   a plain pread of the checkpoint's bytes, once
 //
 // and reports save_fraction = roofline write / save and load_fraction = roofline read / load, with
-// each pass's GB/s. Neither the save nor the roofline syncs to the disk: with the file in the page
+// each pass's GB/s, and the resident memory each call adds at its peak (VmHWM; the page cache is not
+// counted). Neither the save nor the roofline syncs to the disk: with the file in the page
 // cache both measure what the CPU does around the copy (the checksum, the state's export and
 // import, the validation), which is what the library decides.
 void checkpoint_io(benchmark::State& state) {
@@ -580,7 +581,14 @@ void checkpoint_io(benchmark::State& state) {
   const auto plain = (bench_dir() / "zenflow_bench_checkpoint_roofline.bin").string();
   auto options = zenflow::zenflow_options::zero_offload();
   options.optimizer.weight_decay = 0.01f;
-  double save_s = 0, load_s = 0, write_s = 0, read_s = 0, file_bytes = 0;
+  double save_s = 0, load_s = 0, write_s = 0, read_s = 0, file_bytes = 0, save_added = 0, load_added = 0;
+  // The resident memory a call adds at its peak: VmHWM after it, reset to VmRSS before it.
+  const auto peak_added = [](auto&& call) {
+    std::ofstream("/proc/self/clear_refs") << "5";
+    const auto before = static_cast<double>(resident_bytes());
+    call();
+    return static_cast<double>(proc_bytes("/proc/self/status", "VmHWM:")) - before;
+  };
   const auto make = [&] {
     auto c = std::make_unique<zenflow::host_coordinator>(options, coordinator_config_for(0));
     c->register_parameter(
@@ -597,7 +605,7 @@ void checkpoint_io(benchmark::State& state) {
     c->step(&stream);
     c->finish(&stream);
     auto t0 = clock_type::now();
-    c->save_checkpoint(path, &stream, zenflow::checkpoint_contents::optimizer_state);
+    save_added += peak_added([&] { c->save_checkpoint(path, &stream, zenflow::checkpoint_contents::optimizer_state); });
     save_s += seconds_since(t0);
     c.reset();
     const auto bytes = static_cast<std::uint64_t>(std::filesystem::file_size(path));
@@ -605,7 +613,7 @@ void checkpoint_io(benchmark::State& state) {
     write_s += plain_file_pass(plain, bytes, true);
     auto fresh = make();
     t0 = clock_type::now();
-    fresh->load_checkpoint(path, &stream);
+    load_added += peak_added([&] { fresh->load_checkpoint(path, &stream); });
     load_s += seconds_since(t0);
     read_s += plain_file_pass(path, bytes, false);
     std::filesystem::remove(path);
@@ -620,6 +628,8 @@ void checkpoint_io(benchmark::State& state) {
   state.counters["load_GBps"] = file_bytes * it / load_s * 1e-9;
   state.counters["roofline_write_GBps"] = file_bytes * it / write_s * 1e-9;
   state.counters["roofline_read_GBps"] = file_bytes * it / read_s * 1e-9;
+  state.counters["save_peak_added_GB"] = save_added / it * 1e-9;
+  state.counters["load_peak_added_GB"] = load_added / it * 1e-9;
   state.counters["save_fraction"] = write_s / save_s;
   state.counters["load_fraction"] = read_s / load_s;
 }
@@ -751,8 +761,7 @@ void larger_than_ram(benchmark::State& state) {
 // before each), and the resumed step's seconds.
 void coordinator_larger_than_ram(benchmark::State& state) {
   const double want_gb = static_cast<double>(env_count("ZENFLOW_BENCH_LARGER_THAN_RAM_GB", 0));
-  // Columns per weight (ZENFLOW_BENCH_LARGER_THAN_RAM_COLS): a checkpoint's save holds one
-  // weight's CPU state at a time.
+  // Columns per weight (ZENFLOW_BENCH_LARGER_THAN_RAM_COLS).
   const auto cols = static_cast<zenflow::index_t>(env_count("ZENFLOW_BENCH_LARGER_THAN_RAM_COLS", 262144));
   const std::size_t per_tensor = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   const auto tensors = static_cast<std::size_t>(std::ceil(want_gb * 1e9 / (12.0 * static_cast<double>(per_tensor))));

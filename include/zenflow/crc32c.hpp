@@ -66,4 +66,14 @@ inline std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t previ
   return ~detail::crc32c_portable(state, data.data(), data.size());
 }
 
+/// The CRC32C of a followed by b from crc32c(a), crc32c(b) and b's length in bytes, without the
+/// bytes: crc32c_combine(crc32c(a), crc32c(b), size(b)) == crc32c(a followed by b). So pieces of a
+/// stream checksummed apart, in any order, give the checksum of the whole. About 64 multiplications
+/// in GF(2)[x] per call (0.1-1 microsecond); does not allocate; thread-safe.
+constexpr std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t size_b) noexcept {
+  // Feeding b into the register holding crc(a) gives crc(a) * x^(8 |b|) + crc(b) (the initial
+  // value and the final xor cancel: CRC32C is affine in its input).
+  return detail::crc32c_multiply(crc_a, detail::crc32c_x_to_8n(size_b)) ^ crc_b;
+}
+
 }  // namespace zenflow

@@ -6,7 +6,8 @@
 //   - a directory, a device or a missing file is rejected with zenflow::error;
 //   - the header's checksum is the payload's CRC32C; format 7 files (FNV-1a) still load; a flipped
 //     payload bit or another version is refused;
-//   - the writer streams arrays larger than its buffer, and unaligned ones, intact;
+//   - the writer streams arrays larger than its buffer, and unaligned ones, intact, and puts
+//     arrays side by side (parts interleaved) into the file put one by one would give;
 //   - a failed save (write or rename) leaves no "<path>.tmp" and the old checkpoint untouched;
 //   - crafted files with a valid checksum (one field changed, header resealed) are rejected
 //     before anything changes, and the coordinator still loads the real file afterwards.
@@ -543,6 +544,74 @@ TEST_CASE("the writer puts an array in parts, and only whole") {
   std::filesystem::remove(path);
 }
 
+TEST_CASE("the writer puts arrays side by side, in parts, in place; the file reads as if put one by one") {
+  const auto path = temp_path("side_by_side.bin");
+  const auto side_path = temp_path("side_by_side_reference.bin");
+  // Larger than the writer's buffer, one empty, odd lengths: parts of the three interleaved.
+  constexpr std::size_t big = detail::checkpoint_writer::buffer_bytes / sizeof(float) + 3;
+  std::vector<std::vector<float>> arrays(3);
+  arrays[0].resize(big);
+  arrays[2].resize(1001);
+  for (auto& a : arrays)
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 977) * 0.5f + static_cast<float>(a.size());
+  const std::size_t sizes[3] = {arrays[0].size(), 0, arrays[2].size()};
+  {
+    detail::checkpoint_writer w(path);
+    w.put<std::int32_t>(7);
+    w.begin_arrays<float>(sizes);
+    std::size_t done0 = 0, done2 = 0;
+    for (std::size_t step : {std::size_t{5}, std::size_t{1} << 20, std::size_t{333}, big}) {
+      const std::size_t n0 = std::min(step, big - done0), n2 = std::min(step / 2, arrays[2].size() - done2);
+      w.put_part(2, std::span<const float>(arrays[2]).subspan(done2, n2));
+      w.put_part(0, std::span<const float>(arrays[0]).subspan(done0, n0));
+      done0 += n0;
+      done2 += n2;
+    }
+    w.put_part(2, std::span<const float>(arrays[2]).subspan(done2));
+    w.end_arrays();
+    w.put<std::int32_t>(8);
+    w.commit();
+  }
+  {
+    detail::checkpoint_writer w(side_path);  // the same values put one after the other
+    w.put<std::int32_t>(7);
+    for (const auto& a : arrays) w.put_array<float>(a);
+    w.put<std::int32_t>(8);
+    w.commit();
+  }
+  CHECK(read_file_bytes(path) == read_file_bytes(side_path));  // header (size, checksum) included
+  detail::checkpoint_reader r(path);
+  CHECK(r.get<std::int32_t>() == 7);
+  for (const auto& a : arrays) CHECK(r.get_array<float>() == a);
+  CHECK(r.get<std::int32_t>() == 8);
+  CHECK(r.at_end());
+  // Misuse is refused, naming what is wrong, and adds nothing to the file.
+  {
+    detail::checkpoint_writer w(path);
+    const std::size_t two[2] = {2, 3};
+    w.begin_arrays<float>(two);
+    const float x[4] = {1, 2, 3, 4};
+    CHECK_THROWS_WITH_AS(w.put_part(2, std::span<const float>(x, 1)), doctest::Contains("array 2 of 2 begun"), error);
+    CHECK_THROWS_WITH_AS(w.put_part(0, std::span<const float>(x, 3)), doctest::Contains("3 elements past the end"),
+                         error);
+    CHECK_THROWS_WITH_AS(w.put_part(0, std::span<const double>()), doctest::Contains("elements of 8 bytes"), error);
+    w.put_part(0, std::span<const float>(x, 2));
+    CHECK_THROWS_WITH_AS(w.end_arrays(), doctest::Contains("array 1 ended with 3 elements missing"), error);
+    CHECK_THROWS_WITH_AS(w.put<std::int32_t>(1), doctest::Contains("before the arrays begun have ended"), error);
+    CHECK_THROWS_WITH_AS(w.commit(), doctest::Contains("committed before"), error);
+    CHECK_THROWS_WITH_AS(w.begin_arrays<float>(two), doctest::Contains("before the last ones have ended"), error);
+    w.put_part(1, std::span<const float>(x, 3));
+    w.end_arrays();
+    w.commit();
+  }
+  detail::checkpoint_reader back(path);
+  CHECK(back.get_array<float>() == std::vector<float>{1, 2});
+  CHECK(back.get_array<float>() == std::vector<float>{1, 2, 3});
+  CHECK(back.at_end());
+  std::filesystem::remove(path);
+  std::filesystem::remove(side_path);
+}
+
 TEST_CASE("the reader reads the file it opened: a checkpoint saved over it since does not change it") {
   const auto path = temp_path("held.bin");
   // Larger than the reader's buffer: the reads below go to the file.
@@ -569,7 +638,7 @@ TEST_CASE("the reader reads the file it opened: a checkpoint saved over it since
 
 namespace {
 // A host_coordinator with two weights and a bias whose CPU state spans several of the runs a load
-// applies at a time (detail::apply_chunk_bytes) and of the chunks it validates at a time: an f32
+// applies at a time (detail::checkpoint_run_bytes) and of the chunks it validates at a time: an f32
 // weight (column-contiguous: its master is its values) and a bf16 one (row-major: its master is
 // written).
 class wide_model {
@@ -577,8 +646,8 @@ class wide_model {
   static constexpr index_t rows0 = 64, cols0 = 30000, rows1 = 32, cols1 = 50000, bias_size = 100000;
 
   explicit wide_model(const zenflow_options& o) : coordinator_(o, config()) {
-    static_assert(rows0 * 3 * sizeof(float) * cols0 > detail::apply_chunk_bytes);
-    static_assert(rows1 * 3 * sizeof(float) * cols1 > detail::apply_chunk_bytes);
+    static_assert(rows0 * 3 * sizeof(float) * cols0 > detail::checkpoint_run_bytes);
+    static_assert(rows1 * 3 * sizeof(float) * cols1 > detail::checkpoint_run_bytes);
     static_assert(bias_size > detail::validation_chunk);
     w0_.resize(rows0 * cols0);
     g0_.resize(w0_.size());

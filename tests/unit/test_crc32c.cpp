@@ -96,6 +96,32 @@ TEST_CASE("crc32c: chaining equals the checksum of the concatenation") {
     }
 }
 
+TEST_CASE("crc32c_combine: the checksums of two pieces give that of the whole") {
+  const auto data = zenflow_test::pattern(70000, 9);
+  const std::span<const std::byte> all(data);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{4096}, std::size_t{65537},
+                          std::size_t{69999}, std::size_t{70000}}) {
+    CAPTURE(cut);
+    const auto a = all.first(cut), b = all.subspan(cut);
+    CHECK(zenflow::crc32c_combine(crc32c(a), crc32c(b), b.size()) == crc32c(all));
+  }
+  // Three pieces, folded left to right; a combine with an empty piece changes nothing.
+  const auto p0 = all.first(100), p1 = all.subspan(100, 50000), p2 = all.subspan(50100);
+  const std::uint32_t left = zenflow::crc32c_combine(crc32c(p0), crc32c(p1), p1.size());
+  CHECK(zenflow::crc32c_combine(left, crc32c(p2), p2.size()) == crc32c(all));
+  CHECK(zenflow::crc32c_combine(0x12345678u, crc32c({}), 0) == 0x12345678u);
+  // Feeding n zero bytes multiplies the register by x^(8 n): the table path agrees with the power,
+  // and powers of lengths past 32 bits multiply as their exponents add.
+  const std::vector<std::byte> zeros(1 << 20);
+  for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{4096}, zeros.size()}) {
+    CAPTURE(n);
+    CHECK(zenflow::detail::crc32c_portable(1u << 31, zeros.data(), n) == zenflow::detail::crc32c_x_to_8n(n));
+  }
+  const std::uint64_t a = (std::uint64_t{1} << 40) + 3, b = (std::uint64_t{1} << 35) + 77;
+  CHECK(zenflow::detail::crc32c_multiply(zenflow::detail::crc32c_x_to_8n(a), zenflow::detail::crc32c_x_to_8n(b)) ==
+        zenflow::detail::crc32c_x_to_8n(a + b));
+}
+
 TEST_CASE("crc32c: a single flipped bit changes the checksum") {
   auto data = zenflow_test::pattern(4096, 5);
   const std::uint32_t before = crc32c(data);

@@ -48,6 +48,9 @@ inline std::uint64_t fnv1a64(std::span<const std::byte> data, std::uint64_t h = 
   return h;
 }
 
+/// Bytes of a parameter's state a save exports and a load applies at a time (a run of columns).
+inline constexpr std::size_t checkpoint_run_bytes = std::size_t{16} << 20;
+
 /// The oldest format a reader accepts: format 7 is format 8 with another checksum.
 inline constexpr std::uint32_t checkpoint_oldest_version = 7;
 
@@ -61,6 +64,11 @@ class checkpoint_checksum {
       : fnv_(version < 8), value_(fnv_ ? fnv1a64_basis : 0) {}
   void update(std::span<const std::byte> bytes) {
     value_ = fnv_ ? fnv1a64(bytes, value_) : crc32c(bytes, static_cast<std::uint32_t>(value_));
+  }
+  /// As update(bytes) given crc32c(bytes) and their length (format 8 only).
+  void append(std::uint32_t crc, std::uint64_t size) {
+    expects(!fnv_, "checkpoint_checksum", "format 7's FNV-1a cannot be combined");
+    value_ = crc32c_combine(static_cast<std::uint32_t>(value_), crc, size);
   }
   [[nodiscard]] std::uint64_t value() const noexcept { return value_; }
 
@@ -122,9 +130,55 @@ class checkpoint_writer {
   }
   void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
 
+  /// Arrays written side by side (a parameter's state slots, exported a run of columns at a time):
+  /// their lengths now, their elements through put_part, each array's in order but the arrays in any
+  /// interleaving, each written straight to its place in the file; end_arrays closes them once
+  /// every element is put, and nothing else may be put before. The checksum covers the file in
+  /// order all the same: each array's CRC32C, kept as its parts come, is combined in at its place.
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) void begin_arrays(std::span<const std::size_t> sizes) {
+    expects(array_left_ == 0 && side_.empty(), "checkpoint_writer", "arrays begun before the last ones have ended");
+    flush();
+    std::uint64_t at = written_;
+    for (const std::size_t n : sizes) {
+      const std::uint64_t count = n;
+      write_at(std::as_bytes(std::span<const std::uint64_t>(&count, 1)), at);
+      side_.push_back({at + sizeof count, n * sizeof(T), 0, 0, sizeof(T)});
+      at += sizeof count + n * sizeof(T);
+    }
+  }
+  /// The next elements of array `array` of those begun (begin_arrays).
+  template <checkpoint_scalar T>
+  requires(!std::is_same_v<T, bool>) void put_part(std::size_t array, std::span<const T> values) {
+    expects(array < side_.size(), "checkpoint_writer", "array ", array, " of ", side_.size(), " begun");
+    side_array& a = side_[array];
+    expects(sizeof(T) == a.element, "checkpoint_writer", "elements of ", sizeof(T), " bytes put in an array of ",
+            a.element);
+    expects(values.size_bytes() <= a.bytes - a.filled, "checkpoint_writer", values.size(),
+            " elements past the end of array ", array);
+    write_at(std::as_bytes(values), a.offset + a.filled);
+    a.crc = crc32c(std::as_bytes(values), a.crc);
+    a.filled += values.size_bytes();
+  }
+  /// Closes the arrays begun, every one of them whole.
+  void end_arrays() {
+    for (std::size_t i = 0; i < side_.size(); ++i)
+      expects(side_[i].filled == side_[i].bytes, "checkpoint_writer", "array ", i, " ended with ",
+              (side_[i].bytes - side_[i].filled) / side_[i].element, " elements missing");
+    for (const side_array& a : side_) {
+      const std::uint64_t count = a.bytes / a.element;
+      hash_.update(std::as_bytes(std::span<const std::uint64_t>(&count, 1)));
+      hash_.append(a.crc, a.bytes);
+      size_ += sizeof count + a.bytes;
+      written_ = a.offset + a.bytes;
+    }
+    side_.clear();
+  }
+
   /// Writes what is buffered and the header, then renames path.tmp to path.
   void commit() {
-    expects(array_left_ == 0, "checkpoint_writer", "committed before the array begun has its elements");
+    expects(array_left_ == 0 && side_.empty(), "checkpoint_writer",
+            "committed before the arrays begun have their elements");
     flush();
     std::byte header[checkpoint_header_bytes] = {};
     std::memcpy(header, checkpoint_magic, 8);
@@ -147,6 +201,7 @@ class checkpoint_writer {
 
  private:
   void append(std::span<const std::byte> bytes) {
+    expects(side_.empty(), "checkpoint_writer", "a value put before the arrays begun have ended");
     size_ += bytes.size();
     hash_.update(bytes);
     if (buffer_.size() + bytes.size() > buffer_bytes) {
@@ -186,6 +241,12 @@ class checkpoint_writer {
   std::uint64_t size_ = 0;              ///< payload bytes put so far
   checkpoint_checksum hash_;            ///< their checksum
   std::size_t array_left_ = 0;          ///< bytes the array begun still needs (begin_array)
+  struct side_array {
+    std::uint64_t offset, bytes, filled;  ///< of its first element in the file; its bytes; those put
+    std::uint32_t crc;                    ///< CRC32C of those put
+    std::size_t element;                  ///< bytes per element
+  };
+  std::vector<side_array> side_;  ///< the arrays begun side by side (begin_arrays)
 };
 
 /// Where an array of a checkpoint lies: its elements are in the file (the reader checked its

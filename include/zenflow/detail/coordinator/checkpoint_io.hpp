@@ -44,12 +44,13 @@
 // checkpoint under the real name; a failed write or rename removes the .tmp file. The reader
 // accepts regular files only, checks size, magic, version and checksum before any field is parsed,
 // and every length against what remains. Neither holds the whole state in memory: the save
-// exports one parameter's state at a time and streams it through the writer's buffer, and the
-// load validates the state arrays from the file, then reads them again to apply them, a run of
-// columns (apply_chunk_bytes) at a time.
+// exports a parameter's CPU state a run of columns (checkpoint_run_bytes) at a time, each slot's
+// part written in place (checkpoint_writer::begin_arrays), and the load validates the state arrays
+// from the file, then reads them again to apply them, a run of columns at a time.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -224,37 +225,59 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
       Backend::copy_async(pending.data(), staged, pending.size(), stream);
       Backend::synchronize(stream);
     }
-    std::vector<std::byte> values(rows * static_cast<std::size_t>(p.matrix.cols) * esize);
-    copy_all_columns(p, values, transfer_direction::device_to_host, stream);
-    // This rank's CPU columns (its owned columns not on the GPU), as columns of its CPU tensor.
+    // The parameter's values: written with everything; an f32 parameter's are compared with its
+    // master below. Otherwise (a bf16 or fp16 parameter's optimizer state) they are not read.
+    std::vector<std::byte> values;
+    if (everything || p.matrix.type == dtype::f32) {
+      values.resize(rows * static_cast<std::size_t>(p.matrix.cols) * esize);
+      copy_all_columns(p, values, transfer_direction::device_to_host, stream);
+    }
+    // This rank's CPU columns (its owned columns not on the GPU), as columns of its CPU tensor,
+    // exported a run of columns at a time (checkpoint_run_bytes of state): slot after slot, the
+    // master first.
     const auto cpu_columns = detail::owned_cpu_columns(p.owned, p.gpu_columns);
     const std::size_t cpu_n = cpu_columns.size() * rows;
-    std::vector<float> cpu_state(slots * cpu_n);  // slot after slot, the master first
-    host_opt_.export_state(p.cpu_tensor, cpu_columns, cpu_state);
-    const auto cpu_master = std::span<const float>(cpu_state).first(cpu_n);
+    const std::size_t run = std::max<std::size_t>(1, detail::checkpoint_run_bytes / (slots * rows * sizeof(float)));
+    std::vector<float> cpu_state(slots * std::min(run, cpu_columns.size()) * rows);
+    const auto export_run = [&](std::size_t j0) {  // columns [j0, j0 + run): returns their elements
+      const std::size_t columns = std::min(run, cpu_columns.size() - j0);
+      host_opt_.export_state(p.cpu_tensor, std::span<const std::int32_t>(cpu_columns).subspan(j0, columns),
+                             std::span<float>(cpu_state).first(slots * columns * rows));
+      return columns * rows;
+    };
     // The master is written unless it is an f32 parameter's values (everywhere but in the columns
-    // whose pending result holds it). A bf16 or fp16 parameter's master is always written, even
-    // when it equals the values (after an edit was adopted): the load takes a master from f32
-    // values only.
+    // whose pending result holds it): found out by a first export. A bf16 or fp16 parameter's
+    // master is always written, even when it equals the values (after an edit was adopted): the
+    // load takes a master from f32 values only.
     bool master = everything || p.matrix.type != dtype::f32;
     if (!master) {
       auto column = [&](std::int32_t c) {
         return std::span<const std::byte>(values).subspan(c * rows * esize, rows * esize);
       };
       const bool in_pending = pending_interval && pending_count > 0;
-      for (std::size_t j = 0; j < cpu_columns.size() && !master; ++j)
-        master = !detail::is_value_of(in_pending
-                                          ? std::span<const std::byte>(pending).subspan(j * rows * esize, rows * esize)
-                                          : column(cpu_columns[j] + static_cast<std::int32_t>(p.owned.first)),
-                                      p.matrix.type, cpu_master.subspan(j * rows, rows));
+      for (std::size_t j0 = 0; j0 < cpu_columns.size() && !master; j0 += run) {
+        const std::size_t m = export_run(j0);
+        for (std::size_t j = j0; j < j0 + m / rows && !master; ++j)
+          master = !detail::is_value_of(
+              in_pending ? std::span<const std::byte>(pending).subspan(j * rows * esize, rows * esize)
+                         : column(cpu_columns[j] + static_cast<std::int32_t>(p.owned.first)),
+              p.matrix.type, std::span<const float>(cpu_state).subspan((j - j0) * rows, rows));
+      }
       for (std::size_t l = 0; l < k && !master; ++l)
         master = !detail::is_value_of(column(p.gpu_columns[l]), p.matrix.type,
                                       std::span<const float>(compact).subspan(slots * l * rows, rows));
     }
     w.put(master);
-    w.put_array<float>(master ? cpu_master : std::span<const float>{});
-    for (std::size_t slot = 1; slot < slots; ++slot)
-      w.put_array<float>(std::span<const float>(cpu_state).subspan(slot * cpu_n, cpu_n));
+    std::array<std::size_t, slots> sizes;
+    sizes.fill(cpu_n);
+    if (!master) sizes[0] = 0;
+    w.begin_arrays<float>(sizes);
+    for (std::size_t j0 = 0; j0 < cpu_columns.size(); j0 += run) {
+      const std::size_t m = export_run(j0);
+      for (std::size_t slot = master ? 0 : 1; slot < slots; ++slot)
+        w.put_part(slot, std::span<const float>(cpu_state).subspan(slot * m, m));
+    }
+    w.end_arrays();
     w.put_array<std::int32_t>(p.gpu_columns);
     if (master) {
       w.put_array<float>(compact);

@@ -35,8 +35,6 @@ void expect_valid_state(Value value, const std::string& name, const char* holder
   throw error("checkpoint", detail::concat("parameter '", name, "' holds ", holder, Slots::what, " (", values, ") ",
                                            where(), " (", Slots::rule, ")"));
 }
-/// Bytes of state a load applies at a time (a run of columns of a parameter's CPU state).
-inline constexpr std::size_t apply_chunk_bytes = std::size_t{16} << 20;
 /// Elements a validation reads at a time (per array).
 inline constexpr std::size_t validation_chunk = std::size_t{1} << 16;
 /// expect_valid_state for every element of the slot arrays `own` (slot s + 1's values in own[s],
@@ -314,7 +312,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
     // This rank's CPU columns, a run of columns at a time (slot after slot, the master first);
     // those on the GPU keep what the CPU tensor holds (never read: a column leaving the GPU
     // brings its state).
-    const std::size_t run = std::max<std::size_t>(1, detail::apply_chunk_bytes / (slots * rows * sizeof(float)));
+    const std::size_t run = std::max<std::size_t>(1, detail::checkpoint_run_bytes / (slots * rows * sizeof(float)));
     for (std::size_t j0 = 0; j0 < cpu_columns.size(); j0 += run) {
       const std::size_t columns = std::min(run, cpu_columns.size() - j0), m = columns * rows;
       std::vector<float> state(slots * m);
@@ -337,7 +335,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
       // Every slot per selected column, the master first: staged to the device a run of columns
       // at a time.
       const std::size_t per_column = slots * rows, k = s.gpu_columns.size();
-      const std::size_t gpu_run = std::max<std::size_t>(1, detail::apply_chunk_bytes / (per_column * sizeof(float)));
+      const std::size_t gpu_run = std::max<std::size_t>(1, detail::checkpoint_run_bytes / (per_column * sizeof(float)));
       const std::size_t compact_size = k * per_column;
       device_buffer compact_dev(compact_size * sizeof(float));
       std::vector<float> staged(std::min(gpu_run, k) * per_column);

@@ -32,6 +32,29 @@ inline constexpr auto crc32c_tables = [] {
   return t;
 }();
 
+// Polynomials over GF(2) modulo the CRC's, in the reflected order the register uses: bit 31 is
+// the coefficient of x^0, bit 0 that of x^31. The product a * b mod P: b * x^i summed over the
+// terms x^i of a (b * x is a shift toward bit 0, reduced by P when x^31's coefficient leaves).
+constexpr std::uint32_t crc32c_multiply(std::uint32_t a, std::uint32_t b) noexcept {
+  std::uint32_t product = 0;
+  for (std::uint32_t term = 1u << 31; term != 0; term >>= 1) {
+    if ((a & term) != 0) product ^= b;
+    b = (b & 1u) != 0 ? (b >> 1) ^ crc32c_polynomial : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 n) mod P: feeding n zero bytes multiplies the register by it (square and multiply).
+constexpr std::uint32_t crc32c_x_to_8n(std::uint64_t n) noexcept {
+  std::uint32_t result = 1u << 31;  // 1
+  std::uint32_t power = 1u << 23;   // x^8
+  for (; n != 0; n >>= 1) {
+    if ((n & 1u) != 0) result = crc32c_multiply(result, power);
+    power = crc32c_multiply(power, power);
+  }
+  return result;
+}
+
 inline std::uint32_t crc32c_portable(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept {
   const auto& t = crc32c_tables;
   for (; n > 0 && (reinterpret_cast<std::uintptr_t>(p) & 7u) != 0; --n, ++p)
