@@ -128,30 +128,39 @@ inline child_result run_in_child(const std::function<int(const std::function<voi
   return r;
 }
 
-/// AddressSanitizer and ThreadSanitizer (sanitizer_common) intercept mlock and munlock and do
-/// nothing (they "succeed"): in such a build the process's locked memory cannot be checked.
+/// True in an AddressSanitizer or ThreadSanitizer build: their allocators and interceptors change
+/// what the process's memory figures mean.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool mlock_is_intercepted = true;
+inline constexpr bool sanitizer_build = true;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool mlock_is_intercepted = true;
+inline constexpr bool sanitizer_build = true;
 #else
-inline constexpr bool mlock_is_intercepted = false;
+inline constexpr bool sanitizer_build = false;
 #endif
 #else
-inline constexpr bool mlock_is_intercepted = false;
+inline constexpr bool sanitizer_build = false;
 #endif
+/// AddressSanitizer and ThreadSanitizer (sanitizer_common) intercept mlock and munlock and do
+/// nothing (they "succeed"): in such a build the process's locked memory cannot be checked.
+inline constexpr bool mlock_is_intercepted = sanitizer_build;
 
-/// VmLck of this process in bytes, or -1.
-inline long long locked_bytes() {
+/// The "<key>:" field of /proc/self/status (VmRSS, VmHWM, ...) in bytes, or -1.
+inline long long status_bytes(const char* key) {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (f == nullptr) return -1;
   char line[256];
   long long kib = -1;
+  const std::size_t n = std::strlen(key);
   while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::strncmp(line, "VmLck:", 6) == 0) kib = std::strtoll(line + 6, nullptr, 10);
+    if (std::strncmp(line, key, n) == 0 && line[n] == ':') kib = std::strtoll(line + n + 1, nullptr, 10);
   std::fclose(f);
   return kib < 0 ? -1 : kib * 1024;
+}
+
+/// VmLck of this process in bytes, or -1.
+inline long long locked_bytes() {
+  return status_bytes("VmLck");
 }
 
 }  // namespace zenflow_test
