@@ -3,8 +3,9 @@
 // Per input, on a freshly constructed coordinator whose options match the input's options
 // fingerprint (one of tests/support/checkpoint_model.hpp's configurations; the first otherwise):
 //   1. the bytes as they are (exercises the header: size, magic, version, checksum);
-//   2. if rejected, the same bytes with the header's size and FNV-1a hash recomputed over the
-//      payload, so that mutated fields reach the field validation instead of the checksum;
+//   2. if rejected, the same bytes with the header's size and checksum (of the header's version)
+//      recomputed over the payload, so that mutated fields reach the field validation instead of
+//      the checksum;
 //   3. after every rejection the coordinator must be unchanged (no step, no GPU columns, optimizer
 //      counts 0, the registered weights and CPU state); if both were rejected, the real checkpoint
 //      of that configuration must then load into the same coordinator;
