@@ -40,8 +40,10 @@
 // read.
 // Scalars are arithmetic or enum types only (no structs: no padding bytes reach the file); a bool
 // is one byte, 0 or 1 (any other value is rejected, never loaded as a bool).
-// The file is written to "<path>.tmp" and renamed over <path>, so a crash never leaves a torn
-// checkpoint under the real name; a failed write or rename removes the .tmp file. The reader
+// The file is written to "<path>.tmp" and renamed over <path>, so a process that dies mid-save
+// never leaves a torn checkpoint under the real name; a failed write or rename removes the .tmp
+// file. Nothing is synced to the disk (as torch.save): after a power loss the file system decides
+// what the path holds, and a torn file is refused by its checksum. The reader
 // accepts regular files only, checks size, magic, version and checksum before any field is parsed,
 // and every length against what remains. Neither holds the whole state in memory: the save
 // exports a parameter's CPU state a run of columns (checkpoint_run_bytes) at a time, each slot's
