@@ -389,6 +389,15 @@ std::uint64_t resident_bytes() {
   return proc_bytes("/proc/self/status", "VmRSS:");
 }
 
+// This process's peak resident memory in bytes (VmHWM), since it started or the last reset_peak.
+std::uint64_t peak_resident_bytes() {
+  return proc_bytes("/proc/self/status", "VmHWM:");
+}
+// Sets the peak resident memory (VmHWM) to the current one (VmRSS).
+void reset_peak() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
 // Host RAM a coordinator holds for its CPU state, in RAM (on_disk 0) against the moments on disk
 // (1) and the master and moments on disk (2), with its moments as fp32, bf16 or 8-bit blocks
 // (cpu_state 0, 1, 2: coordinator_config::cpu_state; in RAM only): a ZeRO-Offload host_coordinator (every column on the
@@ -564,8 +573,9 @@ double plain_file_pass(const std::string& path, std::uint64_t bytes, bool write)
 //
 //   save            save_checkpoint of the optimizer state (12 B per parameter)
 //   roofline write  a plain pwrite of as many bytes, from one 4 MiB buffer (the writer's size)
-//   load            load_checkpoint into a fresh coordinator over the same weight: the file read
-//                   twice by design (verified whole, then applied a 16 MiB run at a time)
+//   load            load_checkpoint into a fresh coordinator over the same weight: the state read
+//                   three times by design (the whole file verified, its moments validated, then
+//                   applied a 16 MiB run at a time)
 //   roofline read   a plain pread of the checkpoint's bytes, once
 //
 // and reports save_fraction = roofline write / save and load_fraction = roofline read / load, with
@@ -584,10 +594,10 @@ void checkpoint_io(benchmark::State& state) {
   double save_s = 0, load_s = 0, write_s = 0, read_s = 0, file_bytes = 0, save_added = 0, load_added = 0;
   // The resident memory a call adds at its peak: VmHWM after it, reset to VmRSS before it.
   const auto peak_added = [](auto&& call) {
-    std::ofstream("/proc/self/clear_refs") << "5";
+    reset_peak();
     const auto before = static_cast<double>(resident_bytes());
     call();
-    return static_cast<double>(proc_bytes("/proc/self/status", "VmHWM:")) - before;
+    return static_cast<double>(peak_resident_bytes()) - before;
   };
   const auto make = [&] {
     auto c = std::make_unique<zenflow::host_coordinator>(options, coordinator_config_for(0));
@@ -738,7 +748,7 @@ void larger_than_ram(benchmark::State& state) {
   state.counters["params_B"] = params * 1e-9;
   state.counters["state_GB"] = state_bytes * 1e-9;
   state.counters["machine_ram_GB"] = static_cast<double>(proc_bytes("/proc/meminfo", "MemTotal:")) * 1e-9;
-  state.counters["peak_rss_GB"] = static_cast<double>(proc_bytes("/proc/self/status", "VmHWM:")) * 1e-9;
+  state.counters["peak_rss_GB"] = static_cast<double>(peak_resident_bytes()) * 1e-9;
   state.counters["register_s"] = register_s;
   state.counters["step_s"] = step_s;
   state.counters["step_Mparams_per_s"] = params / step_s * 1e-6;
@@ -775,8 +785,6 @@ void coordinator_larger_than_ram(benchmark::State& state) {
     grad[i] = zenflow::to_bfloat16(1e-3f * static_cast<float>(i % 7) - 3e-3f);
   double register_s = 0, step_s = 0, stall_s = 0, update_s = 0, wait_s = 0, read_b = 0, written_b = 0;
   double save_s = 0, save_peak = 0, load_s = 0, load_peak = 0, checkpoint_b = 0, resumed_s = 0;
-  const auto peak_rss = [] { return static_cast<double>(proc_bytes("/proc/self/status", "VmHWM:")); };
-  const auto reset_peak = [] { std::ofstream("/proc/self/clear_refs") << "5"; };  // VmHWM := VmRSS
   zenflow::host_memory_bytes held;
   std::string label;
   constexpr int steps = 3;
@@ -825,7 +833,7 @@ void coordinator_larger_than_ram(benchmark::State& state) {
     const auto t2 = clock_type::now();
     c->save_checkpoint(checkpoint, &stream, zenflow::checkpoint_contents::optimizer_state);
     save_s = seconds_since(t2);
-    save_peak = peak_rss();
+    save_peak = static_cast<double>(peak_resident_bytes());
     checkpoint_b = static_cast<double>(std::filesystem::file_size(checkpoint));
     c.reset();
     c = std::make_unique<zenflow::host_coordinator>(options, config);
@@ -834,7 +842,7 @@ void coordinator_larger_than_ram(benchmark::State& state) {
     const auto t3 = clock_type::now();
     c->load_checkpoint(checkpoint, &stream);
     load_s = seconds_since(t3);
-    load_peak = peak_rss();
+    load_peak = static_cast<double>(peak_resident_bytes());
     std::filesystem::remove(checkpoint);
     const auto t4 = clock_type::now();
     submit_gradients(*c);
@@ -846,7 +854,7 @@ void coordinator_larger_than_ram(benchmark::State& state) {
   state.counters["params_B"] = params * 1e-9;
   state.counters["state_GB"] = params * 12.0 * 1e-9;
   state.counters["machine_ram_GB"] = static_cast<double>(proc_bytes("/proc/meminfo", "MemTotal:")) * 1e-9;
-  state.counters["peak_rss_GB"] = static_cast<double>(proc_bytes("/proc/self/status", "VmHWM:")) * 1e-9;
+  state.counters["peak_rss_GB"] = static_cast<double>(peak_resident_bytes()) * 1e-9;
   state.counters["accounted_host_GB"] = static_cast<double>(held.host_total()) * 1e-9;
   state.counters["device_buffers_GB"] = static_cast<double>(held.device_buffers) * 1e-9;
   state.counters["register_s"] = register_s;

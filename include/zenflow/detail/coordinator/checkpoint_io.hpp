@@ -43,9 +43,9 @@
 // The file is written to "<path>.tmp" and renamed over <path>, so a process that dies mid-save
 // never leaves a torn checkpoint under the real name; a failed write or rename removes the .tmp
 // file. Nothing is synced to the disk (as torch.save): after a power loss the file system decides
-// what the path holds, and a torn file is refused by its checksum. The reader
-// accepts regular files only, checks size, magic, version and checksum before any field is parsed,
-// and every length against what remains. Neither holds the whole state in memory: the save
+// what the path holds, and a torn file is refused by its checksum. The reader accepts regular
+// files only, checks size, magic, version and checksum before any field is parsed, and every
+// length against what remains. Neither holds the whole state in memory: the save
 // exports a parameter's CPU state a run of columns (checkpoint_run_bytes) at a time, each slot's
 // part written in place (checkpoint_writer::begin_arrays), and the load validates the state arrays
 // from the file, then reads them again to apply them, a run of columns at a time.
@@ -241,14 +241,18 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::save_checkpoint(co
     const std::size_t cpu_n = cpu_columns.size() * rows;
     const std::size_t run = std::max<std::size_t>(1, detail::checkpoint_run_bytes / (slots * rows * sizeof(float)));
     std::vector<float> cpu_state(slots * std::min(run, cpu_columns.size()) * rows);
+    std::size_t exported = cpu_columns.size();     // the run cpu_state holds (none yet)
     const auto export_run = [&](std::size_t j0) {  // columns [j0, j0 + run): returns their elements
       const std::size_t columns = std::min(run, cpu_columns.size() - j0);
-      host_opt_.export_state(p.cpu_tensor, std::span<const std::int32_t>(cpu_columns).subspan(j0, columns),
-                             std::span<float>(cpu_state).first(slots * columns * rows));
+      if (j0 != exported)
+        host_opt_.export_state(p.cpu_tensor, std::span<const std::int32_t>(cpu_columns).subspan(j0, columns),
+                               std::span<float>(cpu_state).first(slots * columns * rows));
+      exported = j0;
       return columns * rows;
     };
     // The master is written unless it is an f32 parameter's values (everywhere but in the columns
-    // whose pending result holds it): found out by a first export. A bf16 or fp16 parameter's
+    // whose pending result holds it): found out by a first export (a parameter of one run is
+    // exported once). A bf16 or fp16 parameter's
     // master is always written, even when it equals the values (after an edit was adopted): the
     // load takes a master from f32 values only.
     bool master = everything || p.matrix.type != dtype::f32;

@@ -92,30 +92,14 @@ __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_sse42_lane(std::ui
   return crc;
 }
 
-// Feeding n zero bytes into the register is linear in the register: shift(r) = M_n r over GF(2).
-// The table applies M_n a byte of r at a time. Built from the 32 unit vectors by the instruction
-// itself (CRC32C is linear, so the table reproduces it exactly).
+// Feeding n zero bytes into the register multiplies it by x^(8 n) mod P (crc32c_x_to_8n), a linear
+// map of the register over GF(2): the table applies it a byte of r at a time.
 struct crc32c_zero_shift {
   std::array<std::array<std::uint32_t, 256>, 4> t{};
-  __attribute__((target("sse4.2"))) explicit crc32c_zero_shift(std::size_t n) noexcept {
-    std::array<std::uint32_t, 32> unit{};
-    alignas(8) static constexpr std::byte zeros[256] = {};
-    for (int bit = 0; bit < 32; ++bit) {
-      std::uint32_t r = 1u << bit;
-      for (std::size_t left = n; left > 0;) {
-        const std::size_t step = left < sizeof zeros ? left : sizeof zeros;
-        r = crc32c_sse42_lane(r, zeros, step);
-        left -= step;
-      }
-      unit[static_cast<std::size_t>(bit)] = r;
-    }
+  explicit crc32c_zero_shift(std::size_t n) noexcept {
+    const std::uint32_t shift = crc32c_x_to_8n(n);
     for (std::size_t k = 0; k < 4; ++k)
-      for (std::uint32_t b = 0; b < 256; ++b) {
-        std::uint32_t v = 0;
-        for (int bit = 0; bit < 8; ++bit)
-          if ((b >> bit) & 1u) v ^= unit[k * 8 + static_cast<std::size_t>(bit)];
-        t[k][b] = v;
-      }
+      for (std::uint32_t b = 0; b < 256; ++b) t[k][b] = crc32c_multiply(b << (8 * k), shift);
   }
   [[nodiscard]] std::uint32_t operator()(std::uint32_t r) const noexcept {
     return t[0][r & 0xffu] ^ t[1][(r >> 8) & 0xffu] ^ t[2][(r >> 16) & 0xffu] ^ t[3][r >> 24];
