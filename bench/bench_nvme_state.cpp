@@ -574,8 +574,8 @@ double plain_file_pass(const std::string& path, std::uint64_t bytes, bool write)
 //   save            save_checkpoint of the optimizer state (12 B per parameter)
 //   roofline write  a plain pwrite of as many bytes, from one 4 MiB buffer (the writer's size)
 //   load            load_checkpoint into a fresh coordinator over the same weight: the state read
-//                   three times by design (the whole file verified, its moments validated, then
-//                   applied a 16 MiB run at a time)
+//                   twice by design (parsed and validated, its checksum kept on the way and
+//                   verified before anything changes, then applied a 16 MiB run at a time)
 //   roofline read   a plain pread of the checkpoint's bytes, once
 //
 // and reports save_fraction = roofline write / save and load_fraction = roofline read / load, with

@@ -61,6 +61,7 @@ class offload_worker;
 template <class Backend, class HostOptimizer>
 class update_worker;
 struct parameter_memory;
+class checkpoint_reader;
 }  // namespace detail
 
 namespace detail {
@@ -504,7 +505,7 @@ class basic_coordinator {
   // Checkpoints (checkpoint_io.hpp, checkpoint_load.hpp).
   void copy_all_columns(const parameter& p, std::span<std::byte> values, transfer_direction direction,
                         stream_type stream);
-  void read_checkpoint(const std::string& path, stream_type stream, checkpoint_match match, int& stage);
+  void read_checkpoint(detail::checkpoint_reader& r, stream_type stream, checkpoint_match match, int& stage);
 
   int device_;  // the device current at construction: every public call runs under it (device_scope)
   options_type options_;

@@ -2,7 +2,10 @@
 //
 // Per input, on a freshly constructed coordinator whose options match the input's options
 // fingerprint (one of tests/support/checkpoint_model.hpp's configurations; the first otherwise):
-//   1. the bytes as they are (exercises the header: size, magic, version, checksum);
+//   1. the bytes as they are (exercises the header: size, magic, version, checksum, and the
+//      fields: the load parses and validates them before it verifies the checksum); a file whose
+//      header is intact but whose payload does not match its checksum must be rejected as
+//      corrupted ("checksum mismatch"), whatever else is wrong with it;
 //   2. if rejected, the same bytes with the header's size and checksum (of the header's version)
 //      recomputed over the payload, so that mutated fields reach the field validation instead of
 //      the checksum;
@@ -73,14 +76,37 @@ const known_configuration& matching(const std::vector<char>& file) {
   return configurations().front();
 }
 
-// Loads `file`; true if accepted. A rejection must leave `m` as constructed.
+// True when `file`'s header is one the reader takes (magic, a version it reads, the payload's
+// size) but the payload does not match the header's checksum.
+bool corrupted(const std::vector<char>& file) {
+  if (file.size() < detail::checkpoint_header_bytes || std::memcmp(file.data(), detail::checkpoint_magic, 8) != 0)
+    return false;
+  std::uint32_t version = 0;
+  std::uint64_t size = 0, hash = 0;
+  std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&size, file.data() + 16, 8);
+  std::memcpy(&hash, file.data() + 24, 8);
+  if (version < detail::checkpoint_oldest_version || version > detail::checkpoint_version ||
+      size != file.size() - detail::checkpoint_header_bytes)
+    return false;
+  detail::checkpoint_checksum checksum(version);
+  checksum.update({reinterpret_cast<const std::byte*>(file.data()) + detail::checkpoint_header_bytes, size});
+  return checksum.value() != hash;
+}
+
+// Loads `file`; true if accepted. A rejection must leave `m` as constructed; a corrupted file
+// must be rejected as such.
 bool try_load(checkpoint_model& m, const std::vector<char>& file, const std::vector<std::byte>& weights,
               const std::vector<float>& cpu) {
   write_file_bytes(scratch_path(), file);
+  const bool corrupt = corrupted(file);
   try {
     m.coordinator().load_checkpoint(scratch_path(), &m.stream());
+    if (corrupt) fail("a file whose payload does not match its checksum was loaded");
     return true;
-  } catch (const zenflow::error&) {
+  } catch (const zenflow::error& e) {
+    if (corrupt && std::strstr(e.what(), "checksum mismatch") == nullptr)
+      fail("a corrupted file was rejected for another reason:", e.what());
   } catch (const std::exception& e) {
     fail("load_checkpoint threw something other than zenflow::error:", e.what());
   } catch (...) {

@@ -276,13 +276,14 @@ class checkpoint_document {
     std::string name;
     std::vector<char> bytes;
     std::size_t element = 0;  // 0: a scalar; else the element size of an array
+    std::size_t offset = 0;   // of its first byte in the file it was read from
   };
 
   explicit checkpoint_document(const std::vector<char>& file) {
     std::size_t pos = detail::checkpoint_header_bytes;
     auto scalar = [&](std::string name, std::size_t size) {
       if (pos + size > file.size()) throw std::runtime_error("checkpoint_document: file ends early");
-      fields_.push_back({std::move(name), {file.begin() + pos, file.begin() + pos + size}, 0});
+      fields_.push_back({std::move(name), {file.begin() + pos, file.begin() + pos + size}, 0, pos});
       pos += size;
       return fields_.back().bytes;
     };
@@ -292,7 +293,7 @@ class checkpoint_document {
       fields_.pop_back();
       std::memcpy(&n, count.data(), 8);
       if (n > (file.size() - pos) / element) throw std::runtime_error("checkpoint_document: bad array length");
-      fields_.push_back({std::move(name), {file.begin() + pos, file.begin() + pos + n * element}, element});
+      fields_.push_back({std::move(name), {file.begin() + pos, file.begin() + pos + n * element}, element, pos});
       pos += n * element;
       return fields_.back().bytes;
     };
@@ -335,6 +336,8 @@ class checkpoint_document {
     if (pos != file.size()) throw std::runtime_error("checkpoint_document: trailing bytes");
   }
 
+  /// Every field, in file order.
+  [[nodiscard]] const std::vector<field>& fields() const noexcept { return fields_; }
   field& operator[](const std::string& name) {
     for (auto& f : fields_)
       if (f.name == name) return f;

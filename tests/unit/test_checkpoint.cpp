@@ -438,6 +438,133 @@ TEST_CASE("format 8 checks its payload with a CRC32C; format 7 (FNV-1a) still lo
   }
 }
 
+TEST_CASE("a byte flipped in any field is refused as corruption, whichever check it would break first") {
+  // The load verifies the checksum after its validation (one read of the payload for both): a
+  // field it parses or a value it validates may be corrupted, and the load names the corruption,
+  // not the symptom, before anything changes.
+  const auto& c = configuration("pending");
+  const auto file = saved_checkpoint(c);
+  checkpoint_model m(c);
+  const auto weights = m.snapshot();
+  const auto cpu = m.cpu_state();
+  const auto path = temp_path("flipped.bin");
+  std::size_t flipped_fields = 0;
+  const checkpoint_document document(file);
+  for (const auto& f : document.fields()) {
+    if (f.bytes.empty()) continue;
+    for (const std::size_t at : {f.offset, f.offset + f.bytes.size() - 1}) {
+      INFO(f.name << " byte " << at - f.offset);
+      auto flipped = file;
+      flipped[at] ^= static_cast<char>(0x10);
+      write_file_bytes(path, flipped);
+      CHECK_THROWS_WITH_AS(m.coordinator().load_checkpoint(path, &m.stream()),
+                           doctest::Contains("is corrupted (checksum mismatch)"), zenflow::error);
+      check_untouched(m, weights, cpu);
+    }
+    ++flipped_fields;
+  }
+  CHECK(flipped_fields > 40);  // the options, the schedule, each parameter's fields and state arrays
+  std::filesystem::remove(path);
+  CHECK(resume(m, file, 3) == uninterrupted(c, 3));
+}
+
+TEST_CASE("a deferred reader verifies what it read and what it skipped, read in any order, once") {
+  constexpr std::size_t buffer_floats = detail::checkpoint_reader::buffer_bytes / sizeof(float);
+  std::vector<float> large(2 * buffer_floats + 3), small(17);
+  for (std::size_t i = 0; i < large.size(); ++i) large[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < small.size(); ++i) small[i] = -static_cast<float>(i);
+  const auto path = temp_path("deferred.bin");
+  {
+    detail::checkpoint_writer w(path);
+    w.put<std::uint8_t>(1);  // the arrays start unaligned
+    w.put_array<float>(large);
+    w.put_array<float>(small);
+    w.put_string("end");
+    w.commit();
+  }
+  const auto good = read_file_bytes(path);
+  constexpr auto deferred = detail::checkpoint_verification::deferred;
+  struct parsed {
+    detail::checkpoint_array<float> large, small;
+  };
+  const auto parse = [](detail::checkpoint_reader& r) {
+    CHECK(r.get<std::uint8_t>() == 1);
+    parsed p{r.get_array_ref<float>(), r.get_array_ref<float>()};
+    CHECK(r.get_string() == "end");
+    return p;
+  };
+  // Parts of the large array out of order, overlapping each other and the parse buffer's window,
+  // and leaving out [skip_first, skip_first + skip_size).
+  const std::size_t skip_first = buffer_floats + 1000, skip_size = 4096;
+  const auto read_parts = [&](detail::checkpoint_reader& r, const parsed& p) {
+    std::vector<float> part;
+    const auto get = [&](std::size_t first, std::size_t n) {
+      part.resize(n);
+      r.read(p.large, first, std::span<float>(part));
+      CHECK(std::equal(part.begin(), part.end(), large.begin() + static_cast<std::ptrdiff_t>(first)));
+    };
+    get(skip_first + skip_size, large.size() - skip_first - skip_size);
+    get(buffer_floats / 2, buffer_floats / 2 + 7);
+    get(0, buffer_floats);
+    get(buffer_floats - 100, 200);  // overlaps both parts before
+    get(buffer_floats, 1000);
+    CHECK(r.read(p.small) == small);
+  };
+  SUBCASE("an intact file: verify() reads only the part never read") {
+    detail::checkpoint_reader r(path, deferred);
+    CHECK_FALSE(r.verified());
+    const auto p = parse(r);
+    read_parts(r, p);
+    const auto before = r.bytes_read();
+    r.verify();
+    CHECK(r.verified());
+    CHECK(r.bytes_read() - before == skip_size * sizeof(float));
+    r.verify();  // once
+    CHECK(r.bytes_read() - before == skip_size * sizeof(float));
+    CHECK(r.read(p.large) == large);  // reads go on after it
+  }
+  SUBCASE("an intact file read whole: verify() reads nothing") {
+    detail::checkpoint_reader r(path, deferred);
+    const auto p = parse(r);
+    CHECK(r.read(p.large) == large);
+    CHECK(r.read(p.small) == small);
+    const auto before = r.bytes_read();
+    r.verify();
+    CHECK(r.bytes_read() == before);
+  }
+  SUBCASE("upfront (the default): the constructor reads the whole file") {
+    detail::checkpoint_reader r(path);
+    CHECK(r.verified());
+    CHECK(r.bytes_read() >= good.size());
+  }
+  SUBCASE("a flipped bit is found where it was read (explicitly or in the parse buffer's window) or not") {
+    for (const std::size_t element : {std::size_t{5}, buffer_floats - 50, skip_first + 1, large.size() - 1}) {
+      INFO("large[" << element << "] flipped");
+      auto bad = good;
+      const std::size_t at = detail::checkpoint_header_bytes + 1 + 8 + element * sizeof(float);
+      bad[at] ^= 0x01;
+      write_file_bytes(path, bad);
+      {
+        detail::checkpoint_reader r(path, deferred);  // the header is checked, the payload not yet
+        const auto p = parse(r);
+        std::vector<float> part(10);
+        r.read(p.large, 0, std::span<float>(part));  // (the corrupted value may be read before verify)
+        CHECK_THROWS_WITH_AS(r.verify(), doctest::Contains("is corrupted (checksum mismatch)"), error);
+        CHECK_FALSE(r.verified());
+      }
+      {
+        detail::checkpoint_reader r(path, deferred);
+        CHECK(r.get<std::uint8_t>() == 1);
+        // An array longer than the buffer is allocated and read only from a verified file.
+        CHECK_THROWS_WITH_AS((void)r.get_array<float>(), doctest::Contains("is corrupted (checksum mismatch)"), error);
+      }
+      CHECK_THROWS_WITH_AS(detail::checkpoint_reader{path}, doctest::Contains("is corrupted (checksum mismatch)"),
+                           error);
+    }
+  }
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("the writer streams arrays of any size through its buffer; the reader gets back every value") {
   // Checkpoints of the toy models above never fill the writer's buffer. A model's state does: its
   // arrays are flushed with what was buffered before them, or written straight through when they

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <iterator>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -264,21 +266,37 @@ struct checkpoint_array {
   }
 };
 
-/// Reads a checkpoint: the constructor verifies the whole file (size, magic, version, checksum) by
-/// streaming it through a buffer of buffer_bytes; get and get_array then parse it in order through
-/// that buffer, and get_array_ref skips an array, to be read later by read (any part of it, in any
-/// order). So the reader holds no more than the buffer and what the caller reads: a checkpoint
-/// larger than the host's memory can be parsed and applied one array (or part of one) at a time.
-/// The reader keeps the file it opened open: replacing the path (a checkpoint_writer's rename)
-/// does not change what it reads; writing the file in place while it is read does, and a read
-/// that finds it shorter than it was throws.
+/// When a checkpoint_reader checks the payload's checksum.
+enum class checkpoint_verification : std::uint8_t {
+  /// In the constructor, by streaming the whole payload through the buffer, before any field is
+  /// parsed.
+  upfront,
+  /// In verify(): the reader keeps the CRC32C of every part of the payload it reads meanwhile (the
+  /// fields parsed, the arrays read), and verify() reads only the parts never read and combines
+  /// the pieces (crc32c_combine). A caller that validates the file's arrays before using them
+  /// reads the payload once for both, and calls verify() before anything it parsed takes effect
+  /// (and after a failure, to name a corrupted file as such). A format 7 file (FNV-1a, which does
+  /// not combine) is verified upfront all the same.
+  deferred,
+};
+
+/// Reads a checkpoint: the constructor checks the header (size, magic, version) and verifies the
+/// payload's checksum (upfront) or leaves it to verify() (deferred); get and get_array parse the
+/// payload in order through a buffer of buffer_bytes, and get_array_ref skips an array, to be
+/// read later by read (any part of it, in any order). So the reader holds no more than the buffer
+/// and what the caller reads: a checkpoint larger than the host's memory can be parsed and applied
+/// one array (or part of one) at a time. The reader keeps the file it opened open: replacing the
+/// path (a checkpoint_writer's rename) does not change what it reads; writing the file in place
+/// while it is read does, and a read that finds it shorter than it was throws.
 class checkpoint_reader {
  public:
   static constexpr std::size_t buffer_bytes = std::size_t{4} << 20;
 
-  /// Opens and verifies `path`; throws zenflow::error("checkpoint", ...) if it is not a complete,
-  /// uncorrupted zenflow checkpoint of a supported version.
-  explicit checkpoint_reader(const std::string& path) : path_(path) {
+  /// Opens `path` and checks its header (and, `upfront`, its payload's checksum); throws
+  /// zenflow::error("checkpoint", ...) if it is not a complete (uncorrupted) zenflow checkpoint of a
+  /// supported version.
+  explicit checkpoint_reader(const std::string& path, checkpoint_verification when = checkpoint_verification::upfront)
+      : path_(path) {
     // A directory opens on Linux and reports a nonsense size; so would a FIFO or a device (and
     // opening a FIFO would block): only a regular file (or a link to one) can be a checkpoint.
     std::error_code status_error;
@@ -314,20 +332,16 @@ class checkpoint_reader {
               "' is truncated or has trailing data (", file_size - checkpoint_header_bytes,
               " payload bytes, header says ", size, ")");
       end_ = file_size;
-      // The whole payload's checksum before any field is parsed (the buffer is allocated only now: a
-      // bad header allocates nothing).
-      ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+      version_ = version;
+      hash_ = hash;
+      // (The buffer is allocated only now: a bad header allocates nothing.)
       buffer_.resize(static_cast<std::size_t>(std::min<std::uint64_t>(buffer_bytes, size)));
-      checkpoint_checksum h(version);
-      for (std::uint64_t at = checkpoint_header_bytes; at < end_;) {
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer_.size(), end_ - at));
-        read_at(std::span<std::byte>(buffer_).first(n), at);
-        h.update(std::span<const std::byte>(buffer_).first(n));
-        at += n;
-      }
-      expects(h.value() == hash, "checkpoint", "'", path, "' is corrupted (checksum mismatch)");
-      ::posix_fadvise(fd_, 0, 0, POSIX_FADV_NORMAL);
       pos_ = checkpoint_header_bytes;
+      if (when == checkpoint_verification::upfront || version < 8) {
+        verify();
+      } else {
+        tracking_ = true;
+      }
     } catch (...) {
       ::close(fd_);
       throw;
@@ -353,6 +367,9 @@ class checkpoint_reader {
   template <checkpoint_scalar T>
   requires(!std::is_same_v<T, bool>) std::vector<T> get_array() {
     const auto at = get_array_ref<T>();
+    // A length from a payload not verified yet (deferred) allocates no more than the buffer's size:
+    // a longer array waits for the checksum (a corrupted length must not take the host's memory).
+    if (at.size > buffer_bytes / sizeof(T)) verify();
     std::vector<T> values(at.size);
     read(at, 0, std::span<T>(values));
     return values;
@@ -371,6 +388,42 @@ class checkpoint_reader {
     return {chars.begin(), chars.end()};
   }
   [[nodiscard]] bool at_end() const noexcept { return pos_ == end_; }
+
+  /// True once the payload's checksum was verified (always, for a reader verifying upfront).
+  [[nodiscard]] bool verified() const noexcept { return verified_; }
+  /// Bytes read from the file so far (the header, parsing, reads and verification).
+  [[nodiscard]] std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+  /// Verifies the payload's checksum, reading what was not read yet (all of it, upfront); throws
+  /// zenflow::error("checkpoint", "... is corrupted (checksum mismatch)") if it does not match the
+  /// header's. Once verified, does nothing. Parsing goes on where it was.
+  void verify() {
+    if (verified_) return;
+    checkpoint_checksum h(version_);
+    std::vector<std::byte> gap;  // (not the parse buffer: parsing goes on after)
+    const auto read_gap = [&](std::uint64_t from, std::uint64_t to) {
+      if (from < to && gap.empty())
+        gap.resize(static_cast<std::size_t>(std::min<std::uint64_t>(buffer_bytes, to - from)));
+      for (std::uint64_t at = from; at < to;) {
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(gap.size(), to - at));
+        read_at(std::span<std::byte>(gap).first(n), at, false);
+        h.update(std::span<const std::byte>(gap).first(n));
+        at += n;
+      }
+    };
+    if (!tracking_) ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+    std::uint64_t at = checkpoint_header_bytes;
+    for (const auto& [first, part] : read_) {  // the parts read, in file order, and the gaps between
+      read_gap(at, first);
+      h.append(part.crc, part.end - first);
+      at = part.end;
+    }
+    read_gap(at, end_);
+    if (!tracking_) ::posix_fadvise(fd_, 0, 0, POSIX_FADV_NORMAL);
+    expects(h.value() == hash_, "checkpoint", "'", path_, "' is corrupted (checksum mismatch)");
+    verified_ = true;
+    tracking_ = false;
+    read_.clear();
+  }
 
   /// Elements [first, first + out.size()) of `array` into `out`.
   template <checkpoint_scalar T>
@@ -408,8 +461,14 @@ class checkpoint_reader {
       pos_ += n;
     }
   }
-  /// Exactly out.size() bytes of the file from `offset`.
-  void read_at(std::span<std::byte> out, std::uint64_t offset) {
+  /// Exactly out.size() bytes of the file from `offset`; while verification is deferred, their
+  /// checksum is kept (`track`; the header and verify()'s own reads are not).
+  void read_at(std::span<std::byte> out, std::uint64_t offset, bool track = true) {
+    if (tracking_ && track && offset >= checkpoint_header_bytes) {
+      read_at(out, offset, false);
+      note(out, offset);
+      return;
+    }
     while (!out.empty()) {
       const ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(offset));
       const int read_error = errno;
@@ -419,11 +478,57 @@ class checkpoint_reader {
               " (written while it was read)");
       out = out.subspan(static_cast<std::size_t>(n));
       offset += static_cast<std::uint64_t>(n);
+      bytes_read_ += static_cast<std::uint64_t>(n);
     }
   }
 
+  /// Keeps the CRC32C of the parts of `bytes` (read from `offset`) not covered by a part kept
+  /// before, each joined to a kept part it touches: the parts never overlap, and those read in
+  /// order stay one.
+  void note(std::span<const std::byte> bytes, std::uint64_t offset) {
+    const std::uint64_t end = offset + bytes.size();
+    std::uint64_t at = offset;
+    auto next = read_.upper_bound(at);  // the first part starting after `at`
+    while (at < end) {
+      if (next != read_.begin() && std::prev(next)->second.end > at) {  // `at` lies in a kept part
+        at = std::min(end, std::prev(next)->second.end);
+        next = read_.upper_bound(at);
+        continue;
+      }
+      const std::uint64_t to = next == read_.end() ? end : std::min(end, next->first);
+      const std::uint32_t crc =
+          crc32c(bytes.subspan(static_cast<std::size_t>(at - offset), static_cast<std::size_t>(to - at)));
+      auto it = next;
+      if (next != read_.begin() && std::prev(next)->second.end == at) {  // extends the part before
+        it = std::prev(next);
+        it->second.crc = crc32c_combine(it->second.crc, crc, to - at);
+        it->second.end = to;
+      } else {
+        it = read_.emplace_hint(next, at, read_part{to, crc});
+      }
+      if (next != read_.end() && next->first == to) {  // and reaches the part after: one part
+        it->second.crc = crc32c_combine(it->second.crc, next->second.crc, next->second.end - next->first);
+        it->second.end = next->second.end;
+        read_.erase(next);
+      }
+      at = it->second.end;
+      next = read_.upper_bound(at);
+    }
+  }
+
+  struct read_part {
+    std::uint64_t end;  ///< one past its last byte
+    std::uint32_t crc;  ///< CRC32C of its bytes
+  };
+
   std::string path_;
   int fd_ = -1;
+  std::uint32_t version_ = 0;
+  std::uint64_t hash_ = 0;                   ///< the header's checksum of the payload
+  bool verified_ = false;                    ///< the payload matched it
+  bool tracking_ = false;                    ///< deferred and not verified yet: read_ keeps what was read
+  std::map<std::uint64_t, read_part> read_;  ///< the parts of the payload read, by first byte
+  std::uint64_t bytes_read_ = 0;
   std::uint64_t end_ = 0;  ///< the file's size
   std::uint64_t pos_ = 0;  ///< where parsing is, in the file
   std::vector<std::byte> buffer_;

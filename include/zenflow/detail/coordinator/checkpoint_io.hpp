@@ -44,11 +44,14 @@
 // never leaves a torn checkpoint under the real name; a failed write or rename removes the .tmp
 // file. Nothing is synced to the disk (as torch.save): after a power loss the file system decides
 // what the path holds, and a torn file is refused by its checksum. The reader accepts regular
-// files only, checks size, magic, version and checksum before any field is parsed, and every
-// length against what remains. Neither holds the whole state in memory: the save
-// exports a parameter's CPU state a run of columns (checkpoint_run_bytes) at a time, each slot's
-// part written in place (checkpoint_writer::begin_arrays), and the load validates the state arrays
-// from the file, then reads them again to apply them, a run of columns at a time.
+// files only, checks size, magic and version before any field is parsed, and every length against
+// what remains. Neither holds the whole state in memory: the save exports a parameter's CPU state
+// a run of columns (checkpoint_run_bytes) at a time, each slot's part written in place
+// (checkpoint_writer::begin_arrays), and the load reads the file twice: once to parse and validate
+// it (the reader keeps the CRC32C of every part read, then reads the parts the validation skips
+// and verifies the whole before anything changes; a corrupted file is named as such, whatever
+// check it broke first; an array longer than the reader's buffer is allocated only from a
+// verified file), once more to apply the state arrays, a run of columns at a time.
 #pragma once
 
 #include <algorithm>

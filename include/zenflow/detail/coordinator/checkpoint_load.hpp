@@ -78,7 +78,7 @@ void expect_valid_compact_state(checkpoint_reader& r, const checkpoint_array<flo
 }  // namespace detail
 
 template <coordinator_backend Backend, host_optimizer HostOptimizer, coordinator_communicator<Backend> Communicator>
-void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(const std::string& path,
+void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(detail::checkpoint_reader& r,
                                                                               stream_type stream,
                                                                               checkpoint_match match, int& stage) {
   // (load_checkpoint, in data_parallel.hpp, frames this for the data-parallel agreement.)
@@ -86,10 +86,11 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
           "restore into a freshly constructed coordinator with the same parameters registered, before its first step");
   // Parse and validate everything first: nothing changes unless the whole file is good, and what
   // follows the validation cannot fail on the file's content (only on a backend error, or on a
-  // file written in place while it loads). The state arrays are read from the file twice, to be
-  // validated and to be applied, a part at a time: no more of the state is held in memory than the
-  // largest parameter's (a state larger than the host's memory, on the NVMe tier, loads).
-  detail::checkpoint_reader r(path);
+  // file written in place while it loads). The payload is read twice, a part at a time: to be
+  // validated (the reader keeps the checksum of what is read, and verifies the whole before
+  // anything is applied: the parts the validation does not read are read for it then), and to be
+  // applied. No more of the state is held in memory than the largest parameter's (a state larger
+  // than the host's memory, on the NVMe tier, loads).
   detail::check_options<slots_type>(r, options_);
   const auto contents = r.get<checkpoint_contents>();
   expects(contents == checkpoint_contents::everything || contents == checkpoint_contents::optimizer_state, "checkpoint",
@@ -251,6 +252,7 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::read_checkpoint(co
   expects(unselected_with_gpu_steps == 0, "checkpoint",
           "holds a GPU step count for a 2-D parameter without a selection");
   expects(cpu_column_count > 0 || pending == -1, "checkpoint", "holds a pending CPU update but no CPU columns");
+  r.verify();  // the whole payload is what was written (throws before anything changes)
   if constexpr (data_parallel) {
     detail::agreement_position at{step, started, interval.index, interval.first_step, target, pending};
     at.cpu_steps = host_steps;

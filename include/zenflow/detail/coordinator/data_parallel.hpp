@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/agreement.hpp"
+#include "zenflow/detail/coordinator/checkpoint_format.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
 #include "zenflow/detail/coordinator/jobs.hpp"
 
@@ -193,17 +195,29 @@ void basic_coordinator<Backend, HostOptimizer, Communicator>::load_checkpoint(co
     throw;
   }
   int stage = 0;  // 1: the ranks compared their records, 2: applying
+  std::optional<detail::checkpoint_reader> reader;
   try {
-    read_checkpoint(path, stream, match, stage);
+    reader.emplace(path, detail::checkpoint_verification::deferred);
+    read_checkpoint(*reader, stream, match, stage);
   } catch (...) {
+    auto e = std::current_exception();
+    // The file's checksum is verified after its validation (read_checkpoint): a corrupted file
+    // that failed a check on the way is named as corrupted, whatever field or value broke first.
+    if (stage == 0 && reader && !reader->verified()) {
+      try {
+        reader->verify();
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }
     if constexpr (data_parallel) {
-      if (stage == 0) refuse_checkpoint(std::current_exception());  // tells the peers why; throws
+      if (stage == 0) refuse_checkpoint(e);  // tells the peers why; throws
     }
     if (stage == 2) {  // half applied (a backend error, a file written while it loaded): unusable
-      shared_.fail(std::current_exception());
-      if constexpr (data_parallel) fail_peers(std::current_exception());  // which applied theirs
+      shared_.fail(e);
+      if constexpr (data_parallel) fail_peers(e);  // which applied theirs
     }
-    throw;
+    std::rethrow_exception(e);
   }
 }
 
