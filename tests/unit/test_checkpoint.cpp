@@ -27,6 +27,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/test_file_id.hpp"
@@ -468,20 +469,33 @@ TEST_CASE("a byte flipped in any field is refused as corruption, whichever check
   CHECK(resume(m, file, 3) == uninterrupted(c, 3));
 }
 
-TEST_CASE("a deferred reader verifies what it read and what it skipped, read in any order, once") {
-  constexpr std::size_t buffer_floats = detail::checkpoint_reader::buffer_bytes / sizeof(float);
-  std::vector<float> large(2 * buffer_floats + 3), small(17);
+namespace {
+constexpr std::size_t reader_buffer_floats = detail::checkpoint_reader::buffer_bytes / sizeof(float);
+struct two_arrays {
+  std::string path;
+  std::vector<float> first, second;
+};
+// A file of a byte, a float array longer than two reader buffers, a short one and "end" (the
+// arrays start unaligned) at `path`.
+two_arrays write_two_arrays(const std::string& path) {
+  std::vector<float> large(2 * reader_buffer_floats + 3), small(17);
   for (std::size_t i = 0; i < large.size(); ++i) large[i] = static_cast<float>(i);
   for (std::size_t i = 0; i < small.size(); ++i) small[i] = -static_cast<float>(i);
-  const auto path = temp_path("deferred.bin");
-  {
-    detail::checkpoint_writer w(path);
-    w.put<std::uint8_t>(1);  // the arrays start unaligned
-    w.put_array<float>(large);
-    w.put_array<float>(small);
-    w.put_string("end");
-    w.commit();
-  }
+  detail::checkpoint_writer w(path);
+  w.put<std::uint8_t>(1);
+  w.put_array<float>(large);
+  w.put_array<float>(small);
+  w.put_string("end");
+  w.commit();
+  return {path, std::move(large), std::move(small)};
+}
+}  // namespace
+
+TEST_CASE("a deferred reader verifies what it read and what it skipped, read in any order, once") {
+  const auto arrays = write_two_arrays(temp_path("deferred.bin"));
+  const auto& path = arrays.path;
+  const std::vector<float>& large = arrays.first;
+  const std::vector<float>& small = arrays.second;
   const auto good = read_file_bytes(path);
   constexpr auto deferred = detail::checkpoint_verification::deferred;
   struct parsed {
@@ -495,7 +509,7 @@ TEST_CASE("a deferred reader verifies what it read and what it skipped, read in 
   };
   // Parts of the large array out of order, overlapping each other and the parse buffer's window,
   // and leaving out [skip_first, skip_first + skip_size).
-  const std::size_t skip_first = buffer_floats + 1000, skip_size = 4096;
+  const std::size_t skip_first = reader_buffer_floats + 1000, skip_size = 4096;
   const auto read_parts = [&](detail::checkpoint_reader& r, const parsed& p) {
     std::vector<float> part;
     const auto get = [&](std::size_t first, std::size_t n) {
@@ -504,10 +518,10 @@ TEST_CASE("a deferred reader verifies what it read and what it skipped, read in 
       CHECK(std::equal(part.begin(), part.end(), large.begin() + static_cast<std::ptrdiff_t>(first)));
     };
     get(skip_first + skip_size, large.size() - skip_first - skip_size);
-    get(buffer_floats / 2, buffer_floats / 2 + 7);
-    get(0, buffer_floats);
-    get(buffer_floats - 100, 200);  // overlaps both parts before
-    get(buffer_floats, 1000);
+    get(reader_buffer_floats / 2, reader_buffer_floats / 2 + 7);
+    get(0, reader_buffer_floats);
+    get(reader_buffer_floats - 100, 200);  // overlaps both parts before
+    get(reader_buffer_floats, 1000);
     CHECK(r.read(p.small) == small);
   };
   SUBCASE("an intact file: verify() reads only the part never read") {
@@ -538,7 +552,7 @@ TEST_CASE("a deferred reader verifies what it read and what it skipped, read in 
     CHECK(r.bytes_read() >= good.size());
   }
   SUBCASE("a flipped bit is found where it was read (explicitly or in the parse buffer's window) or not") {
-    for (const std::size_t element : {std::size_t{5}, buffer_floats - 50, skip_first + 1, large.size() - 1}) {
+    for (const std::size_t element : {std::size_t{5}, reader_buffer_floats - 50, skip_first + 1, large.size() - 1}) {
       INFO("large[" << element << "] flipped");
       auto bad = good;
       const std::size_t at = detail::checkpoint_header_bytes + 1 + 8 + element * sizeof(float);
@@ -608,19 +622,10 @@ TEST_CASE("the writer streams arrays of any size through its buffer; the reader 
 }
 
 TEST_CASE("the reader skips arrays and reads them later, whole or in parts, in any order") {
-  constexpr std::size_t buffer_floats = detail::checkpoint_reader::buffer_bytes / sizeof(float);
-  std::vector<float> large(2 * buffer_floats + 3), small(17);
-  for (std::size_t i = 0; i < large.size(); ++i) large[i] = static_cast<float>(i);
-  for (std::size_t i = 0; i < small.size(); ++i) small[i] = -static_cast<float>(i);
-  const auto path = temp_path("parts.bin");
-  {
-    detail::checkpoint_writer w(path);
-    w.put<std::uint8_t>(1);  // the arrays start unaligned
-    w.put_array<float>(large);
-    w.put_array<float>(small);
-    w.put_string("end");
-    w.commit();
-  }
+  const auto arrays = write_two_arrays(temp_path("parts.bin"));
+  const auto& path = arrays.path;
+  const std::vector<float>& large = arrays.first;
+  const std::vector<float>& small = arrays.second;
   detail::checkpoint_reader r(path);
   CHECK(r.get<std::uint8_t>() == 1);
   const auto large_at = r.get_array_ref<float>();
@@ -631,7 +636,7 @@ TEST_CASE("the reader skips arrays and reads them later, whole or in parts, in a
   CHECK(r.at_end());
   CHECK(r.read(small_at) == small);
   std::vector<float> part(10);
-  for (const std::size_t first : {std::size_t{0}, buffer_floats - 4, large.size() - part.size()}) {
+  for (const std::size_t first : {std::size_t{0}, reader_buffer_floats - 4, large.size() - part.size()}) {
     INFO("first " << first);
     r.read(large_at, first, std::span<float>(part));
     CHECK(std::equal(part.begin(), part.end(), large.begin() + static_cast<std::ptrdiff_t>(first)));
