@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -196,6 +197,23 @@ TEST_CASE("checkpoints: the ranks compare what they load; all load or none does"
     load_fails(rank == last ? broken : at6, "rank " + std::to_string(last) + " of " + std::to_string(ranks) +
                                                 " could not load its checkpoint, so no rank loaded one: zenflow: ");
     std::remove(broken.c_str());
+  }
+  SUBCASE("one rank whose file is corrupted: its peers hear that reason, not the field it broke") {
+    // The first payload byte is the offload mode: flipped, the options would mismatch first.
+    const std::string corrupted = prefix + "_corrupted.ckpt";
+    if (rank == last) {
+      std::filesystem::copy_file(at6, corrupted, std::filesystem::copy_options::overwrite_existing);
+      std::fstream f(corrupted, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(32);
+      const char byte = static_cast<char>(f.get() ^ 0x01);
+      f.seekp(32);
+      f.put(byte);
+    }
+    load_fails(rank == last ? corrupted : at6,
+               "rank " + std::to_string(last) + " of " + std::to_string(ranks) +
+                   " could not load its checkpoint, so no rank loaded one: zenflow: checkpoint: '" + shared_prefix() +
+                   "_rank" + std::to_string(last) + "_corrupted.ckpt' is corrupted (checksum mismatch)");
+    std::remove(corrupted.c_str());
   }
   SUBCASE("one rank that loads while the others take their first step") {
     model m;
