@@ -565,6 +565,9 @@ TEST_CASE("a deferred reader verifies what it read and what it skipped, read in 
         r.read(p.large, 0, std::span<float>(part));  // (the corrupted value may be read before verify)
         CHECK_THROWS_WITH_AS(r.verify(), doctest::Contains("is corrupted (checksum mismatch)"), error);
         CHECK_FALSE(r.verified());
+        const auto before = r.bytes_read();  // a second call says so again, without reading
+        CHECK_THROWS_WITH_AS(r.verify(), doctest::Contains("is corrupted (checksum mismatch)"), error);
+        CHECK(r.bytes_read() == before);
       }
       {
         detail::checkpoint_reader r(path, deferred);

@@ -1,6 +1,7 @@
 // The coordinator's checkpoints: basic_coordinator::save_checkpoint, the helpers it shares with
 // the load (checkpoint_load.hpp) and the trainer's edits (reload.hpp), and the layout of the state
-// they write (the file's header, scalars and arrays: checkpoint_format.hpp).
+// they write (the file's header, scalars and arrays: checkpoint_format.hpp, read through
+// checkpoint_reader.hpp).
 //
 //   offset  size  field
 //   0       8     magic "ZENFLOW\x01"

@@ -15,6 +15,7 @@
 #include "zenflow/coordinator.hpp"
 #include "zenflow/detail/coordinator/checkpoint_format.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/detail/coordinator/checkpoint_reader.hpp"
 #include "zenflow/error.hpp"
 #include "zenflow/state_slots.hpp"
 

@@ -15,6 +15,7 @@
 #include "zenflow/detail/coordinator/agreement.hpp"
 #include "zenflow/detail/coordinator/checkpoint_format.hpp"
 #include "zenflow/detail/coordinator/checkpoint_io.hpp"
+#include "zenflow/detail/coordinator/checkpoint_reader.hpp"
 #include "zenflow/detail/coordinator/jobs.hpp"
 
 namespace zenflow {
