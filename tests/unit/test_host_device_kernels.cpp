@@ -556,6 +556,8 @@ TEST_CASE("gather_accumulate equals gather_columns followed by the accumulate ke
         strided src = strided::make(st, rows, cols, layout);
         fill(src, rng, 3.0f);
         src.set(0, cols - 1, std::numeric_limits<float>::quiet_NaN());
+        // A row of -0: overwriting stores fma(scale, -0, +0) = +0 (a product would store -0).
+        for (index_t c = 0; c + 1 < cols; ++c) src.set(std::min<index_t>(17, rows - 1), c, -0.0f);
         for (const auto& columns : {pick(cols, (cols + 1) / 2, rng), pick(cols, cols, rng)}) {
           const auto n = static_cast<index_t>(columns.size());
           std::vector<float> acc0(static_cast<std::size_t>(n * rows));

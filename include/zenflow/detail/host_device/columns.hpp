@@ -126,16 +126,18 @@ inline void copy_columns(const column_side& src, const column_side& dst, index_t
 }
 
 /// The host backend's offload of a step's CPU columns in one pass: acc(r, i) = fma(scale,
-/// src(r, i), acc(r, i)) in fp32 (overwrite: acc(r, i) = scale * src(r, i)) for r < rows, i < n,
-/// acc compact (column i at i * rows): the clip factor applies in fp32, never rounded to src's
-/// dtype (a bf16/fp16 gradient keeps its small components). The same bits as copy_columns into a
-/// compact buffer of src's dtype, unscaled, followed by the accumulate kernel with `scale` (the
-/// coordinator's gather, then the offload worker's accumulate), without the buffer: each task
-/// gathers a block of at most light_task_elements elements into a scratch of its thread, which
-/// stays in cache, and accumulates it from there. Blocks are whole columns when a column's rows are contiguous in
-/// src (or the rows of one column, when a column alone is longer than a block), else 256 rows by
-/// 256 columns (a transposition: each source row of the block is read as one run; taller blocks
-/// measured slower). On exec's pool, a task per block.
+/// src(r, i), acc(r, i)) in fp32 (overwrite: acc(r, i) = fma(scale, src(r, i), +0)) for r < rows,
+/// i < n, acc compact (column i at i * rows): the clip factor applies in fp32, never rounded to
+/// src's dtype (a bf16/fp16 gradient keeps its small components). The same bits as copy_columns
+/// into a compact buffer of src's dtype, unscaled, followed by the accumulate kernel with `scale`
+/// (the coordinator's gather, then the offload worker's accumulate), without the buffer. Blocks are
+/// whole columns when a column's rows are contiguous in src (or the rows of one column, when a
+/// column alone is longer than a block), else 256 rows by 256 columns (a transposition: each
+/// source row of the block is read as one run; taller blocks measured slower). On AVX-512 a
+/// block's whole 16 x 16 tiles of a row-major src are transposed and accumulated in registers
+/// (select_transpose_accumulate); everything else (the edges of a block, other paths and layouts)
+/// is gathered into a scratch of the task's thread, which stays in cache, and accumulated from
+/// there. On exec's pool, a task per block.
 inline void gather_accumulate(const column_side& src, index_t rows, index_t n, float scale, float* acc, bool overwrite,
                               const host_execution& exec, cpu_isa isa) {
   if (rows <= 0 || n <= 0) return;
@@ -148,10 +150,16 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
       src.row_stride == 1 && row_blocks > 1 ? 1 : std::max<index_t>(1, light_task_elements / block_rows);
   const index_t column_blocks = (n + block_columns - 1) / block_columns;
   const host_execution serial{nullptr, isa};
-  parallel_for(exec, static_cast<std::size_t>(row_blocks * column_blocks), [&](std::size_t t) {
-    const index_t r0 = static_cast<index_t>(t) % row_blocks * block_rows, r1 = std::min(rows, r0 + block_rows);
-    const index_t i0 = static_cast<index_t>(t) / row_blocks * block_columns, i1 = std::min(n, i0 + block_columns);
+  // The one-pass transposition: a row-major src whose offsets fit the SIMD kernels (copy_columns' rule).
+  const index_t tile = transpose_tile(isa);
+  const transpose_accumulate_fn fused =
+      src.col_stride == 1 && src.row_stride > 1 && (rows - 1) * src.row_stride + src.max_column < max_simd_offset
+          ? select_transpose_accumulate(isa, src.type, overwrite)
+          : nullptr;
+  // Rows [r0, r1) x positions [i0, i1): gathered into the scratch, accumulated from it.
+  const auto staged = [&](index_t r0, index_t r1, index_t i0, index_t i1) {
     const index_t h = r1 - r0, w = i1 - i0;
+    if (h <= 0 || w <= 0) return;
     thread_local std::vector<std::byte> scratch;
     if (scratch.size() < static_cast<std::size_t>(h * w) * ssz) scratch.resize(static_cast<std::size_t>(h * w) * ssz);
     column_side from = src;  // the block's first row and position at (0, 0)
@@ -170,6 +178,19 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
     for (index_t i = 0; i < w; ++i)
       (void)add(acc + static_cast<std::size_t>((i0 + i) * rows + r0),
                 scratch.data() + static_cast<std::size_t>(i * h) * ssz, static_cast<std::size_t>(h), scale);
+  };
+  parallel_for(exec, static_cast<std::size_t>(row_blocks * column_blocks), [&](std::size_t t) {
+    const index_t r0 = static_cast<index_t>(t) % row_blocks * block_rows, r1 = std::min(rows, r0 + block_rows);
+    const index_t i0 = static_cast<index_t>(t) / row_blocks * block_columns, i1 = std::min(n, i0 + block_columns);
+    const index_t r_full = r0 + (r1 - r0) / std::max<index_t>(tile, 1) * tile;
+    const index_t i_full = i0 + (i1 - i0) / std::max<index_t>(tile, 1) * tile;
+    if (fused == nullptr || r_full == r0 || i_full == i0) return staged(r0, r1, i0, i1);
+    fused(static_cast<const std::byte*>(src.data) +
+              static_cast<std::size_t>(r0 * src.row_stride + (src.columns != nullptr ? 0 : i0)) * ssz,
+          src.row_stride, src.columns != nullptr ? src.columns + i0 : nullptr,
+          acc + static_cast<std::size_t>(i0 * rows + r0), rows, r_full - r0, i_full - i0, scale);
+    staged(r_full, r1, i0, i_full);  // the edges
+    staged(r0, r1, i_full, i1);
   });
 }
 

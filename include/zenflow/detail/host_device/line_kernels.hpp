@@ -236,10 +236,16 @@ ZENFLOW_TARGET_AVX512 ZENFLOW_LINE_INLINE void store_listed(D* row, __m512 x, co
   }
 }
 
-template <class S, class D, bool Scale>
+/// What transpose_tiles does with a transposed row: stores it (scaled by `scale` on load when
+/// Scale), or, into an fp32 destination with no index, accumulates it as accumulate_range does
+/// (fma(scale, x, dst); overwrite: fma(scale, x, +0), without reading dst).
+enum class tile_store { plain, accumulate, overwrite };
+
+template <class S, class D, bool Scale, tile_store Store = tile_store::plain>
 ZENFLOW_TARGET_AVX512 void transpose_tiles(const void* src, index_t s_outer, const std::int32_t* s_index, void* dst,
                                            index_t d_outer, const std::int32_t* d_index, index_t outer, index_t inner,
                                            float scale) noexcept {
+  static_assert(Store == tile_store::plain || (std::is_same_v<D, float> && !Scale));
   const S* s = static_cast<const S*>(src);
   D* d = static_cast<D*>(dst);
   const __m512 sc = _mm512_set1_ps(scale);
@@ -276,7 +282,15 @@ ZENFLOW_TARGET_AVX512 void transpose_tiles(const void* src, index_t s_outer, con
           if constexpr (Scale) r[a] = _mm512_mul_ps(r[a], sc);
         }
         transpose(r);
-        for (int b = 0; b < 16; ++b) store_listed(d_base + (b0 + b) * d_outer, r[b], dl);
+        for (int b = 0; b < 16; ++b) {
+          D* row = d_base + (b0 + b) * d_outer;
+          if constexpr (Store == tile_store::plain)
+            store_listed(row, r[b], dl);
+          else if constexpr (Store == tile_store::overwrite)
+            _mm512_storeu_ps(row, _mm512_fmadd_ps(sc, r[b], _mm512_setzero_ps()));
+          else
+            _mm512_storeu_ps(row, _mm512_fmadd_ps(sc, r[b], _mm512_loadu_ps(row)));
+        }
       }
     }
   }
@@ -494,6 +508,41 @@ inline transpose_tiles_fn select_transpose_tiles(cpu_isa isa, dtype src, dtype d
                    : &transpose_tiles_erased<cpu_isa::avx2, S, D, false>;
     });
   });
+}
+
+/// acc(b, a) = fma(scale, src(a, b), acc(b, a)) for the whole tiles of an outer x inner block
+/// (overwrite: fma(scale, src(a, b), +0)): transpose_tiles' source side (a list of its columns
+/// allowed) into a compact fp32 accumulator, acc(b, a) at acc + b * acc_outer + a. The same bits
+/// as transpose_tiles into a buffer of the source's type followed by accumulate_range, in one
+/// pass. The AVX-512 path only (transpose_tile(cpu_isa::avx512) = 16); same preconditions as
+/// transpose_tiles_fn.
+using transpose_accumulate_fn = void (*)(const void* src, index_t s_outer, const std::int32_t* s_index, float* acc,
+                                         index_t acc_outer, index_t outer, index_t inner, float scale);
+
+template <class S, bool Overwrite>
+void transpose_accumulate_erased(const void* src, index_t s_outer, const std::int32_t* s_index, float* acc,
+                                 index_t acc_outer, index_t outer, index_t inner, float scale) noexcept {
+#if ZENFLOW_CPU_ADAM_X86
+  constexpr auto store = Overwrite ? avx512::tile_store::overwrite : avx512::tile_store::accumulate;
+  avx512::transpose_tiles<S, float, false, store>(src, s_outer, s_index, acc, acc_outer, nullptr, outer, inner, scale);
+#else
+  (void)src, (void)s_outer, (void)s_index, (void)acc, (void)acc_outer, (void)outer, (void)inner, (void)scale;
+#endif
+}
+
+/// The one-pass transposing accumulate for a concrete path, or nullptr where the path has none
+/// (every path but AVX-512: the caller transposes into a buffer and accumulates from it).
+inline transpose_accumulate_fn select_transpose_accumulate(cpu_isa isa, dtype src, bool overwrite) noexcept {
+#if ZENFLOW_CPU_ADAM_X86
+  if (isa != cpu_isa::avx512) return nullptr;
+  return dispatch_dtype(src, [&](auto s) -> transpose_accumulate_fn {
+    using S = decltype(s);
+    return overwrite ? &transpose_accumulate_erased<S, true> : &transpose_accumulate_erased<S, false>;
+  });
+#else
+  (void)isa, (void)src, (void)overwrite;
+  return nullptr;
+#endif
 }
 
 template <cpu_isa Isa>
