@@ -16,7 +16,7 @@
 // counted. With every element finite the two add the same values in the same order: the same
 // bits, at about a third of the instructions per element. Both prefetch prefetch_distance elements
 // ahead (as the CPU Adam does): the fixed order's dependent adds otherwise leave too few loads in
-// flight to keep up with memory (measured: 0.60 of a read-only stream without, see BENCHMARKS.md).
+// flight to keep up with memory (measured: 0.57-0.59 of a read-only stream without, see BENCHMARKS.md).
 #pragma once
 
 #include <cmath>

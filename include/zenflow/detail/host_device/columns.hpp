@@ -156,13 +156,9 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
       src.col_stride == 1 && src.row_stride > 1 && (rows - 1) * src.row_stride + src.max_column < max_simd_offset
           ? select_transpose_accumulate(isa, src.type, overwrite)
           : nullptr;
-  // Rows [r0, r1) x positions [i0, i1): gathered into the scratch, accumulated from it.
-  const auto staged = [&](index_t r0, index_t r1, index_t i0, index_t i1) {
-    const index_t h = r1 - r0, w = i1 - i0;
-    if (h <= 0 || w <= 0) return;
-    thread_local std::vector<std::byte> scratch;
-    if (scratch.size() < static_cast<std::size_t>(h * w) * ssz) scratch.resize(static_cast<std::size_t>(h * w) * ssz);
-    column_side from = src;  // the block's first row and position at (0, 0)
+  // src from row r0 and position i0 on (w positions) at (0, 0).
+  const auto origin = [&](index_t r0, index_t i0, index_t w) {
+    column_side from = src;
     if (src.columns != nullptr) {
       from.data = static_cast<const std::byte*>(src.data) + static_cast<std::size_t>(r0 * src.row_stride) * ssz;
       from.columns = src.columns + i0;
@@ -170,7 +166,16 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
       from.data = src.at(r0, i0);
       from.max_column = w - 1;
     }
-    copy_columns(from, {scratch.data(), src.type, 1, h, nullptr, w - 1}, h, w, false, 1.0f, serial, isa, false);
+    return from;
+  };
+  // Rows [r0, r1) x positions [i0, i1): gathered into the scratch, accumulated from it.
+  const auto staged = [&](index_t r0, index_t r1, index_t i0, index_t i1) {
+    const index_t h = r1 - r0, w = i1 - i0;
+    if (h <= 0 || w <= 0) return;
+    thread_local std::vector<std::byte> scratch;
+    if (scratch.size() < static_cast<std::size_t>(h * w) * ssz) scratch.resize(static_cast<std::size_t>(h * w) * ssz);
+    copy_columns(origin(r0, i0, w), {scratch.data(), src.type, 1, h, nullptr, w - 1}, h, w, false, 1.0f, serial, isa,
+                 false);
     if (h == rows) {  // whole columns: one contiguous range of acc
       (void)add(acc + static_cast<std::size_t>(i0 * rows), scratch.data(), static_cast<std::size_t>(h * w), scale);
       return;
@@ -182,13 +187,12 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
   parallel_for(exec, static_cast<std::size_t>(row_blocks * column_blocks), [&](std::size_t t) {
     const index_t r0 = static_cast<index_t>(t) % row_blocks * block_rows, r1 = std::min(rows, r0 + block_rows);
     const index_t i0 = static_cast<index_t>(t) / row_blocks * block_columns, i1 = std::min(n, i0 + block_columns);
-    const index_t r_full = r0 + (r1 - r0) / std::max<index_t>(tile, 1) * tile;
-    const index_t i_full = i0 + (i1 - i0) / std::max<index_t>(tile, 1) * tile;
+    const index_t r_full = fused != nullptr ? r0 + (r1 - r0) / tile * tile : r0;
+    const index_t i_full = fused != nullptr ? i0 + (i1 - i0) / tile * tile : i0;
     if (fused == nullptr || r_full == r0 || i_full == i0) return staged(r0, r1, i0, i1);
-    fused(static_cast<const std::byte*>(src.data) +
-              static_cast<std::size_t>(r0 * src.row_stride + (src.columns != nullptr ? 0 : i0)) * ssz,
-          src.row_stride, src.columns != nullptr ? src.columns + i0 : nullptr,
-          acc + static_cast<std::size_t>(i0 * rows + r0), rows, r_full - r0, i_full - i0, scale);
+    const column_side from = origin(r0, i0, i1 - i0);
+    fused(from.data, src.row_stride, from.columns, acc + static_cast<std::size_t>(i0 * rows + r0), rows, r_full - r0,
+          i_full - i0, scale);
     staged(r_full, r1, i0, i_full);  // the edges
     staged(r0, r1, i_full, i1);
   });
