@@ -20,9 +20,10 @@
 //   piece_gather/scatter        90% of the columns of a row-major f32 matrix to/from a compact
 //                               column-contiguous buffer (x scale on the way out): 8 B/element,
 //                               vs a contiguous scaled copy
-//   piece_gather_accumulate     the same columns scaled and added into a compact fp32 accumulator
+//   piece_gather_accumulate/L   the same columns scaled and added into a compact fp32 accumulator
 //                               (the host backend's offload at step()): 12 B/element, vs a
-//                               contiguous acc += x * scale stream
+//                               contiguous acc += x * scale stream; L 0 row-major, 1 each
+//                               column's rows contiguous
 //   piece_export/import         migration packing of a row-major [rows][k] state to/from the
 //                               packed per-column format: 24 B/element, vs a contiguous copy
 // Bar: roofline_fraction >= 0.8. Size: a 4096 x 4096 matrix (ZENFLOW_BENCH_ROWS / _COLS override).
@@ -402,16 +403,21 @@ void piece_gather(benchmark::State& state) {
 // gradient, read and write the accumulator), against a contiguous acc += x * scale stream; and,
 // timed in turn with both, the staged path it replaces (gather_columns into a compact buffer, then
 // the accumulate kernel over it: staged_ms, staged_over_piece = its time / the fused one's).
+// Argument: 0 a row-major gradient (a transposition), 1 a column-contiguous one (each column's rows
+// contiguous, as an embedding registered with its rows as columns).
 void piece_gather_accumulate(benchmark::State& state) {
   namespace hd = zenflow::detail::host_device;
   const index_t rows = piece_rows, cols = piece_cols;
+  const bool contiguous = state.range(0) == 1;
   const auto columns = every_tenth(cols, false);
   const auto n = static_cast<std::size_t>(rows) * columns.size();
   buffer<float> matrix(static_cast<std::size_t>(rows * cols)), acc(n), staged(n), rx(n), ry(n);
   const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
   const zenflow::cpu_isa isa = zenflow::detail::resolve_isa(zenflow::cpu_isa::automatic);
-  const hd::column_side grad{matrix.get(), zenflow::dtype::f32, cols, 1, columns.data(), hd::max_column(columns)};
-  const auto m = zenflow::const_matrix_view::row_major(matrix.get(), rows, cols, zenflow::dtype::f32);
+  const auto m = contiguous
+                     ? zenflow::const_matrix_view::column_contiguous(matrix.get(), rows, cols, zenflow::dtype::f32)
+                     : zenflow::const_matrix_view::row_major(matrix.get(), rows, cols, zenflow::dtype::f32);
+  const hd::column_side grad{m.data, m.type, m.row_stride, m.col_stride, columns.data(), hd::max_column(columns)};
   run_paired(
       state, static_cast<double>(n), 12,
       [&] {
@@ -482,7 +488,7 @@ BENCHMARK(piece_sparse_step_topk)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_statistics)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_gather)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
-BENCHMARK(piece_gather_accumulate)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(piece_gather_accumulate)->Arg(0)->Arg(1)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_scatter)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_export)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(piece_import)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);

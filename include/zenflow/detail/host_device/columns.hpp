@@ -135,7 +135,8 @@ inline void copy_columns(const column_side& src, const column_side& dst, index_t
 /// column alone is longer than a block), else 256 rows by 256 columns (a transposition: each
 /// source row of the block is read as one run; taller blocks measured slower). On AVX-512 a
 /// block's whole 16 x 16 tiles of a row-major src are transposed and accumulated in registers
-/// (select_transpose_accumulate); everything else (the edges of a block, other paths and layouts)
+/// (select_transpose_accumulate); a src whose columns' rows are contiguous is accumulated from
+/// src itself, a column at a time; everything else (the edges of a block, other paths and layouts)
 /// is gathered into a scratch of the task's thread, which stays in cache, and accumulated from
 /// there. On exec's pool, a task per block.
 inline void gather_accumulate(const column_side& src, index_t rows, index_t n, float scale, float* acc, bool overwrite,
@@ -172,6 +173,11 @@ inline void gather_accumulate(const column_side& src, index_t rows, index_t n, f
   const auto staged = [&](index_t r0, index_t r1, index_t i0, index_t i1) {
     const index_t h = r1 - r0, w = i1 - i0;
     if (h <= 0 || w <= 0) return;
+    if (src.row_stride == 1) {  // each column's rows are contiguous: accumulated from src itself
+      for (index_t i = i0; i < i1; ++i)
+        (void)add(acc + static_cast<std::size_t>(i * rows + r0), src.at(r0, i), static_cast<std::size_t>(h), scale);
+      return;
+    }
     thread_local std::vector<std::byte> scratch;
     if (scratch.size() < static_cast<std::size_t>(h * w) * ssz) scratch.resize(static_cast<std::size_t>(h * w) * ssz);
     copy_columns(origin(r0, i0, w), {scratch.data(), src.type, 1, h, nullptr, w - 1}, h, w, false, 1.0f, serial, isa,
