@@ -548,8 +548,9 @@ TEST_CASE("cover_cpu_update: every rank takes the longest interval any rank's CP
   options.select_interval = zenflow::interval_option::fixed(100);
   options.max_update_interval = 24;
   options.cover_cpu_update = true;
-  // The last rank's updates take 150 ms, the others' none: at ~8 ms a step it needs ~16 steps.
-  rank_paced_cpu_adam::delay = std::chrono::milliseconds(rank == ranks - 1 ? 150 : 0);
+  // The last rank's updates take 400 ms, the others' none: at ~8 ms a step it needs more steps than
+  // the 24 allowed, and still more than 2 when a loaded machine makes a step take 100 ms.
+  rank_paced_cpu_adam::delay = std::chrono::milliseconds(rank == ranks - 1 ? 400 : 0);
   zenflow::mpi_communicator comm(MPI_COMM_WORLD, test_options());
   model m;
   zenflow::basic_coordinator<zenflow::host_backend, rank_paced_cpu_adam, zenflow::mpi_communicator> c(comm, options);
@@ -571,5 +572,5 @@ TEST_CASE("cover_cpu_update: every rank takes the longest interval any rank's CP
   std::vector<std::byte> bytes(lengths.size() * sizeof(std::int64_t));
   std::memcpy(bytes.data(), lengths.data(), bytes.size());
   CHECK(same_on_every_rank(bytes));
-  CHECK(max_floor >= 4);  // on rank 0 too, whose own updates need one step
+  CHECK(max_floor >= 2);  // on rank 0 too, whose own updates need one step
 }
