@@ -97,14 +97,7 @@ zenflow::cpu_adam_config bench_config() {
   zenflow::cpu_adam_config c;
   c.threads = zenflow_bench::env_count("ZENFLOW_BENCH_THREADS", c.threads, 0, 4096);
   c.chunk_elements = zenflow_bench::env_count("ZENFLOW_BENCH_CHUNK", c.chunk_elements, 1);
-  if (const char* s = std::getenv("ZENFLOW_BENCH_ISA"); s != nullptr && *s != '\0') {
-    const std::string_view v(s);
-    if (v != "scalar" && v != "avx2" && v != "avx512") {
-      std::fprintf(stderr, "ZENFLOW_BENCH_ISA: must be scalar, avx2 or avx512, got '%s'\n", s);
-      std::exit(2);
-    }
-    c.isa = v == "scalar" ? zenflow::cpu_isa::scalar : v == "avx2" ? zenflow::cpu_isa::avx2 : zenflow::cpu_isa::avx512;
-  }
+  c.isa = zenflow_bench::env_isa(c.isa);
   return c;
 }
 

@@ -27,11 +27,13 @@
 //   piece_export/import         migration packing of a row-major [rows][k] state to/from the
 //                               packed per-column format: 24 B/element, vs a contiguous copy
 // Bar: roofline_fraction >= 0.8. Size: a 4096 x 4096 matrix (ZENFLOW_BENCH_ROWS / _COLS override).
+// The pieces run the best SIMD path of the CPU (ZENFLOW_BENCH_ISA=scalar|avx2|avx512 overrides).
 #include <benchmark/benchmark.h>
 
 #include <zenflow/coordinator.hpp>
 #include <zenflow/gradient_stats.hpp>
 #include <zenflow/sparse_adam.hpp>
+#include "bench_env.hpp"
 #include "end_to_end_modes.hpp"
 
 #include <algorithm>
@@ -307,6 +309,12 @@ void run_paired(benchmark::State& state, double elements, double bytes_per_eleme
   state.counters["ms"] = piece_seconds / it * 1e3;
 }
 
+// The pieces' SIMD path: the best this CPU has (ZENFLOW_BENCH_ISA=scalar|avx2|avx512 overrides).
+zenflow::cpu_isa piece_isa() {
+  static const zenflow::cpu_isa isa = zenflow_bench::env_isa();
+  return isa;
+}
+
 zenflow::thread_pool& piece_pool() {
   static zenflow::thread_pool pool;  // every CPU this process may use, as a host_stream's
   return pool;
@@ -330,7 +338,7 @@ void sparse_step(benchmark::State& state, bool dense) {
   constexpr zenflow::dtype t = std::is_same_v<T, float> ? zenflow::dtype::f32 : zenflow::dtype::bf16;
   buffer<T> param(static_cast<std::size_t>(rows * cols)), grad(static_cast<std::size_t>(rows * cols));
   zenflow::host_sparse_adam opt(zenflow::adam_options{});
-  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  const zenflow::host_execution exec{&piece_pool(), piece_isa()};
   opt.add_matrix(zenflow::matrix_view::row_major(param.get(), rows, cols, t), columns, std::vector<float>(3 * n, 1e-3f),
                  exec);
   const auto g = zenflow::const_matrix_view::row_major(grad.get(), rows, cols, t);
@@ -361,7 +369,7 @@ void piece_statistics(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(piece_rows * piece_cols);
   buffer<float> grad(n), roof(n);
   const auto g = zenflow::const_matrix_view::row_major(grad.get(), piece_rows, piece_cols, zenflow::dtype::f32);
-  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  const zenflow::host_execution exec{&piece_pool(), piece_isa()};
   std::vector<double> sink(1024);
   run_paired(
       state, static_cast<double>(n), 4,
@@ -380,7 +388,7 @@ void gather_scatter(benchmark::State& state, bool gather) {
   const auto columns = every_tenth(cols, false);  // the 90% a ZenFlow step offloads
   const auto n = static_cast<std::size_t>(rows) * columns.size();
   buffer<float> matrix(static_cast<std::size_t>(rows * cols)), compact(n), rx(n), ry(n);
-  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  const zenflow::host_execution exec{&piece_pool(), piece_isa()};
   const auto m = zenflow::matrix_view::row_major(matrix.get(), rows, cols, zenflow::dtype::f32);
   run_paired(
       state, static_cast<double>(n), 8,
@@ -412,8 +420,8 @@ void piece_gather_accumulate(benchmark::State& state) {
   const auto columns = every_tenth(cols, false);
   const auto n = static_cast<std::size_t>(rows) * columns.size();
   buffer<float> matrix(static_cast<std::size_t>(rows * cols)), acc(n), staged(n), rx(n), ry(n);
-  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
-  const zenflow::cpu_isa isa = zenflow::detail::resolve_isa(zenflow::cpu_isa::automatic);
+  const zenflow::host_execution exec{&piece_pool(), piece_isa()};
+  const zenflow::cpu_isa isa = zenflow::detail::resolve_isa(piece_isa());
   const auto m = contiguous
                      ? zenflow::const_matrix_view::column_contiguous(matrix.get(), rows, cols, zenflow::dtype::f32)
                      : zenflow::const_matrix_view::row_major(matrix.get(), rows, cols, zenflow::dtype::f32);
@@ -448,7 +456,7 @@ void export_import(benchmark::State& state, bool do_export) {
   const auto n = static_cast<std::size_t>(rows * cols);
   buffer<float> param(n), packed(3 * n), rx(3 * n), ry(3 * n);
   zenflow::host_sparse_adam opt(zenflow::adam_options{});
-  const zenflow::host_execution exec{&piece_pool(), zenflow::cpu_isa::automatic};
+  const zenflow::host_execution exec{&piece_pool(), piece_isa()};
   opt.add_matrix(zenflow::matrix_view::row_major(param.get(), rows, cols, zenflow::dtype::f32), all,
                  std::span<const float>(packed.get(), 3 * n), exec);
   const std::span<float> p(packed.get(), 3 * n);

@@ -3,11 +3,14 @@
 // after files were created, or a silently different setting).
 #pragma once
 
+#include <zenflow/detail/cpu_adam/isa.hpp>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace zenflow_bench {
 
@@ -25,6 +28,18 @@ inline std::uint64_t env_count(const char* name, std::uint64_t fallback, std::ui
     std::exit(2);
   }
   return v;
+}
+
+/// The SIMD path in ZENFLOW_BENCH_ISA (scalar, avx2 or avx512; unset or empty: `fallback`).
+inline zenflow::cpu_isa env_isa(zenflow::cpu_isa fallback = zenflow::cpu_isa::automatic) {
+  const char* s = std::getenv("ZENFLOW_BENCH_ISA");
+  if (s == nullptr || *s == '\0') return fallback;
+  const std::string_view v(s);
+  if (v != "scalar" && v != "avx2" && v != "avx512") {
+    std::fprintf(stderr, "ZENFLOW_BENCH_ISA: must be scalar, avx2 or avx512, got '%s'\n", s);
+    std::exit(2);
+  }
+  return v == "scalar" ? zenflow::cpu_isa::scalar : v == "avx2" ? zenflow::cpu_isa::avx2 : zenflow::cpu_isa::avx512;
 }
 
 }  // namespace zenflow_bench
